@@ -1,0 +1,70 @@
+"""Labelled eval sets (JSON Lines), validated line by line.
+
+Line format: {"id", "question", "label": "answer"|"decline", "expected": [doc_id or
+doc_id#section, ...], "context": [prior turns], "kind"}. A malformed line is an error
+naming the file and line, never a silently skipped question.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+LABELS = {"answer", "decline"}
+
+
+class EvalSetError(ValueError):
+    pass
+
+
+def load_evalset(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        raise EvalSetError(f"{path}: eval set not found")
+    items, seen = [], set()
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EvalSetError(f"{where}: not valid JSON ({exc.msg})") from None
+        items.append(_check(obj, where))
+        if obj["id"] in seen:
+            raise EvalSetError(f"{where}: duplicate id {obj['id']!r}")
+        seen.add(obj["id"])
+    if not items:
+        raise EvalSetError(f"{path}: no questions")
+    return items
+
+
+def _check(obj, where: str) -> dict:
+    if not isinstance(obj, dict):
+        raise EvalSetError(f"{where}: expected a JSON object")
+    for key in ("id", "question", "label"):
+        if not isinstance(obj.get(key), str) or not obj[key].strip():
+            raise EvalSetError(f"{where}: field {key!r} must be a non-empty string")
+    if obj["label"] not in LABELS:
+        raise EvalSetError(f"{where}: label {obj['label']!r} is not 'answer' or 'decline'")
+    for key in ("expected", "context"):
+        value = obj.setdefault(key, [])
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise EvalSetError(f"{where}: field {key!r} must be a list of strings")
+    obj.setdefault("kind", "single")
+    if not isinstance(obj["kind"], str):
+        raise EvalSetError(f"{where}: field 'kind' must be a string")
+    if obj["label"] == "answer" and not obj["expected"]:
+        raise EvalSetError(f"{where}: a should-answer question must name what answers it in 'expected'")
+    return obj
+
+
+def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:
+    """A bare doc id labels the whole article; doc_id#section labels one section."""
+    return doc_id in expected or f"{doc_id}#{section_id}" in expected
+
+
+def check_labels(items: list[dict], chunks: list[dict], source: str) -> list[str]:
+    """Expected ids that name nothing in the corpus: a stale label is an error, not a zero."""
+    known = {c["doc_id"] for c in chunks} | {f"{c['doc_id']}#{c['section_id']}" for c in chunks}
+    return [f"{source}: {it['id']} expects {e!r}, which is not in the corpus"
+            for it in items for e in it["expected"] if e not in known]

@@ -1,0 +1,52 @@
+"""Run the labelled sets through retrieval and produce the eval records.
+
+Only talks to the index through a Retriever (the search interface), and to the corpus
+labels through the chunk table, so it serves every backend unchanged.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from evals.evalset import relevant
+
+log = logging.getLogger(__name__)
+
+
+def run_questions(retriever, items: Iterable[dict], *, progress: bool = False) -> list[dict]:
+    """One record per question: signals + the fused and final candidate ids."""
+    items = list(items)
+    if progress:
+        from tqdm import tqdm
+        items = tqdm(items, desc="evaluate", unit="q")
+    out = []
+    for it in items:
+        r = retriever.retrieve(it["question"], it.get("context", []))
+        out.append({
+            "id": it["id"], "question": it["question"], "label": it["label"], "kind": it.get("kind", "single"),
+            "context": it.get("context", []), "expected": it.get("expected", []),
+            "signals": r.signals, "reranked": r.reranked,
+            "fused": [c.chunk_id for c in r.fused], "ranked": [c.chunk_id for c in r.ranked],
+            "top": [{"chunk_id": c.chunk_id, "doc_id": c.doc_id, "section_id": c.section_id,
+                     "rerank_probability": c.rerank_probability, "fused_score": c.fused_score}
+                    for c in r.ranked[:3]],
+        })
+    return out
+
+
+def qrels_for(items: list[dict], chunks: list[dict]) -> dict[str, dict[str, int]]:
+    """Relevant chunk ids per question, from the labels alone (never from a ranker)."""
+    return {it["id"]: {c["chunk_id"]: 1 for c in chunks if relevant(it["expected"], c["doc_id"], c["section_id"])}
+            for it in items}
+
+
+def shortlist_recall(records: list[dict], chunks_by_id: dict[str, dict], depth: int) -> dict:
+    """Share of should-answer questions whose labelled article is among the reranker's candidates."""
+    answer = [r for r in records if r["label"] == "answer"]
+    missed = []
+    for r in answer:
+        docs = {e.split("#")[0] for e in r["expected"]}
+        if not any(chunks_by_id[c]["doc_id"] in docs for c in r["fused"][:depth]):
+            missed.append(r["id"])
+    n = len(answer)
+    return {"depth": depth, "n": n, "recall": (n - len(missed)) / n if n else None, "missed": missed}

@@ -1,0 +1,1 @@
+"""sourcegate pipeline library: pure steps over Parquet paths, and the search backends."""

@@ -1,0 +1,49 @@
+"""Answer modes, decided in code from one calibrated signal and thresholds in config.
+
+sourced  : signal >= answer.strong
+adjacent : signal >= answer.adjacent
+decline  : otherwise (or `open`, if configured) — with the three closest candidates and
+           their scores, so a refusal can be checked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelines.retrieval import Candidate, Retrieval
+
+# Which per-passage score is on the same scale as each gating signal (for the noise cut).
+PASSAGE_SCORE = {"rerank_top": "rerank_probability", "cosine_top": "cosine", "bm25_top": "bm25_score"}
+
+
+@dataclass
+class Answer:
+    mode: str
+    signal: str
+    value: float | None
+    threshold: float
+    passages: list[Candidate]
+    dropped_as_noise: int = 0
+
+
+def decide(retrieval: Retrieval, answer_cfg: dict, max_passages: int = 5) -> Answer:
+    signal = answer_cfg["signal"]
+    value = retrieval.signals.get(signal)
+    strong, adjacent = answer_cfg["strong"], answer_cfg["adjacent"]
+    if value is not None and value >= strong:
+        mode, threshold = "sourced", strong
+    elif value is not None and value >= adjacent:
+        mode, threshold = "adjacent", adjacent
+    else:
+        # A missing signal (e.g. the reranker failed while it gates) is treated as no source.
+        return Answer(answer_cfg["below"], signal, value, adjacent, retrieval.ranked[:3])
+    passages, dropped = drop_noise(retrieval.ranked[:max_passages], signal, threshold)
+    return Answer(mode, signal, value, threshold, passages, dropped)
+
+
+def drop_noise(candidates: list[Candidate], signal: str, threshold: float) -> tuple[list[Candidate], int]:
+    """Passages scoring under half the threshold are noise: fewer, better passages beat padding."""
+    attr = PASSAGE_SCORE.get(signal)
+    if attr is None:
+        return candidates, 0
+    keep = [c for c in candidates if getattr(c, attr) is None or getattr(c, attr) >= threshold / 2]
+    return keep, len(candidates) - len(keep)

@@ -1,0 +1,88 @@
+"""Chunk: documents.parquet -> chunks (no embeddings yet).
+
+A chunk is article title + section heading + section body, so every chunk carries body
+text and the embedding measures what the section says, not just what it is called.
+Sections longer than the embedding model's token budget are split into overlapping
+windows on word boundaries. Chunk ids are stable: a hash of (doc id, section, ordinal, text).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_HEADING = re.compile(r"(?m)^(#{2,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
+
+
+def slug(text: str) -> str:
+    """Section id: lowercase, runs of anything but a-z0-9 become '-'."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def split_sections(body: str, fmt: str) -> list[tuple[str, str]]:
+    """[(section heading, section body)], the lead paragraph(s) under heading ''."""
+    if fmt != "markdown":
+        return [("", body.strip())]
+    sections, heading, start = [], "", 0
+    for m in _HEADING.finditer(body):
+        sections.append((heading, body[start:m.start()].strip()))
+        heading, start = m.group(2).strip(), m.end()
+    sections.append((heading, body[start:].strip()))
+    return [(h, b) for h, b in sections if re.search(r"\w", b)]
+
+
+def chunk_id(doc_id: str, section: str, ordinal: int, text: str) -> str:
+    h = hashlib.sha256("\x1f".join([doc_id, section, str(ordinal), text]).encode("utf-8"))
+    return h.hexdigest()[:24]
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def windows(body: str, tok, budget: int, overlap: int) -> list[str]:
+    """Split `body` into pieces of at most `budget` tokens, `overlap` tokens shared, on word boundaries."""
+    enc = tok.encode(body, add_special_tokens=False)
+    n = len(enc.ids)
+    if n <= budget:
+        return [body]
+    words, offsets = enc.word_ids, enc.offsets
+    step = max(budget - overlap, 1)
+    pieces, start = [], 0
+    while start < n:
+        end = min(start + budget, n)
+        while end < n and end > start + 1 and words[end] is not None and words[end] == words[end - 1]:
+            end -= 1  # do not cut a word in two
+        pieces.append(body[offsets[start][0]:offsets[end - 1][1]])
+        if end >= n:
+            break
+        nxt = max(end - overlap, start + 1) if end - start < step else start + step
+        while nxt < end and words[nxt] is not None and words[nxt] == words[nxt - 1]:
+            nxt += 1
+        start = nxt
+    return pieces
+
+
+def chunk_document(doc: dict, tok, max_tokens: int, overlap: int) -> list[dict]:
+    rows = []
+    for section, body in split_sections(doc["body"], doc["format"]):
+        header = "\n".join(x for x in (doc["title"], section) if x)
+        budget = max_tokens - 2 - len(tok.encode(header + "\n", add_special_tokens=False).ids)
+        for ordinal, piece in enumerate(windows(body, tok, max(budget, 16), overlap)):
+            text = f"{header}\n{piece}" if header else piece
+            rows.append({
+                "chunk_id": chunk_id(doc["doc_id"], section, ordinal, text),
+                "doc_id": doc["doc_id"], "title": doc["title"], "section": section,
+                "section_id": slug(section), "body": piece, "text": text,
+                "text_hash": text_hash(text), "ordinal": ordinal,
+            })
+    return rows
+
+
+def chunk_documents(documents_parquet: str | Path, tok, *, max_tokens: int = 256,
+                    overlap: int = 32) -> list[dict]:
+    docs = pq.read_table(documents_parquet).to_pylist()
+    return [row for doc in docs for row in chunk_document(doc, tok, max_tokens, overlap)]

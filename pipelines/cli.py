@@ -1,0 +1,148 @@
+"""`sourcegate` command line: run, query, calibrate, beir."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pipelines import config as config_mod
+
+DEFAULT_CONFIG = "config/pipeline.yaml"
+
+
+def load_config(args) -> dict:
+    overrides = {}
+    for attr, key in (("backend", "backend.kind"), ("artifacts", "artifacts"), ("corpus", "corpus.path"),
+                      ("format", "corpus.format"), ("reranker", "reranker.kind")):
+        if getattr(args, attr, None):
+            overrides[key] = getattr(args, attr)
+    path = args.config if args.config or not Path(DEFAULT_CONFIG).exists() else DEFAULT_CONFIG
+    return config_mod.load(path, overrides)
+
+
+def cmd_run(args) -> int:
+    from pipelines.run import run_pipeline
+    cfg = load_config(args)
+    result = run_pipeline(cfg, run_id=args.run_id, progress=not args.quiet)
+    print(f"\nrun {result['run_id']}: {result['summary']}")
+    print(f"gate: {'PASSED' if result['passed'] else 'FAILED'}")
+    for reason in result["reasons"]:
+        print(f"  - {reason}")
+    print(f"artifacts: {result['run_dir']}")
+    print(f"report:    {result['run_dir']}/report.html")
+    print(f"live index: {result['live']}")
+    return 0 if result["passed"] else 1
+
+
+def cmd_query(args) -> int:
+    from pipelines.answer import decide
+    from pipelines.steps import open_store, retriever_for
+    cfg = load_config(args)
+    if args.index:
+        from pipelines.search.embedded import EmbeddedSearcher
+        searcher = EmbeddedSearcher(Path(args.index) / "index")
+    else:
+        searcher = open_store(cfg).open()
+    retriever, _ = retriever_for(cfg, searcher)
+    retrieval = retriever.retrieve(args.question, args.context or [])
+    answer = decide(retrieval, cfg["answer"])
+    payload = {
+        "question": args.question, "context": args.context or [], "query": retrieval.query,
+        "mode": answer.mode, "signal": answer.signal, "value": answer.value, "threshold": answer.threshold,
+        "calibrated_by": cfg["answer"]["calibrated_by"], "reranked": retrieval.reranked,
+        "signals": retrieval.signals, "dropped_as_noise": answer.dropped_as_noise,
+        "passages": [c.to_dict() for c in answer.passages],
+    }
+    if args.json:
+        print(json.dumps(payload, indent=2, sort_keys=True))
+        return 0
+    print(f"mode: {answer.mode}   ({answer.signal} = {_fmt(answer.value)}, threshold {answer.threshold:g})")
+    print(f"query: {retrieval.query}")
+    header = f"{'#':>2}  {'bm25':>4}  {'knn':>4}  {'fused':>7}  {'rerank':>7}  passage"
+    print(header + "\n" + "-" * len(header))
+    for i, c in enumerate(answer.passages, 1):
+        where = f"{c.doc_id}#{c.section_id}" if c.section_id else c.doc_id
+        print(f"{i:>2}  {_fmt(c.bm25_rank, 'd'):>4}  {_fmt(c.knn_rank, 'd'):>4}  {c.fused_score:7.4f}  "
+              f"{_fmt(c.rerank_probability):>7}  {where}")
+    if answer.mode in ("decline", "open"):
+        print("(declined: the closest candidates are shown so the refusal can be checked)")
+    return 0
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def cmd_calibrate(args) -> int:
+    from pipelines.search.embedded import EmbeddedSearcher
+    from pipelines.steps import evaluate, gate_for_dir, retriever_for
+    cfg = load_config(args)
+    index = Path(args.index)
+    retriever, _ = retriever_for(cfg, EmbeddedSearcher(index / "index"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    evaluate(retriever, index / "chunks.parquet", cfg, out, calibration_set=args.questions,
+             precision_set=args.questions, progress=not args.quiet)
+    gate = gate_for_dir(cfg, out, run_info={"index": str(index), "questions": args.questions})
+    print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")
+    for reason in gate["reasons"]:
+        print(f"  - {reason}")
+    print(f"calibration: {out}/calibration.json\nreport: {out}/report.html")
+    return 0 if gate["passed"] else 1
+
+
+def cmd_beir(args) -> int:
+    from pipelines.beir import run_beir
+    cfg = load_config(args)
+    result = run_beir(cfg, Path(args.dataset), Path(args.out), decline=args.decline,
+                      rerank_depth=args.rerank_depth, progress=not args.quiet)
+    print(json.dumps(result["systems"], indent=2))
+    print(f"results: {Path(args.out) / 'beir.json'}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
+    parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="build or refresh the index, evaluate, gate, promote if passed")
+    p.add_argument("--corpus"), p.add_argument("--format", choices=["markdown", "beir"])
+    p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--artifacts")
+    p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
+    p.add_argument("--run-id"), p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("query", help="ask the live index (or --index RUN_DIR) one question")
+    p.add_argument("question"), p.add_argument("--context", action="append", help="a prior turn (repeatable)")
+    p.add_argument("--index", help="an embedded run folder"), p.add_argument("--json", action="store_true")
+    p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--artifacts")
+    p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("calibrate", help="sweep + precision evals of an existing index with a labelled set")
+    p.add_argument("--index", required=True, help="an embedded run folder")
+    p.add_argument("--questions", required=True), p.add_argument("--out", required=True)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("beir", help="index a BEIR dataset and evaluate bm25, dense, hybrid, hybrid+rerank")
+    p.add_argument("dataset"), p.add_argument("--out", required=True), p.add_argument("--decline")
+    p.add_argument("--rerank-depth", type=int), p.add_argument("--artifacts"), p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_beir)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (config_mod.ConfigError, FileNotFoundError, ValueError, RuntimeError) as exc:
+        print(f"sourcegate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

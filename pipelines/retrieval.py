@@ -1,0 +1,137 @@
+"""Hybrid retrieval: BM25 top-N + kNN top-N, reciprocal rank fusion, fail-safe reranking,
+and the per-question signals that both answer modes and the calibration sweep use.
+
+`Retriever.retrieve` is the only place signals are computed, so runtime decisions and
+calibration numbers can never disagree.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from pipelines.rerank import safe_rerank
+from pipelines.search.base import Hit, SearchBackend
+from pipelines.search.bm25 import tokenize
+
+# Function words do not make a question "covered"; content words do.
+STOPWORDS = frozenset("""a about after all also am an and any are as at be been before but by can could
+did do does doing for from had has have how i if in into is it its me my no not of on or our so than that
+the their them then there these they this to too up us was we were what when where which who whom why
+will with would you your""".split())
+
+
+@dataclass
+class Candidate:
+    chunk_id: str
+    doc_id: str
+    title: str
+    section: str
+    section_id: str
+    text: str
+    fused_rank: int
+    fused_score: float
+    bm25_rank: int | None = None
+    bm25_score: float | None = None
+    knn_rank: int | None = None
+    cosine: float | None = None
+    rerank_probability: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Retrieval:
+    query: str                      # what was searched: prior turns prepended
+    fused: list[Candidate]          # fusion order
+    ranked: list[Candidate]         # final order: reranked top-M then the rest, or fused
+    reranked: bool
+    signals: dict = field(default_factory=dict)
+
+
+def rrf(lists: Sequence[Sequence[Hit]], k: int = 60) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion (1-based ranks); ties broken by best single rank, then id."""
+    score: dict[str, float] = {}
+    best: dict[str, int] = {}
+    for hits in lists:
+        for rank, hit in enumerate(hits, 1):
+            score[hit.chunk_id] = score.get(hit.chunk_id, 0.0) + 1.0 / (k + rank)
+            best[hit.chunk_id] = min(best.get(hit.chunk_id, rank), rank)
+    return sorted(score.items(), key=lambda kv: (-kv[1], best[kv[0]], kv[0]))
+
+
+def effective_query(question: str, context: Sequence[str] = ()) -> str:
+    """Multi-turn: the prior turns are prepended so a follow-up keeps its subject."""
+    return " ".join([*(c.strip() for c in context if c.strip()), question.strip()])
+
+
+def term_coverage(query: str, text: str) -> float:
+    terms = {t for t in tokenize(query) if t not in STOPWORDS} or set(tokenize(query))
+    if not terms:
+        return 0.0
+    present = set(tokenize(text))
+    return len(terms & present) / len(terms)
+
+
+def margin(scores: Sequence[float]) -> float:
+    """Normalised top-1/top-2 gap: (s1 - s2) / s1; 1.0 for a lone candidate."""
+    if not scores or scores[0] <= 0:
+        return 0.0
+    if len(scores) == 1:
+        return 1.0
+    return (scores[0] - scores[1]) / scores[0]
+
+
+class Retriever:
+    def __init__(self, searcher: SearchBackend, embedder, scorer=None, *, bm25_top_n: int = 18,
+                 knn_top_n: int = 18, rrf_k: int = 60, rerank_depth: int = 12, rerank_timeout_s: float = 30.0):
+        self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
+        self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
+        self.rerank_depth, self.rerank_timeout_s = rerank_depth, rerank_timeout_s
+
+    @classmethod
+    def from_config(cls, searcher, embedder, scorer, cfg: dict) -> "Retriever":
+        r = cfg["retrieval"]
+        return cls(searcher, embedder, scorer, bm25_top_n=r["bm25_top_n"], knn_top_n=r["knn_top_n"],
+                   rrf_k=r["rrf_k"], rerank_depth=r["rerank_depth"], rerank_timeout_s=cfg["reranker"]["timeout_s"])
+
+    def fuse(self, query: str, vector) -> list[Candidate]:
+        bm25 = self.searcher.bm25(query, self.bm25_top_n)
+        knn = self.searcher.knn(vector, self.knn_top_n)
+        fused = rrf([bm25, knn], self.rrf_k)
+        stored = self.searcher.chunks([cid for cid, _ in fused])
+        out = [Candidate(**{f: s[f] for f in ("chunk_id", "doc_id", "title", "section", "section_id", "text")},
+                         fused_rank=rank, fused_score=score)
+               for rank, ((cid, score), s) in enumerate(zip(fused, stored), 1)]
+        by_id = {c.chunk_id: c for c in out}
+        for rank, h in enumerate(bm25, 1):
+            by_id[h.chunk_id].bm25_rank, by_id[h.chunk_id].bm25_score = rank, h.score
+        for rank, h in enumerate(knn, 1):
+            by_id[h.chunk_id].knn_rank, by_id[h.chunk_id].cosine = rank, h.score
+        return out
+
+    def retrieve(self, question: str, context: Sequence[str] = ()) -> Retrieval:
+        query = effective_query(question, context)
+        vector = self.embedder.encode_query(query)
+        fused = self.fuse(query, vector)
+        head = fused[: self.rerank_depth]
+        result = safe_rerank(self.scorer, query, [c.text for c in head], self.rerank_timeout_s)
+        if result is None:
+            ranked = list(fused)
+        else:
+            for c, p in zip(head, result.probabilities):
+                c.rerank_probability = p
+            ranked = [head[i] for i in result.order] + fused[self.rerank_depth:]
+        dist = self.searcher.bm25_distribution(query)
+        bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
+        top_scores = ([c.rerank_probability for c in ranked[:2]] if result is not None
+                      else [c.fused_score for c in ranked[:2]])
+        signals = {
+            "cosine_top": self.searcher.best_cosine(vector),
+            "rerank_top": max(result.probabilities) if result and result.probabilities else None,
+            "bm25_top": bm25_top,
+            "bm25_z": dist.zscore(bm25_top),
+            "term_coverage": term_coverage(query, ranked[0].text) if ranked else 0.0,
+            "margin": margin(top_scores),
+        }
+        return Retrieval(query, fused, ranked, result is not None, signals)

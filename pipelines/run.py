@@ -1,0 +1,35 @@
+"""`sourcegate run`: the whole nightly job in one process, step after step.
+
+build (ingest -> chunk -> embed -> validate -> load a new version) -> evaluate -> gate ->
+promote only if the gate passed -> retention. A failed night leaves the live index alone.
+"""
+from __future__ import annotations
+
+from pipelines import steps
+
+
+def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> dict:
+    counts = steps.ingest_step(cfg, run_id)
+    steps.chunk_step(cfg, run_id)
+    stats = [steps.embed_step(cfg, run_id, s, shards, progress=progress) for s in range(shards)]
+    encoded = steps.merge_step(cfg, run_id, stats)
+    steps.validate_step(cfg, run_id)
+    indexed = steps.load_step(cfg, run_id)
+    return {"ingest": counts, "encoded": encoded, "indexed": indexed}
+
+
+def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False) -> dict:
+    run_id = run_id or steps.new_run_id()
+    built = build(cfg, run_id, progress=progress)
+    steps.evaluate_step(cfg, run_id, progress=progress)
+    gate = steps.gate_step(cfg, run_id)
+    if gate["passed"]:
+        steps.promote_step(cfg, run_id)
+        steps.cleanup_step(cfg)
+    c = built["ingest"]
+    summary = (f"{c['documents']} documents ({c['added']} added, {c['changed']} changed, {c['deleted']} deleted, "
+               f"{c['unchanged']} unchanged, {c['quarantined']} quarantined); {built['indexed']} chunks, "
+               f"{built['encoded']} texts encoded")
+    return {"run_id": run_id, "run_dir": str(steps.run_dir(cfg, run_id)), "passed": gate["passed"],
+            "reasons": gate["reasons"], "summary": summary, "live": steps.open_store(cfg).live(),
+            "built": built}

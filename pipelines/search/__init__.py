@@ -1,0 +1,3 @@
+from pipelines.search.base import Hit, IndexStore, ScoreDistribution, SearchBackend, retain
+
+__all__ = ["Hit", "IndexStore", "ScoreDistribution", "SearchBackend", "retain"]

@@ -1,0 +1,96 @@
+"""The one search interface every backend implements (in the spirit of BEIR's search()).
+
+Retrieval, evals and the gate only ever talk to a backend through this protocol, so
+the embedded default and OpenSearch are interchangeable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class ScoreDistribution:
+    """BM25 scores of one query over the corpus, for a z-score of the top score.
+
+    `scores` holds the scores of matching chunks (all of them for the embedded backend,
+    the top `size` for OpenSearch); `matched` counts every chunk with a score > 0 and
+    `total` every chunk in the index. Non-matching chunks score 0.
+    """
+    scores: np.ndarray
+    matched: int
+    total: int
+
+    def zscore(self, value: float) -> float:
+        """z of `value` against the distribution over ALL chunks (zeros included)."""
+        n = self.total
+        if n == 0:
+            return 0.0
+        s = np.asarray(self.scores, dtype=np.float64)
+        # Unseen matching chunks (truncated distribution) are imputed at the lowest seen score.
+        missing = max(self.matched - len(s), 0)
+        floor = float(s.min()) if len(s) else 0.0
+        total = s.sum() + missing * floor
+        total_sq = (s ** 2).sum() + missing * floor ** 2
+        mean = total / n
+        var = max(total_sq / n - mean ** 2, 0.0)
+        return 0.0 if var == 0 else float((value - mean) / np.sqrt(var))
+
+
+class SearchBackend(Protocol):
+    """Read side of one index version."""
+
+    def bm25(self, query: str, k: int) -> list[Hit]:
+        """Top-k chunks by BM25 over title + section + body, best first."""
+
+    def knn(self, vector: np.ndarray, k: int) -> list[Hit]:
+        """Top-k chunks by cosine similarity to a unit-norm query vector, best first."""
+
+    def best_cosine(self, vector: np.ndarray) -> float:
+        """Best cosine of the query against every chunk of the corpus."""
+
+    def bm25_distribution(self, query: str) -> ScoreDistribution:
+        """BM25 score distribution of the query over the whole corpus."""
+
+    def chunks(self, chunk_ids: Sequence[str]) -> list[dict]:
+        """Stored fields (chunk_id, doc_id, title, section, text) for the given ids, in order."""
+
+
+class IndexStore(Protocol):
+    """Write side: versions of an index behind a live pointer (an alias)."""
+
+    def load(self, version: str, chunks_parquet: str) -> int:
+        """Build index `version` from a chunks.parquet; returns the number of chunks indexed."""
+
+    def promote(self, version: str) -> None:
+        """Atomically point the live alias at `version`."""
+
+    def live(self) -> str | None:
+        """The version the alias points to, or None."""
+
+    def versions(self) -> list[str]:
+        """All index versions present, oldest first."""
+
+    def drop(self, version: str) -> None:
+        """Delete one version (never the live one)."""
+
+    def open(self, version: str | None = None) -> SearchBackend:
+        """A searcher over `version` (default: the live one)."""
+
+
+def retain(store: IndexStore, keep: int) -> list[str]:
+    """Delete all but the newest `keep` versions, never the live one. Returns what was dropped."""
+    live = store.live()
+    versions = store.versions()
+    doomed = [v for v in versions[: max(len(versions) - keep, 0)] if v != live]
+    for v in doomed:
+        store.drop(v)
+    return doomed

