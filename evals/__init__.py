@@ -1,4 +1,5 @@
-"""sourcegate evals: calibration sweep, precision evals, the gate and the report.
+"""Evaluation of an index version: decline calibration, precision, gate, report.
 
-They know nothing of search backends beyond the search interface in pipelines.search.
+Plain Python data in, plain Python data out: nothing here imports Airflow or a
+search backend.
 """

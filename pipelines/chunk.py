@@ -50,20 +50,21 @@ def windows(body: str, tok, budget: int, overlap: int) -> list[str]:
     if n <= budget:
         return [body]
     words, offsets = enc.word_ids, enc.offsets
-    step = max(budget - overlap, 1)
+
+    def inside_word(i: int) -> bool:
+        return words[i] is not None and words[i] == words[i - 1]
+
     pieces, start = [], 0
-    while start < n:
+    while True:
         end = min(start + budget, n)
-        while end < n and end > start + 1 and words[end] is not None and words[end] == words[end - 1]:
-            end -= 1  # do not cut a word in two
+        while start + 1 < end < n and inside_word(end):
+            end -= 1  # never cut a word in two
         pieces.append(body[offsets[start][0]:offsets[end - 1][1]])
         if end >= n:
-            break
-        nxt = max(end - overlap, start + 1) if end - start < step else start + step
-        while nxt < end and words[nxt] is not None and words[nxt] == words[nxt - 1]:
-            nxt += 1
-        start = nxt
-    return pieces
+            return pieces
+        start = max(end - overlap, start + 1)
+        while start < end and inside_word(start):
+            start += 1
 
 
 def chunk_document(doc: dict, tok, max_tokens: int, overlap: int) -> list[dict]:

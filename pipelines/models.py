@@ -34,8 +34,12 @@ def cross_encoder_dir(configured: str | None = None) -> Path:
 
 @lru_cache(maxsize=4)
 def tokenizer(model_dir: str):
+    """The model's tokenizer for counting tokens: never truncating, never padding."""
     from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    tok.no_truncation()  # the shipped tokenizer.json truncates at 128, which would hide long sections
+    tok.no_padding()
+    return tok
 
 
 def package_version(name: str) -> str | None:

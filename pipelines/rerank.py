@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
@@ -107,7 +108,18 @@ def load_scorer(kind: str, model_path: str | None = None) -> Scorer | None:
         return None
 
 
-_POOL = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank")
+def call_with_timeout(fn, timeout_s: float, *args):
+    """Run fn(*args) in a daemon thread; a hung scorer is abandoned, never waited on again."""
+    future: cf.Future = cf.Future()
+
+    def target():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to the caller, who logs it
+            future.set_exception(exc)
+
+    threading.Thread(target=target, name="rerank", daemon=True).start()
+    return future.result(timeout=timeout_s)
 
 
 def safe_rerank(scorer: Scorer | None, query: str, passages: Sequence[str],
@@ -119,7 +131,7 @@ def safe_rerank(scorer: Scorer | None, query: str, passages: Sequence[str],
     if not passages:
         return Reranked([], [])
     try:
-        raw = _POOL.submit(scorer.score, query, list(passages)).result(timeout=timeout_s)
+        raw = call_with_timeout(scorer.score, timeout_s, query, list(passages))
     except cf.TimeoutError:
         log.warning("reranker: timed out after %.1fs; fused order is kept", timeout_s)
         return None

@@ -1,0 +1,56 @@
+"""Shared fixtures. The real embedding model and cross-encoder are loaded once per session."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data"
+DEMO = ROOT / "corpus" / "demo"
+# CI lays shared/ beside the clone, as the session has it beside the work tree.
+SCIFACT = Path(os.environ.get("SOURCEGATE_SHARED", ROOT.parent / "shared")) / "datasets" / "scifact"
+
+
+@pytest.fixture(autouse=True)
+def _project_root(monkeypatch):
+    """Relative config paths (config/evals/..., corpus/demo) resolve against the project."""
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def make_cfg(tmp_path):
+    from pipelines import config
+
+    def make(**overrides):
+        base = {"artifacts": str(tmp_path / "artifacts")}
+        base.update(overrides)
+        return config.load(ROOT / "config" / "pipeline.yaml", base)
+    return make
+
+
+@pytest.fixture
+def small_corpus(tmp_path) -> Path:
+    """Six demo articles copied to a folder the test may edit."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for path in sorted(DEMO.glob("*.md"))[:6]:
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from pipelines.steps import embedder_for
+    return embedder_for("sentence-transformers/all-MiniLM-L6-v2", None, 32)
+
+
+@pytest.fixture(scope="session")
+def cross_encoder():
+    from pipelines.rerank import OnnxCrossEncoder
+    return OnnxCrossEncoder()

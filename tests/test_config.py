@@ -1,0 +1,37 @@
+import pytest
+
+from pipelines import config
+
+
+def test_shipped_config_loads_with_every_key(tmp_path):
+    cfg = config.load("config/pipeline.yaml")
+    assert cfg["backend"]["kind"] == "embedded"
+    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 60, "rerank_depth": 12}
+
+
+def test_defaults_fill_missing_keys(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("backend:\n  kind: opensearch\n")
+    cfg = config.load(path)
+    assert cfg["backend"]["kind"] == "opensearch" and cfg["backend"]["retention"] == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("retrieval:\n  bm25_topn: 5\n", "unknown key retrieval.bm25_topn"),
+    ("retrieval:\n  rrf_k: sixty\n", "retrieval.rrf_k: expected int, got str"),
+    ("retrieval:\n  rrf_k: true\n", "retrieval.rrf_k: expected int, got bool"),
+    ("backend: opensearch\n", "backend: expected a mapping"),
+    ("backend:\n  kind: elastic\n", "backend.kind: 'elastic' is not one of"),
+    ("answer:\n  strong: 0.1\n  adjacent: 0.5\n", "answer.adjacent must be <= answer.strong"),
+    ("colour: blue\n", "unknown key colour"),
+])
+def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config.load(path)
+
+
+def test_overrides_use_dotted_keys():
+    cfg = config.load("config/pipeline.yaml", {"reranker.kind": "none", "artifacts": "/tmp/x"})
+    assert cfg["reranker"]["kind"] == "none" and cfg["artifacts"] == "/tmp/x"
