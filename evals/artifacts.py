@@ -34,12 +34,19 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write text so that readers see either the old file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide artifacts from other readers
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -63,6 +63,15 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _fmt_auc(auc: float) -> str:
+    """Two decimals, more when rounding would claim a perfect (or perfectly inverted) AUC."""
+    for digits in (2, 3, 4, 6):
+        text = f"{auc:.{digits}f}"
+        if (float(text) in (0.0, 1.0)) == (auc in (0.0, 1.0)):
+            return text
+    return repr(auc)
+
+
 # --------------------------------------------------------------------------- 1-D
 
 def _sweep_arrays(answer: np.ndarray, decline: np.ndarray) -> dict[str, np.ndarray]:
@@ -131,10 +140,10 @@ def _verdict(auc: float, gap: float, recall: float) -> tuple[bool, str]:
     if gap > 0:
         return True, f"separates: gap {_fmt(gap)}"
     if auc < INVERTED_BELOW:
-        return False, f"inverted: AUC {auc:.2f} — higher scores for should-decline"
+        return False, f"inverted: AUC {_fmt_auc(auc)} — higher scores for should-decline"
     if auc < CHANCE_BELOW:
-        return False, f"does not discriminate: AUC {auc:.2f}"
-    return True, (f"overlaps: AUC {auc:.2f}, no gap — keeping every should-answer "
+        return False, f"does not discriminate: AUC {_fmt_auc(auc)}"
+    return True, (f"overlaps: AUC {_fmt_auc(auc)}, no gap — keeping every should-answer "
                   f"question declines {recall:.0%} of should-decline")
 
 

@@ -122,13 +122,16 @@ def chunk_step(cfg: dict, run_id: str) -> int:
 
 
 def embed_step(cfg: dict, run_id: str, shard: int = 0, shards: int = 1, embedder=None,
-               progress: bool = False) -> dict:
-    """Embed shard `shard` of `shards` (chunk rows i with i % shards == shard)."""
+               progress: bool = False, use_cache: bool = True) -> dict:
+    """Embed shard `shard` of `shards` (chunk rows i with i % shards == shard).
+
+    `use_cache=False` (a full rebuild) encodes every text instead of reusing the previous run's vectors.
+    """
     folder = run_dir(cfg, run_id)
     rows = pq.read_table(folder / "chunks.text.parquet").to_pylist()[shard::shards]
     embedder = embedder or get_embedder(cfg)
     prev = previous_run(cfg, run_id)
-    cache = load_cache(prev / "chunks.parquet" if prev else None, embedder.model_id)
+    cache = load_cache(prev / "chunks.parquet" if prev and use_cache else None, embedder.model_id)
     vectors, stats = embed_chunks(rows, embedder, cache, progress=progress)
     write_parquet(chunks_table(rows, vectors, embedder.model_id), folder / "embed" / f"shard-{shard:04d}.parquet")
     return {"shard": shard, "encoded": stats.encoded, "reused": stats.reused, "dimension": embedder.dimension}

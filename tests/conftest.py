@@ -54,3 +54,21 @@ def embedder():
 def cross_encoder():
     from pipelines.rerank import OnnxCrossEncoder
     return OnnxCrossEncoder()
+
+
+@pytest.fixture(scope="session")
+def demo_index(tmp_path_factory, embedder):
+    """The demo corpus built once into an embedded index: (cfg, run id, searcher)."""
+    from pipelines import config, steps
+    from pipelines.search.embedded import EmbeddedSearcher
+    artifacts = tmp_path_factory.mktemp("demo") / "artifacts"
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": str(artifacts),
+                                                          "corpus.path": str(DEMO)})
+    run_id = "20260101-000000"
+    steps.ingest_step(cfg, run_id)
+    steps.chunk_step(cfg, run_id)
+    stats = steps.embed_step(cfg, run_id, embedder=embedder)
+    steps.merge_step(cfg, run_id, [stats])
+    steps.validate_step(cfg, run_id)
+    steps.load_step(cfg, run_id)
+    return cfg, run_id, EmbeddedSearcher(steps.run_dir(cfg, run_id) / "index")

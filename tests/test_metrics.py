@@ -8,6 +8,7 @@ from ranx import Qrels, Run, evaluate
 from evals.metrics import first_relevant_rank, mrr, ndcg_at, precision_at, recall_at
 
 KS = (1, 3, 5, 10, 20)
+pytestmark = pytest.mark.filterwarnings("ignore:unsafe cast")  # inside ranx's numba kernels
 
 
 def random_case(seed: int, graded: bool):

@@ -1,0 +1,174 @@
+"""The release gate: one verdict from the calibration and precision artifacts.
+
+The gate fails the run (and so blocks promotion) when the gating signal has no
+threshold gap, when the shipped threshold declines any should-answer question,
+when reranked precision fell below the accepted baseline beyond tolerance, or
+when the eval sets themselves were invalid.
+"""
+from __future__ import annotations
+
+import os
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from evals.artifacts import jsonable, write_json_atomic, write_text_atomic
+
+# Float slack for ">= baseline - tolerance": 0.7 - 0.1 must not fail 0.6.
+EPSILON = 1e-9
+# Characters XML 1.0 cannot carry even escaped (question text may hold them).
+_XML_ILLEGAL = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _check(name: str, passed: bool, detail: str, **data: Any) -> dict[str, Any]:
+    return {"name": name, "passed": bool(passed), "detail": detail, "data": data}
+
+
+def _n(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def check_threshold_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
+    """The gating signal must separate the labels: min(answer) > max(decline)."""
+    result = (calibration.get("signals") or {}).get(signal)
+    if not result:
+        return _check("threshold_gap", False, f"The gating signal {signal} was not calibrated.")
+    if result.get("skipped"):
+        return _check("threshold_gap", False, f"The gating signal {signal} was {result['note']}.")
+    if result.get("gap") is None:
+        return _check("threshold_gap", False, f"The gating signal {signal}: {result['verdict']}.")
+    answer_min, decline_max = result["answer_band"][0], result["decline_band"][1]
+    if result["has_gap"]:
+        return _check("threshold_gap", True,
+                      f"{signal} separates: gap {_n(result['gap'])} between the lowest should-answer "
+                      f"score {_n(answer_min)} and the highest should-decline score {_n(decline_max)}.",
+                      gap=result["gap"], gap_ci=result.get("gap_ci"))
+    return _check("threshold_gap", False,
+                  f"{signal} has no threshold gap: the lowest should-answer score {_n(answer_min)} is not "
+                  f"above the highest should-decline score {_n(decline_max)} (overlap {_n(-result['gap'])}; "
+                  f"{result['verdict']}).", gap=result["gap"])
+
+
+def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
+    """The shipped threshold must keep every should-answer question."""
+    shipped = calibration.get("shipped")
+    if not shipped:
+        return _check("answer_coverage", False, "No shipped threshold was checked against the eval set.")
+    if shipped["signal"] != signal:
+        return _check("answer_coverage", False,
+                      f"The shipped threshold is on {shipped['signal']} but the gate gates on {signal}.")
+    if not shipped["available"]:
+        return _check("answer_coverage", False,
+                      f"No question has a {signal} score, so the shipped threshold cannot be checked.")
+    threshold, coverage = shipped["threshold"], shipped["coverage"]
+    missed = shipped["wrongly_declined"]
+    unscored = [q for q in shipped["unscored"] if q in _answer_ids(calibration)]
+    if coverage == 1.0:
+        return _check("answer_coverage", True,
+                      f"The shipped {signal} threshold {_n(threshold)} keeps all {shipped['n']['answer']} "
+                      f"should-answer questions and declines {shipped['decline_recall']:.0%} of should-decline.",
+                      coverage=coverage)
+    listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in missed)
+    if unscored:
+        listed += (", " if listed else "") + ", ".join(f"{q} (no score)" for q in unscored)
+    full = shipped["max_threshold_for_full_coverage"]
+    return _check("answer_coverage", False,
+                  f"The shipped {signal} threshold {_n(threshold)} declines {len(missed) + len(unscored)} of "
+                  f"{shipped['n']['answer']} should-answer questions (coverage {_n(coverage)}): {listed}. "
+                  f"A threshold of at most {_n(full)} keeps them all.",
+                  coverage=coverage, wrongly_declined=missed, unscored=unscored)
+
+
+def _answer_ids(calibration: Mapping) -> set[str]:
+    return {q["id"] for q in calibration.get("questions", ()) if q["label"] == "answer"}
+
+
+def _regressions(scope: str, current: Mapping | None, accepted: Mapping, tolerance: float) -> list[dict]:
+    found = []
+    for metric, base in accepted.items():
+        value = (current or {}).get(metric)
+        if value is None or value + EPSILON < base - tolerance:
+            found.append({"kind": scope, "metric": metric, "baseline": base, "value": value})
+    return found
+
+
+def check_precision_regression(precision: Mapping | None, baseline: Mapping | None,
+                               tolerance: float) -> dict[str, Any]:
+    """Reranked precision, overall and per kind, must be >= baseline - tolerance."""
+    accepted = (baseline or {}).get("reranked") or {}
+    if not accepted:
+        return _check("precision_regression", True, "No accepted baseline to compare against yet.")
+    if not precision or not precision.get("overall"):
+        return _check("precision_regression", False, "No precision results to compare with the baseline.")
+    found = _regressions("overall", precision["overall"]["reranked"], accepted.get("overall", {}), tolerance)
+    by_kind = precision.get("by_kind", {})
+    for kind, metrics in sorted(accepted.get("by_kind", {}).items()):
+        found += _regressions(kind, (by_kind.get(kind) or {}).get("reranked"), metrics, tolerance)
+    if not found:
+        return _check("precision_regression", True,
+                      f"Reranked precision is within {tolerance:g} of the accepted baseline everywhere.")
+    lines = [f"{r['metric']} for {'all questions' if r['kind'] == 'overall' else 'kind ' + repr(r['kind'])} "
+             + (f"is {_n(r['value'])}, below baseline {_n(r['baseline'])} - tolerance {tolerance:g}"
+                if r["value"] is not None else "is missing from this run")
+             for r in found]
+    return _check("precision_regression", False,
+                  f"Reranked precision regressed: {'; '.join(lines)}.", regressions=found)
+
+
+def check_eval_sets_valid(eval_errors: Iterable[str]) -> dict[str, Any]:
+    errors = [str(e) for e in eval_errors]
+    if not errors:
+        return _check("eval_sets_valid", True, "The eval sets are valid.")
+    return _check("eval_sets_valid", False, f"The eval sets are invalid: {'; '.join(errors)}.", errors=errors)
+
+
+def evaluate_gate(calibration: Mapping, precision: Mapping | None, baseline: Mapping | None, *,
+                  gating_signal: str, tolerance: float, eval_errors: Iterable[str] = ()) -> dict[str, Any]:
+    """gate.json: passed, the reasons it did not, and every check."""
+    checks = [check_threshold_gap(calibration, gating_signal),
+              check_answer_coverage(calibration, gating_signal),
+              check_precision_regression(precision, baseline, tolerance),
+              check_eval_sets_valid(eval_errors)]
+    signal = (calibration.get("signals") or {}).get(gating_signal) or {}
+    shipped = calibration.get("shipped") or {}
+    return jsonable({
+        "passed": all(c["passed"] for c in checks),
+        "reasons": [c["detail"] for c in checks if not c["passed"]],
+        "checks": checks,
+        "gating_signal": gating_signal,
+        "tolerance": tolerance,
+        "thresholds": {"shipped": shipped.get("threshold"),
+                       "strong": shipped.get("strong_threshold"),
+                       "recommended": signal.get("recommended_threshold"),
+                       "max_for_full_coverage": shipped.get("max_threshold_for_full_coverage")},
+    })
+
+
+def _xml_text(text: Any) -> str:
+    return _XML_ILLEGAL.sub("\ufffd", str(text))
+
+
+def junit_xml(gate: Mapping) -> str:
+    """One <testcase> per check in one <testsuite name="sourcegate-gate">."""
+    checks = gate["checks"]
+    failures = sum(not c["passed"] for c in checks)
+    suites = ET.Element("testsuites", tests=str(len(checks)), failures=str(failures))
+    suite = ET.SubElement(suites, "testsuite", name="sourcegate-gate", tests=str(len(checks)),
+                          failures=str(failures), errors="0", skipped="0")
+    for c in checks:
+        case = ET.SubElement(suite, "testcase", classname="sourcegate.gate", name=_xml_text(c["name"]))
+        if c["passed"]:
+            ET.SubElement(case, "system-out").text = _xml_text(c["detail"])
+        else:
+            failure = ET.SubElement(case, "failure", message=_xml_text(c["detail"]), type="GateCheckFailed")
+            failure.text = _xml_text(c["detail"])
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def write_gate(gate: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write gate.json and junit.xml into out_dir, each atomically."""
+    out = Path(out_dir)
+    return {"gate": write_json_atomic(out / "gate.json", gate),
+            "junit": write_text_atomic(out / "junit.xml", junit_xml(gate))}

@@ -1,0 +1,418 @@
+"""The OpenSearch backend: one index per version behind an alias.
+
+- index ``<prefix>-<version>`` (the version lower-cased, characters OpenSearch forbids in index
+  names replaced by ``-``; the exact version string is kept in the mapping's ``_meta``), alias
+  ``<prefix>`` pointing at the live one;
+- ``chunk_id``/``doc_id`` keywords; ``title``, ``section``, ``text`` copied into ``content``,
+  the field BM25 queries search; ``embedding`` a ``knn_vector`` (HNSW, engine ``lucene``,
+  ``cosinesimil``). The lucene engine is the only one that runs without the k-NN plugin's
+  native libraries (and faiss is the 2.19 default), so every mapping names it.
+
+A version is promotable only after ``load`` has checked ``_count`` against the Parquet row
+count and marked the index complete in ``_meta``: a half-built index is never served.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipelines.search.base import Hit, ScoreDistribution
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "sourcegate"
+TEXT_FIELDS = ("title", "section", "text")
+REQUIRED_COLUMNS = ("chunk_id", "doc_id", "title", "section", "text", "embedding")
+# Optional parquet columns indexed when present (for inspection; not searched).
+OPTIONAL_COLUMNS = {"section_id": "keyword", "text_hash": "keyword", "ordinal": "long", "model_id": "keyword"}
+STORED_FIELDS = ("chunk_id", "doc_id", "title", "section", "section_id", "text")
+HNSW = {"name": "hnsw", "engine": "lucene", "space_type": "cosinesimil",
+        "parameters": {"ef_construction": 128, "m": 16}}
+
+_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_FORBIDDEN_IN_INDEX = re.compile(r"[^a-z0-9._-]")
+_META_KEY = "sourcegate"
+
+
+def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> dict:
+    """Settings + mappings of one index version (``dimension`` = embedding length)."""
+    if int(dimension) < 1:
+        raise ValueError(f"embedding dimension must be positive, got {dimension}")
+    text = {"type": "text", "analyzer": "standard", "copy_to": "content"}
+    properties: dict[str, Any] = {
+        "chunk_id": {"type": "keyword"},
+        "doc_id": {"type": "keyword"},
+        **{f: dict(text) for f in TEXT_FIELDS},
+        "content": {"type": "text", "analyzer": "standard", "similarity": "BM25"},
+        **{name: {"type": kind} for name, kind in OPTIONAL_COLUMNS.items()},
+        "embedding": {"type": "knn_vector", "dimension": int(dimension), "method": _copy(HNSW)},
+    }
+    mappings: dict[str, Any] = {"dynamic": "strict", "properties": properties}
+    if meta is not None:
+        mappings["_meta"] = {_META_KEY: meta}
+    return {
+        "settings": {"index": {"knn": True, "number_of_shards": shards,
+                               "number_of_replicas": 0, "refresh_interval": "-1"}},
+        "mappings": mappings,
+    }
+
+
+def _copy(d: dict) -> dict:
+    return {k: _copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def _retryable(status: Any) -> bool:
+    return isinstance(status, int) and (status == 429 or 500 <= status < 600)
+
+
+def _embedding_dimension(pf: pq.ParquetFile) -> int:
+    field = pf.schema_arrow.field("embedding")
+    if pa.types.is_fixed_size_list(field.type):
+        return field.type.list_size
+    if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
+        for batch in pf.iter_batches(batch_size=64, columns=["embedding"]):
+            lengths = pc.list_value_length(batch.column(0)).drop_null()
+            if len(lengths):
+                return int(lengths[0].as_py())
+        raise ValueError("chunks.parquet has no embeddings")
+    raise ValueError(f"chunks.parquet 'embedding' must be a list of floats, got {field.type}")
+
+
+def _vectors(column: pa.Array, dim: int) -> np.ndarray:
+    if column.null_count:
+        raise ValueError(f"{column.null_count} chunk(s) have no embedding")
+    if not pa.types.is_fixed_size_list(column.type):
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        if (lengths != dim).any():
+            raise ValueError(f"embeddings of mixed lengths (expected {dim})")
+    return np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, dim)
+
+
+class OpenSearchSearcher:
+    """Read side of one index (or of the alias, which follows promotions)."""
+
+    def __init__(self, client, index: str, *, distribution_size: int = 1000, ef_search: int | None = 100):
+        self.client = client
+        self.index = index
+        self.distribution_size = distribution_size
+        self.ef_search = ef_search
+
+    def _search(self, body: dict) -> dict:
+        return self.client.search(index=self.index, body=body)
+
+    @staticmethod
+    def _match(query: str) -> dict:
+        return {"match": {"content": {"query": query}}}
+
+    def bm25(self, query: str, k: int) -> list[Hit]:
+        if k <= 0:
+            return []
+        resp = self._search({"size": k, "_source": False, "query": self._match(query)})
+        return [Hit(h["_id"], float(h["_score"])) for h in resp["hits"]["hits"]]
+
+    def knn(self, vector: np.ndarray, k: int) -> list[Hit]:
+        if k <= 0:
+            return []
+        knn: dict[str, Any] = {"vector": np.asarray(vector, dtype=np.float32).ravel().tolist(), "k": k}
+        if self.ef_search and self.ef_search > k:
+            knn["method_parameters"] = {"ef_search": self.ef_search}
+        resp = self._search({"size": k, "_source": False, "query": {"knn": {"embedding": knn}}})
+        # Lucene's cosine score is (1 + cos) / 2; give back the cosine itself.
+        return [Hit(h["_id"], 2.0 * float(h["_score"]) - 1.0) for h in resp["hits"]["hits"]]
+
+    def best_cosine(self, vector: np.ndarray) -> float:
+        hits = self.knn(vector, 1)
+        return hits[0].score if hits else 0.0
+
+    def bm25_distribution(self, query: str) -> ScoreDistribution:
+        resp = self._search({"size": self.distribution_size, "_source": False,
+                             "track_total_hits": True, "query": self._match(query)})
+        scores = np.array([h["_score"] for h in resp["hits"]["hits"]], dtype=np.float64)
+        matched = int(resp["hits"]["total"]["value"])
+        total = int(self.client.count(index=self.index)["count"])
+        return ScoreDistribution(scores=scores, matched=matched, total=total)
+
+    def chunks(self, chunk_ids: Sequence[str]) -> list[dict]:
+        ids = list(chunk_ids)
+        if not ids:
+            return []
+        resp = self.client.mget(index=self.index, body={"ids": sorted(set(ids))},
+                                _source_includes=list(STORED_FIELDS))
+        found = {d["_id"]: d["_source"] for d in resp["docs"] if d.get("found")}
+        missing = [c for c in ids if c not in found]
+        if missing:
+            raise KeyError(f"{len(missing)} chunk id(s) not in {self.index}: {missing[:5]}")
+        return [{f: found[c].get(f) for f in STORED_FIELDS} | {"chunk_id": c} for c in ids]
+
+
+class OpenSearchStore:
+    """Write side: versions ``<prefix>-<version>`` behind the alias ``<prefix>``."""
+
+    def __init__(
+        self,
+        client=None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        chunk_size: int = 500,
+        max_retries: int = 5,
+        initial_backoff: float = 2.0,
+        max_backoff: float = 60.0,
+        shards: int = 1,
+        replicas: int = 0,
+        progress: bool = True,
+        distribution_size: int = 1000,
+        ef_search: int | None = 100,
+    ):
+        if not _PREFIX_RE.match(prefix):
+            raise ValueError(f"index prefix must be lower-case [a-z0-9._-] and start alphanumeric, got {prefix!r}")
+        if client is None:
+            from pipelines.search.opensearch_client import client_from_env
+            client = client_from_env()
+        self.client = client
+        self.prefix = prefix
+        self.alias = prefix
+        self.chunk_size = chunk_size
+        self.max_retries = max_retries
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.shards = shards
+        self.replicas = replicas
+        self.progress = progress
+        self.distribution_size = distribution_size
+        self.ef_search = ef_search
+
+    @classmethod
+    def from_config(cls, cfg: dict, client=None, **kwargs: Any) -> "OpenSearchStore":
+        """A store from the pipeline config's ``backend.opensearch`` section.
+
+        ``client`` defaults to ``client_from_env()``; a DAG may pass ``client_from_airflow()``.
+        """
+        section = cfg["backend"]["opensearch"]
+        options = {
+            "prefix": section.get("index_prefix", DEFAULT_PREFIX),
+            "chunk_size": section.get("bulk_chunk_size", 500),
+            "max_retries": section.get("max_retries", 5),
+            "distribution_size": section.get("distribution_size", 1000),
+        }
+        options.update(kwargs)
+        return cls(client, **options)
+
+    # --- names --------------------------------------------------------------------------------
+
+    def index_name(self, version: str) -> str:
+        if not version or not version.strip():
+            raise ValueError("empty index version")
+        return f"{self.prefix}-{_FORBIDDEN_IN_INDEX.sub('-', version.lower())}"
+
+    def _meta(self, index: str) -> dict | None:
+        """The sourcegate ``_meta`` of one index, or None when the index does not exist."""
+        from opensearchpy import NotFoundError
+
+        try:
+            resp = self.client.indices.get_mapping(index=index)
+        except NotFoundError:
+            return None
+        mapping = resp.get(index, {}).get("mappings", {})
+        return (mapping.get("_meta") or {}).get(_META_KEY) or {}
+
+    def _set_meta(self, index: str, meta: dict) -> None:
+        self.client.indices.put_mapping(index=index, body={"_meta": {_META_KEY: meta}})
+
+    # --- IndexStore ---------------------------------------------------------------------------
+
+    def load(self, version: str, chunks_parquet: str) -> int:
+        from opensearchpy import ConnectionError as OSConnectionError
+
+        index = self.index_name(version)
+        pf = pq.ParquetFile(chunks_parquet)
+        names = set(pf.schema_arrow.names)
+        missing = [c for c in REQUIRED_COLUMNS if c not in names]
+        if missing:
+            raise ValueError(f"{chunks_parquet}: missing column(s) {missing}")
+        columns = [c for c in REQUIRED_COLUMNS if c != "embedding"] + \
+                  [c for c in OPTIONAL_COLUMNS if c in names] + ["embedding"]
+        rows = pf.metadata.num_rows
+        dim = _embedding_dimension(pf)
+
+        try:
+            if self.live() == version:
+                raise RuntimeError(f"refusing to rebuild {index}: it is the live version")
+            existing = self._meta(index)
+            if existing is not None:
+                if existing.get("version") not in (None, version):
+                    raise ValueError(f"index {index} already holds version {existing.get('version')!r}, "
+                                     f"not {version!r} (names collide after sanitising)")
+                log.warning("index %s exists (status %s); deleting it to rebuild", index, existing.get("status"))
+                self.client.indices.delete(index=index)
+            meta = {"prefix": self.prefix, "version": version, "status": "loading",
+                    "source": str(chunks_parquet), "rows": rows, "dimension": dim}
+            self.client.indices.create(index=index, body=index_body(dim, shards=self.shards, meta=meta))
+            log.info("loading %d chunks (dim %d) from %s into %s", rows, dim, chunks_parquet, index)
+            try:
+                sent = self._bulk_load(index, pf, columns, dim, rows)
+                self.client.indices.put_settings(
+                    index=index, body={"index": {"refresh_interval": "1s", "number_of_replicas": self.replicas}})
+                self.client.indices.refresh(index=index)
+                count = int(self.client.count(index=index)["count"])
+                if count != rows:
+                    raise RuntimeError(
+                        f"index {index}: _count is {count} after loading {sent} chunk(s), but {chunks_parquet} "
+                        f"has {rows} rows (duplicate chunk_id?); not promotable")
+                self._set_meta(index, {**meta, "status": "complete", "count": count})
+            except OSConnectionError:
+                raise
+            except Exception:
+                try:
+                    self._set_meta(index, {**meta, "status": "failed"})
+                except Exception:  # best effort; the index stays "loading", which is not promotable either
+                    pass
+                raise
+        except OSConnectionError as e:
+            raise RuntimeError(
+                f"lost the connection to OpenSearch while loading {index} from {chunks_parquet}: {e}. "
+                f"The index is incomplete and will not be promoted; rerun the load.") from e
+        log.info("loaded %s: %d chunks", index, count)
+        return count
+
+    def _batches(self, pf: pq.ParquetFile, columns: list[str], dim: int) -> Iterator[list[dict]]:
+        for batch in pf.iter_batches(batch_size=self.chunk_size, columns=columns):
+            vectors = _vectors(batch.column(batch.schema.get_field_index("embedding")), dim)
+            fields = {c: batch.column(batch.schema.get_field_index(c)).to_pylist()
+                      for c in columns if c != "embedding"}
+            actions = []
+            for i in range(batch.num_rows):
+                source = {c: fields[c][i] for c in fields}
+                source["embedding"] = vectors[i].tolist()
+                chunk_id = source["chunk_id"]
+                if not chunk_id:
+                    raise ValueError("a chunk has an empty chunk_id")
+                actions.append({"_index": None, "_id": chunk_id, "_source": source})
+            yield actions
+
+    def _bulk_load(self, index: str, pf: pq.ParquetFile, columns: list[str], dim: int, rows: int) -> int:
+        from tqdm import tqdm
+
+        sent = 0
+        with tqdm(total=rows, desc=f"load {index}", unit="chunk", disable=not self.progress,
+                  mininterval=2.0) as bar:
+            for actions in self._batches(pf, columns, dim):
+                for a in actions:
+                    a["_index"] = index
+                n = self._send(actions)
+                sent += n
+                bar.update(n)
+        return sent
+
+    def _send(self, actions: list[dict]) -> int:
+        """One chunk through ``streaming_bulk``; 429/5xx (whole request or per item) retried with backoff."""
+        from opensearchpy import ConnectionError as OSConnectionError
+        from opensearchpy import TransportError
+        from opensearchpy.helpers import streaming_bulk
+
+        by_id = {a["_id"]: a for a in actions}
+        pending = actions
+        done = 0
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
+                log.warning("bulk: retrying %d chunk(s) in %.1fs (attempt %d/%d)",
+                            len(pending), delay, attempt, self.max_retries)
+                time.sleep(delay)
+            retry, failed = [], []
+            try:
+                for ok, item in streaming_bulk(self.client, pending, chunk_size=len(pending),
+                                               raise_on_error=False, raise_on_exception=True,
+                                               max_retries=0, yield_ok=True):
+                    info = next(iter(item.values()))
+                    if ok:
+                        done += 1
+                    elif _retryable(info.get("status")):
+                        retry.append(by_id[info["_id"]])
+                    else:
+                        failed.append(info)
+            except OSConnectionError:
+                raise
+            except TransportError as e:
+                if _retryable(e.status_code) and attempt < self.max_retries:
+                    log.warning("bulk: HTTP %s from OpenSearch: %s", e.status_code, e.error)
+                    continue  # the whole chunk again (ids make it idempotent)
+                raise
+            if failed:
+                first = failed[0]
+                raise RuntimeError(f"{len(failed)} chunk(s) rejected by OpenSearch, e.g. {first.get('_id')}: "
+                                   f"{first.get('error')}")
+            if not retry:
+                return done
+            pending = retry
+        raise RuntimeError(f"{len(pending)} chunk(s) still rejected (429/5xx) after {self.max_retries} retries")
+
+    def promote(self, version: str) -> None:
+        index = self.index_name(version)
+        meta = self._meta(index)
+        if meta is None:
+            raise FileNotFoundError(f"no index version {version} ({index})")
+        if meta.get("status") != "complete":
+            raise RuntimeError(f"refusing to promote {index}: its load is {meta.get('status', 'unknown')!r}, "
+                               f"not 'complete'")
+        current = self._alias_indices()
+        actions: list[dict] = [{"remove": {"index": i, "alias": self.alias}} for i in current if i != index]
+        actions.append({"add": {"index": index, "alias": self.alias}})
+        # One request: OpenSearch applies all actions atomically.
+        self.client.indices.update_aliases(body={"actions": actions})
+        log.info("promoted %s (alias %s; was %s)", index, self.alias, current or "unset")
+
+    def _alias_indices(self) -> list[str]:
+        from opensearchpy import NotFoundError
+
+        try:
+            return sorted(self.client.indices.get_alias(name=self.alias).keys())
+        except NotFoundError:
+            return []
+
+    def live(self) -> str | None:
+        indices = self._alias_indices()
+        if not indices:
+            return None
+        if len(indices) > 1:
+            raise RuntimeError(f"alias {self.alias} points at several indices: {indices}")
+        meta = self._meta(indices[0]) or {}
+        return meta.get("version") or indices[0][len(self.prefix) + 1:]
+
+    def versions(self) -> list[str]:
+        resp = self.client.indices.get_mapping(index=f"{self.prefix}-*")
+        found = []
+        for name, body in resp.items():
+            meta = ((body.get("mappings") or {}).get("_meta") or {}).get(_META_KEY) or {}
+            if meta.get("prefix") == self.prefix and meta.get("version"):
+                found.append(meta["version"])
+        return sorted(found)
+
+    def drop(self, version: str) -> None:
+        if version == self.live():
+            raise ValueError(f"refusing to drop the live index version {version}")
+        index = self.index_name(version)
+        if self._meta(index) is None:
+            log.warning("drop: no index %s", index)
+            return
+        self.client.indices.delete(index=index)
+        log.info("dropped %s", index)
+
+    def open(self, version: str | None = None) -> OpenSearchSearcher:
+        """A searcher over ``version``, or over the alias (following later promotions) by default."""
+        if version is None:
+            if not self._alias_indices():
+                raise FileNotFoundError(f"no live index: alias {self.alias} is not set; promote a version first")
+            index = self.alias
+        else:
+            index = self.index_name(version)
+            if self._meta(index) is None:
+                raise FileNotFoundError(f"no index version {version} ({index})")
+        return OpenSearchSearcher(self.client, index, distribution_size=self.distribution_size,
+                                  ef_search=self.ef_search)

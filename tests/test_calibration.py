@@ -1,0 +1,255 @@
+"""evals.calibration: hand-computed cases, bootstrap, 2-D sweep, shipped check."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from evals.calibration import (_bootstrap_min_rank, calibrate, calibrate_pair, calibrate_signal,
+                               check_shipped, sweep)
+
+A, D = "answer", "decline"
+
+
+def labelled(answer, decline):
+    return list(answer) + list(decline), [A] * len(answer) + [D] * len(decline)
+
+
+# --------------------------------------------------------------------------- one signal
+
+def test_separating_signal_hand_computed():
+    scores, labels = labelled([0.6, 0.7, 0.9], [0.1, 0.3, 0.5])
+    r = calibrate_signal("s", scores, labels, min_per_label=3)
+    assert r["answer_band"] == [0.6, 0.9] and r["decline_band"] == [0.1, 0.5]
+    assert r["gap"] == pytest.approx(0.1) and r["has_gap"] is True
+    assert r["auc"] == 1.0
+    assert r["recommended_threshold"] == 0.6 and r["position_in_gap"] == 0.0
+    assert r["decline_recall_at_recommended"] == 1.0
+    assert r["discriminates"] is True and r["verdict"] == "separates: gap 0.1"
+    assert r["warnings"] == []
+
+    mid = calibrate_signal("s", scores, labels, placement="midpoint", min_per_label=3)
+    assert mid["recommended_threshold"] == pytest.approx(0.55)
+    assert mid["position_in_gap"] == pytest.approx(0.5)
+    assert mid["decline_recall_at_recommended"] == 1.0
+
+
+def test_overlapping_signal_with_ties_hand_computed():
+    scores, labels = labelled([0.2, 0.5, 0.8], [0.1, 0.5, 0.6])
+    r = calibrate_signal("s", scores, labels, min_per_label=3)
+    assert r["gap"] == pytest.approx(-0.4) and r["has_gap"] is False
+    assert r["position_in_gap"] is None
+    # pairs won: 0.2 beats 1; 0.5 beats 1 and ties 1 (0.5); 0.8 beats 3 -> 5.5 / 9
+    assert r["auc"] == pytest.approx(5.5 / 9)
+    assert r["recommended_threshold"] == 0.2
+    assert r["decline_recall_at_recommended"] == pytest.approx(1 / 3)
+    assert r["verdict"].startswith("overlaps: AUC 0.61, no gap")
+    mid = calibrate_signal("s", scores, labels, placement="midpoint", min_per_label=3)
+    assert mid["recommended_threshold"] == 0.2
+    assert any("fell back" in w for w in mid["warnings"])
+
+
+def test_sweep_is_exact_at_every_distinct_score():
+    scores, labels = labelled([0.2, 0.5, 0.8], [0.1, 0.5, 0.6])
+    s = sweep(scores, labels)
+    assert s["thresholds"] == [0.1, 0.2, 0.5, 0.6, 0.8]
+    assert s["kept"] == pytest.approx([1, 1, 2 / 3, 1 / 3, 1 / 3])
+    assert s["declined"] == pytest.approx([0, 1 / 3, 1 / 3, 2 / 3, 1])
+    assert s["false_decline_rate"] == pytest.approx([0, 0, 1 / 3, 2 / 3, 2 / 3])
+
+
+def test_inverted_signal_is_called_inverted():
+    scores, labels = labelled([0.1, 0.2, 0.3, 0.75], [0.7, 0.8, 0.9])
+    r = calibrate_signal("bm25_z", scores, labels)
+    assert r["auc"] == pytest.approx(1 / 12)
+    assert r["discriminates"] is False
+    assert r["verdict"] == "inverted: AUC 0.08 — higher scores for should-decline"
+
+
+def test_chance_signal_does_not_discriminate():
+    rng = np.random.default_rng(3)
+    scores, labels = labelled(rng.uniform(size=400), rng.uniform(size=400))
+    r = calibrate_signal("margin", scores, labels)
+    assert r["discriminates"] is False and r["has_gap"] is False
+    assert r["verdict"].startswith("does not discriminate: AUC 0.")
+
+
+def test_small_labels_warn():
+    scores, labels = labelled([0.6, 0.7], [0.1] * 25)
+    r = calibrate_signal("s", scores, labels, min_per_label=20)
+    assert [w for w in r["warnings"] if "should-answer" in w and "< 20" in w]
+    assert not [w for w in r["warnings"] if "should-decline" in w]
+
+
+def test_empty_label_cannot_calibrate():
+    r = calibrate_signal("s", [0.1, 0.2], [A, A])
+    assert r["discriminates"] is False and r["gap"] is None
+    assert r["verdict"] == "cannot calibrate: no should-decline questions"
+
+
+def test_bad_labels_rejected():
+    with pytest.raises(ValueError):
+        calibrate_signal("s", [0.1, 0.2], [A, "maybe"])
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+def test_bootstrap_is_seeded():
+    rng = np.random.default_rng(0)
+    scores, labels = labelled(rng.normal(1, 1, 300), rng.normal(0, 1, 300))
+    # Few samples, so the percentiles visibly depend on the draws.
+    one = calibrate_signal("s", scores, labels, seed=7, bootstrap_samples=30)["gap_ci"]
+    two = calibrate_signal("s", scores, labels, seed=7, bootstrap_samples=30)["gap_ci"]
+    other = calibrate_signal("s", scores, labels, seed=8, bootstrap_samples=30)["gap_ci"]
+    assert one == two and one != other
+    assert one[0] <= one[1]
+
+
+def test_ci_crossing_zero_warns():
+    # The overlap rests on one should-decline question: resamples without it have a gap.
+    scores, labels = labelled(np.linspace(0.5, 1.0, 30), [*np.linspace(0.0, 0.4, 30), 0.6])
+    r = calibrate_signal("s", scores, labels)
+    assert r["has_gap"] is False
+    assert r["gap_ci"][0] < 0 < r["gap_ci"][1]
+    assert any("crosses 0" in w for w in r["warnings"])
+
+
+def test_sampled_minimum_rank_matches_literal_resampling():
+    # The O(samples) order-statistic draw must have the law of min(resample).
+    n, samples = 12, 200_000
+    fast = _bootstrap_min_rank(n, samples, np.random.default_rng(1))
+    literal = np.random.default_rng(2).integers(0, n, size=(samples, n)).min(axis=1)
+    for k in range(4):
+        assert np.mean(fast == k) == pytest.approx(np.mean(literal == k), abs=0.005)
+    exact_p0 = 1 - (1 - 1 / n) ** n
+    assert np.mean(fast == 0) == pytest.approx(exact_p0, abs=0.005)
+
+
+def test_artifact_sweep_is_downsampled_but_numbers_exact():
+    rng = np.random.default_rng(5)
+    scores, labels = labelled(rng.uniform(0.3, 1, 2000), rng.uniform(0, 0.6, 2000))
+    r = calibrate_signal("s", scores, labels)
+    assert len(r["sweep"]["thresholds"]) <= 200 and r["sweep"]["n_thresholds"] == 4000
+    assert r["recommended_threshold"] in r["sweep"]["thresholds"]
+    assert r["recommended_threshold"] == min(scores[:2000])
+
+
+# --------------------------------------------------------------------------- 2-D
+
+def brute_force_pair(x, y, is_answer):
+    """Best decline recall over all threshold pairs that keep every answer."""
+    best = -1.0
+    for a, b in itertools.product(np.unique(x), np.unique(y)):
+        kept = (x >= a) & (y >= b)
+        if kept[is_answer].all():
+            best = max(best, float((~kept[~is_answer]).mean()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pair_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = 40
+    is_answer = rng.random(n) < 0.5
+    x = np.round(rng.normal(is_answer * 0.8, 1), 2)      # rounded: ties on purpose
+    y = np.round(rng.normal(is_answer * 0.5, 1), 2)
+    labels = np.where(is_answer, A, D).tolist()
+    r = calibrate_pair("x", x.tolist(), "y", y.tolist(), labels)
+    a, b = r["recommended"]["x"], r["recommended"]["y"]
+    kept = (x >= a) & (y >= b)
+    assert kept[is_answer].all()
+    assert r["decline_recall_at_recommended"] == pytest.approx(float((~kept[~is_answer]).mean()))
+    assert r["decline_recall_at_recommended"] == pytest.approx(brute_force_pair(x, y, is_answer))
+    assert r["separates"] == (r["decline_recall_at_recommended"] == 1.0)
+    hm = r["heatmap"]
+    for i, j in [(0, 0), (3, 7), (len(hm["x_thresholds"]) - 1, len(hm["y_thresholds"]) - 1)]:
+        grid_kept = (x >= hm["x_thresholds"][i]) & (y >= hm["y_thresholds"][j])
+        assert hm["coverage"][i][j] == pytest.approx(grid_kept[is_answer].mean())
+        assert hm["decline_recall"][i][j] == pytest.approx((~grid_kept[~is_answer]).mean())
+
+
+def test_pair_separating_perfectly():
+    labels = [A, A, D, D]
+    r = calibrate_pair("x", [0.9, 0.5, 0.9, 0.1], "y", [0.5, 0.9, 0.1, 0.9], labels)
+    assert r["recommended"] == {"x": 0.5, "y": 0.5}
+    assert r["separates"] is True and r["decline_recall_at_recommended"] == 1.0
+    assert r["single_signal_recall"] == {"x": 0.5, "y": 0.5}
+
+
+# --------------------------------------------------------------------------- shipped and artifact
+
+def records(answer_scores, decline_scores, signal="rerank_top"):
+    out = [{"id": f"a-{i:03d}", "question": f"answerable {i}", "label": A, "kind": "fact",
+            "signals": {signal: s}} for i, s in enumerate(answer_scores)]
+    out += [{"id": f"d-{i:03d}", "question": f"unanswerable {i}", "label": D, "kind": "offtopic",
+             "signals": {signal: s}} for i, s in enumerate(decline_scores)]
+    return out
+
+
+def test_check_shipped_lists_exactly_the_wrongly_declined():
+    recs = records([0.3, 0.45, 0.5, 0.9], [0.1, 0.55, 0.2])
+    r = check_shipped(recs, "rerank_top", 0.5)
+    assert [q["id"] for q in r["wrongly_declined"]] == ["a-000", "a-001"]
+    assert r["wrongly_declined"][0] == {"id": "a-000", "question": "answerable 0", "score": 0.3,
+                                        "fix": "threshold <= 0.3"}
+    assert [q["id"] for q in r["wrongly_answered"]] == ["d-001"]
+    assert r["coverage"] == 0.5 and r["decline_recall"] == pytest.approx(2 / 3)
+    assert r["max_threshold_for_full_coverage"] == 0.3
+
+
+def test_check_shipped_counts_unscored_answers_as_not_kept():
+    recs = records([0.6, None], [0.1])
+    r = check_shipped(recs, "rerank_top", 0.5)
+    assert r["coverage"] == 0.5 and r["unscored"] == ["a-001"] and r["wrongly_declined"] == []
+
+
+CONFIG = {"signals": ["cosine_top", "rerank_top", "bm25_z", "term_coverage"],
+          "pair": ["bm25_z", "term_coverage"], "placement": "tightest", "bootstrap_samples": 200,
+          "seed": 13, "min_per_label": 20,
+          "gating": {"signal": "cosine_top", "adjacent": 0.4, "strong": 0.6}}
+
+
+def synthetic_records(n, seed=0, rerank=True):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        answer = i % 2 == 0
+        out.append({"id": f"q-{i}", "question": f"q {i}", "label": A if answer else D, "kind": "k",
+                    "signals": {"cosine_top": float(rng.uniform(0.45, 0.9) if answer else rng.uniform(0.1, 0.4)),
+                                "rerank_top": float(rng.uniform()) if rerank else None,
+                                "bm25_z": float(rng.normal(2 if answer else 4, 1)),
+                                "bm25_top": float(rng.normal()), "margin": float(rng.uniform()),
+                                "term_coverage": float(rng.uniform(0.3, 1) if answer else rng.uniform(0, 0.7))}})
+    return out
+
+
+def test_calibrate_artifact_is_json_and_deterministic():
+    recs = synthetic_records(200)
+    recs[3]["signals"]["term_coverage"] = float("nan")
+    out = calibrate(recs, CONFIG)
+    again = calibrate(recs, CONFIG)
+    text = json.dumps(out, allow_nan=False)
+    assert text == json.dumps(again, allow_nan=False)
+    assert out["n"] == {"answer": 100, "decline": 100}
+    assert out["signals"]["cosine_top"]["has_gap"] is True
+    assert out["signals"]["bm25_z"]["verdict"].startswith("inverted")
+    assert any("1 questions have no term_coverage" in w for w in out["signals"]["term_coverage"]["warnings"])
+    assert out["pair"]["n"] == {"answer": 100, "decline": 99}
+    assert out["shipped"]["coverage"] == 1.0 and out["shipped"]["strong_threshold"] == 0.6
+    assert out["questions"][3]["signals"]["term_coverage"] is None
+    assert len(out["questions"]) == 200
+
+
+def test_reranker_off_skips_signal_with_note():
+    out = calibrate(synthetic_records(60, rerank=False), CONFIG)
+    skipped = out["signals"]["rerank_top"]
+    assert skipped["skipped"] is True and "reranker off" in skipped["note"]
+    json.dumps(out, allow_nan=False)
+
+
+def test_ten_thousand_questions_complete():
+    config = dict(CONFIG, signals=["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"],
+                  bootstrap_samples=1000)
+    out = calibrate(synthetic_records(10_000, seed=1), config)
+    assert out["n"] == {"answer": 5000, "decline": 5000}
+    assert all(len(s["sweep"]["thresholds"]) <= 200 for s in out["signals"].values())

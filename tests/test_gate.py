@@ -1,0 +1,145 @@
+"""evals.gate: each check fails for its reason, and the JUnit XML says so."""
+import json
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from evals.calibration import calibrate
+from evals.gate import evaluate_gate, junit_xml, write_gate
+from evals.precision import precision_eval
+
+SIGNAL = "rerank_top"
+
+
+def eval_records(answer_scores, decline_scores):
+    recs = [{"id": f"a-{i:03d}", "question": f"how do I {i}?", "label": "answer", "kind": "howto",
+             "signals": {SIGNAL: float(s)}} for i, s in enumerate(answer_scores)]
+    recs += [{"id": f"d-{i:03d}", "question": f"off topic {i}", "label": "decline", "kind": "offtopic",
+              "signals": {SIGNAL: float(s)}} for i, s in enumerate(decline_scores)]
+    return recs
+
+
+def calibration_for(answer_scores, decline_scores, shipped):
+    config = {"signals": [SIGNAL], "bootstrap_samples": 100, "seed": 1,
+              "gating": {"signal": SIGNAL, "adjacent": shipped, "strong": max(shipped, 0.6)}}
+    return calibrate(eval_records(answer_scores, decline_scores), config)
+
+
+def precision_for(p1_by_kind):
+    """A precision.json shape with given reranked p@1 per kind."""
+    def stats(p1):
+        metrics = {"p@1": p1, "p@3": 0.5, "p@5": 0.4, "ndcg@10": 0.7, "recall@5": 0.8, "mrr": 0.75}
+        return {"n": 10, "fused": metrics, "reranked": metrics, "delta": {k: 0.0 for k in metrics}}
+    mean = sum(p1_by_kind.values()) / len(p1_by_kind)
+    return {"ks": [1, 3, 5], "overall": stats(mean), "by_kind": {k: stats(v) for k, v in p1_by_kind.items()},
+            "losses": [], "wins": 0, "ties": 20}
+
+
+BASELINE = {"reranked": {"overall": {"p@1": 0.7, "p@3": 0.5},
+                         "by_kind": {"howto": {"p@1": 0.7}, "fact": {"p@1": 0.7, "mrr": 0.7}}}}
+GOOD_CALIBRATION = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.25)
+GOOD_PRECISION = precision_for({"howto": 0.7, "fact": 0.7})
+
+
+def failed(gate):
+    return {c["name"] for c in gate["checks"] if not c["passed"]}
+
+
+def run_gate(calibration=GOOD_CALIBRATION, precision=GOOD_PRECISION, baseline=BASELINE, **kw):
+    return evaluate_gate(calibration, precision, baseline, gating_signal=SIGNAL, tolerance=0.05, **kw)
+
+
+def test_all_good_passes():
+    gate = run_gate()
+    assert gate["passed"] is True and gate["reasons"] == [] and failed(gate) == set()
+    assert [c["name"] for c in gate["checks"]] == ["threshold_gap", "answer_coverage",
+                                                  "precision_regression", "eval_sets_valid"]
+    assert gate["thresholds"]["shipped"] == 0.25
+    assert gate["thresholds"]["max_for_full_coverage"] == pytest.approx(0.3)
+    json.dumps(gate, allow_nan=False)
+
+
+def test_safe_looking_high_threshold_cannot_sneak_through():
+    calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.99)
+    gate = run_gate(calibration)
+    assert gate["passed"] is False and failed(gate) == {"answer_coverage"}
+    check = next(c for c in gate["checks"] if c["name"] == "answer_coverage")
+    assert len(check["data"]["wrongly_declined"]) == 30
+    assert "a-000 (0.3)" in check["detail"] and "declines 30 of 30" in check["detail"]
+    assert len(gate["reasons"]) == 1 and "0.99" in gate["reasons"][0]
+
+
+def test_overlapping_bands_fail_threshold_gap():
+    calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.5, 30), shipped=0.3)
+    gate = run_gate(calibration)
+    assert failed(gate) == {"threshold_gap"}
+    assert "no threshold gap" in gate["reasons"][0]
+
+
+def test_precision_regression_names_kind_and_metric():
+    gate = run_gate(precision=precision_for({"howto": 0.7, "fact": 0.6}))
+    assert failed(gate) == {"precision_regression"}
+    check = next(c for c in gate["checks"] if c["name"] == "precision_regression")
+    assert check["data"]["regressions"] == [
+        {"kind": "overall", "metric": "p@1", "baseline": 0.7, "value": 0.6499999999999999},
+        {"kind": "fact", "metric": "p@1", "baseline": 0.7, "value": 0.6}]
+    assert "p@1 for kind 'fact' is 0.6, below baseline 0.7" in gate["reasons"][0]
+
+
+def test_precision_exactly_at_tolerance_passes():
+    gate = run_gate(precision=precision_for({"howto": 0.65, "fact": 0.65}))  # 0.7 - 0.05
+    assert gate["passed"] is True
+
+
+def test_missing_kind_is_a_regression():
+    gate = run_gate(precision=precision_for({"howto": 0.9}))
+    assert failed(gate) == {"precision_regression"}
+    assert "kind 'fact' is missing" in gate["reasons"][0]
+
+
+def test_no_baseline_yet_passes():
+    assert run_gate(baseline=None)["passed"] is True
+
+
+def test_precision_from_precision_eval_is_accepted():
+    items = [{"id": "q1", "kind": "howto"}, {"id": "q2", "kind": "fact"}]
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1}}
+    precision = precision_eval(items, {"q1": ["a"], "q2": ["b"]}, {"q1": ["a"], "q2": ["x", "b"]}, qrels)
+    gate = run_gate(precision=precision)
+    assert failed(gate) == {"precision_regression"}
+    assert "kind 'fact' is 0, below baseline 0.7" in gate["reasons"][0]
+
+
+def test_invalid_eval_sets_fail_with_messages():
+    gate = run_gate(eval_errors=["answer.jsonl: duplicate id a-003"])
+    assert failed(gate) == {"eval_sets_valid"}
+    assert "duplicate id a-003" in gate["reasons"][0]
+
+
+def test_missing_gating_signal_fails():
+    gate = evaluate_gate(GOOD_CALIBRATION, GOOD_PRECISION, BASELINE, gating_signal="cosine_top", tolerance=0.05)
+    assert {"threshold_gap", "answer_coverage"} <= failed(gate)
+
+
+def test_junit_has_a_failure_exactly_for_failed_checks(tmp_path):
+    calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.5, 30), shipped=0.99)
+    gate = run_gate(calibration, eval_errors=['bad <row> & "quote" \x01 in file'])
+    paths = write_gate(gate, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gate.json", "junit.xml"]  # no temp files left
+    assert json.loads(paths["gate"].read_text()) == gate
+    root = ET.parse(paths["junit"]).getroot()
+    suites = list(root.iter("testsuite"))
+    assert len(suites) == 1 and suites[0].get("name") == "sourcegate-gate"
+    cases = {c.get("name"): c for c in suites[0].iter("testcase")}
+    assert set(cases) == {c["name"] for c in gate["checks"]}
+    with_failure = {name for name, case in cases.items() if case.find("failure") is not None}
+    assert with_failure == failed(gate) == {"threshold_gap", "answer_coverage", "eval_sets_valid"}
+    assert suites[0].get("failures") == "3" and suites[0].get("tests") == "4"
+    message = cases["eval_sets_valid"].find("failure").get("message")
+    assert 'bad <row> & "quote"' in message
+
+
+def test_junit_all_passing_has_no_failure():
+    root = ET.fromstring(junit_xml(run_gate()).encode())
+    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 4

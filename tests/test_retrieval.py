@@ -1,0 +1,82 @@
+import pytest
+
+from pipelines.answer import decide
+from pipelines.rerank import load_scorer
+from pipelines.retrieval import Candidate, Retrieval, Retriever, effective_query, margin, rrf, term_coverage
+from pipelines.search.base import Hit
+
+
+def test_rrf_sums_reciprocal_ranks_over_the_union():
+    fused = dict(rrf([[Hit("a", 9), Hit("b", 8)], [Hit("b", 0.9), Hit("c", 0.8)]], k=60))
+    assert fused == pytest.approx({"b": 1 / 62 + 1 / 61, "a": 1 / 61, "c": 1 / 62})
+    assert [cid for cid, _ in rrf([[Hit("a", 9), Hit("b", 8)], [Hit("b", 0.9), Hit("c", 0.8)]])] == ["b", "a", "c"]
+
+
+def test_multi_turn_prepends_prior_turns():
+    assert effective_query("does that apply on Sundays?", ["Is the night bus free?"]) == \
+        "Is the night bus free? does that apply on Sundays?"
+
+
+def test_term_coverage_and_margin():
+    assert term_coverage("How much is the bus fare?", "Bus fare: $2") == pytest.approx(2 / 3)  # much, bus, fare
+    assert margin([0.8, 0.2]) == pytest.approx(0.75) and margin([0.5]) == 1.0 and margin([]) == 0.0
+
+
+def cand(i, p):
+    return Candidate(f"c{i}", "d", "t", "s", "s", "x", fused_rank=i, fused_score=1 / (60 + i), rerank_probability=p)
+
+
+@pytest.mark.parametrize("value, mode", [(0.9, "sourced"), (0.5, "sourced"), (0.3, "adjacent"), (0.05, "decline"),
+                                         (None, "decline")])
+def test_answer_modes_from_thresholds(value, mode):
+    r = Retrieval("q", [], [cand(i, p) for i, p in enumerate([0.9, 0.6, 0.2, 0.1, 0.01], 1)], True,
+                  {"rerank_top": value})
+    a = decide(r, {"signal": "rerank_top", "strong": 0.5, "adjacent": 0.1, "below": "decline"})
+    assert a.mode == mode
+    if mode == "decline":
+        assert [c.chunk_id for c in a.passages] == ["c1", "c2", "c3"]  # the three closest, to check a refusal
+    elif mode == "sourced":  # half of 0.5: 0.2, 0.1 and 0.01 are noise
+        assert [c.chunk_id for c in a.passages] == ["c1", "c2"] and a.dropped_as_noise == 3
+
+
+def test_open_mode_is_configurable():
+    r = Retrieval("q", [], [cand(1, 0.01)], True, {"rerank_top": 0.01})
+    assert decide(r, {"signal": "rerank_top", "strong": 0.5, "adjacent": 0.1, "below": "open"}).mode == "open"
+
+
+@pytest.mark.models
+def test_labelled_article_is_in_the_rerank_shortlist(demo_index, embedder, cross_encoder):
+    """The labelled article is among the reranker's 12 candidates for >= 90% of should-answer questions."""
+    from evals.evalset import load_evalset
+    cfg, _, searcher = demo_index
+    retriever = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
+    items = [it for it in load_evalset(cfg["evals"]["calibration_set"]) if it["label"] == "answer"]
+    hits, missed = 0, []
+    for it in items:
+        r = retriever.retrieve(it["question"], it["context"])
+        assert r.reranked
+        head = r.fused[:12]
+        reranked_head = r.ranked[:12]
+        assert sorted(c.chunk_id for c in reranked_head) == sorted(c.chunk_id for c in head)  # no drop, no dup
+        docs = {e.split("#")[0] for e in it["expected"]}
+        if any(c.doc_id in docs for c in head):
+            hits += 1
+        else:
+            missed.append(it["id"])
+    recall = hits / len(items)
+    print(f"shortlist recall@12: {recall:.3f} over {len(items)} questions; missed {missed}")
+    assert recall >= 0.9
+
+
+@pytest.mark.models
+def test_bogus_reranker_path_keeps_fused_order_without_error(demo_index, embedder, caplog):
+    cfg, _, searcher = demo_index
+    bogus = load_scorer("onnx", "/definitely/not/a/model")
+    assert bogus is None and "could not load" in caplog.text
+    plain = Retriever.from_config(searcher, embedder, None, cfg)
+    failing = Retriever.from_config(searcher, embedder, bogus, cfg)
+    for q in ["How much is a monthly pass?", "Can I bring my bike on the train?"]:
+        a, b = plain.retrieve(q), failing.retrieve(q)
+        assert not b.reranked
+        assert [c.chunk_id for c in b.ranked] == [c.chunk_id for c in b.fused] == [c.chunk_id for c in a.fused]
+        assert b.signals["rerank_top"] is None
