@@ -26,8 +26,8 @@ run: venv
 system-deps:
 	@command -v chromium >/dev/null && command -v docker-compose >/dev/null || \
 	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null; }
-	@command -v java >/dev/null && command -v mvn >/dev/null || \
-	  { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null; }
+	@command -v javac >/dev/null && command -v mvn >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null; }
 
 opensearch-start:
 	scripts/opensearch start

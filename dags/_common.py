@@ -12,7 +12,7 @@ root, never against the worker's current directory, and nothing here calls os.ch
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pendulum
@@ -109,22 +109,23 @@ def params() -> dict:
 def run_time(context=None) -> datetime:
     """The logical date, or for runs that have none (asset-triggered, some manual runs) run_after."""
     context = context or get_current_context()
-    return context.get("logical_date") or context["dag_run"].run_after
+    when = context.get("logical_date") or context["dag_run"].run_after
+    return when.astimezone(timezone.utc) if when.tzinfo else when  # run ids are UTC
 
 
-def run_id(prefix: str = "") -> str:
+def run_id(prefix: str = "", context=None) -> str:
     """The pipeline run id (run folder, index version): a pure function of the logical date,
     so re-running the same logical date reuses the same folder and index version."""
     from pipelines.steps import RUN_ID, new_run_id
 
-    rid = (prefix + new_run_id(run_time())).lower()
+    rid = (prefix + new_run_id(run_time(context))).lower()
     if not RUN_ID.match(rid):
         raise AirflowFailException(f"derived run id {rid!r} does not match {RUN_ID.pattern}")
     return rid
 
 
-def recal_run_id() -> str:
-    return run_id("recal-")
+def recal_run_id(context=None) -> str:
+    return run_id("recal-", context)
 
 
 def shard_list(chunk_count: int) -> list[int]:

@@ -28,6 +28,8 @@ def _is_answer(labels: Iterable) -> np.ndarray:
     arr = np.asarray(list(labels) if not isinstance(labels, np.ndarray) else labels)
     if arr.dtype == bool:
         return arr
+    if arr.size == 0:
+        return np.zeros(0, dtype=bool)
     bad = ~np.isin(arr, (ANSWER, DECLINE))
     if bad.any():
         raise ValueError(f"labels must be 'answer' or 'decline', got {sorted(set(arr[bad].tolist()))[:5]}")
@@ -298,7 +300,7 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
     it would be answered.
     """
     scores = _signal_matrix(records, [signal])[:, 0]
-    is_answer = _answer_mask(records) if records else np.zeros(0, dtype=bool)
+    is_answer = _answer_mask(records)
     scored = np.isfinite(scores)
     n_answer, n_decline = int(is_answer.sum()), int((~is_answer).sum())
     kept = is_answer & scored & (scores >= threshold)
@@ -313,18 +315,19 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
     for row in wrongly_declined:
         row["fix"] = f"threshold <= {row['score']!r}"  # repr round-trips: never above the score
     answer_scores = scores[is_answer & scored]
-    return jsonable({
+    summary = jsonable({
         "signal": signal,
         "threshold": float(threshold),
         "n": {ANSWER: n_answer, DECLINE: n_decline},
         "available": bool(scored.any()),
         "coverage": kept.sum() / n_answer if n_answer else None,
         "decline_recall": declined.sum() / n_decline if n_decline else None,
-        "wrongly_declined": wrongly_declined,
-        "wrongly_answered": listing(~is_answer & scored & ~declined, descending=True),
-        "unscored": [records[i]["id"] for i in np.flatnonzero(~scored)],
-        "max_threshold_for_full_coverage": answer_scores.min() if len(answer_scores) else None,
     })
+    return {**summary,  # the lists below already hold plain Python values
+            "wrongly_declined": wrongly_declined,
+            "wrongly_answered": listing(~is_answer & scored & ~declined, descending=True),
+            "unscored": [records[i]["id"] for i in np.flatnonzero(~scored)],
+            "max_threshold_for_full_coverage": float(answer_scores.min()) if len(answer_scores) else None}
 
 
 # --------------------------------------------------------------------------- artifact
@@ -353,14 +356,15 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
     names = _config_signals(config)
     matrix = _signal_matrix(records, names)
     column = {name: matrix[:, i] for i, name in enumerate(names)}
-    is_answer = _answer_mask(records) if records else np.zeros(0, dtype=bool)
+    is_answer = _answer_mask(records)
 
     signals = {}
     for name in config["signals"]:
         scored = np.isfinite(column[name])
         if not scored.any():
+            hint = " (reranker off?)" if name == "rerank_top" else ""
             signals[name] = {"name": name, "skipped": True,
-                             "note": f"skipped: no question has a {name} score (reranker off?)"}
+                             "note": f"skipped: no question has a {name} score{hint}"}
             continue
         result = calibrate_signal(name, column[name][scored], is_answer[scored], **options)
         if not scored.all():

@@ -29,6 +29,10 @@ def _n(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
 def check_threshold_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
     """The gating signal must separate the labels: min(answer) > max(decline)."""
     result = (calibration.get("signals") or {}).get(signal)
@@ -46,7 +50,7 @@ def check_threshold_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
                       gap=result["gap"], gap_ci=result.get("gap_ci"))
     return _check("threshold_gap", False,
                   f"{signal} has no threshold gap: the lowest should-answer score {_n(answer_min)} is not "
-                  f"above the highest should-decline score {_n(decline_max)} (overlap {_n(-result['gap'])}; "
+                  f"above the highest should-decline score {_n(decline_max)} (overlap {_n(abs(result['gap']))}; "
                   f"{result['verdict']}).", gap=result["gap"])
 
 
@@ -67,7 +71,7 @@ def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
     if coverage == 1.0:
         return _check("answer_coverage", True,
                       f"The shipped {signal} threshold {_n(threshold)} keeps all {shipped['n']['answer']} "
-                      f"should-answer questions and declines {shipped['decline_recall']:.0%} of should-decline.",
+                      f"should-answer questions and declines {_pct(shipped['decline_recall'])} of should-decline.",
                       coverage=coverage)
     listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in missed)
     if unscored:

@@ -18,12 +18,13 @@ from evals.artifacts import write_text_atomic
 
 MAX_ROWS = 100         # per question table; the JSON artifacts hold the rest
 MAX_DOTS = 600          # per label and plot: enough to see a distribution, small enough to render
-PALETTE = ((247, 251, 255), (107, 174, 214), (8, 48, 107))  # heatmap: 0 -> light, 1 -> dark blue
+PALETTE = ((247, 251, 255), (107, 174, 214), (8, 48, 107))  # heatmap colours for 0, 0.5, 1
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1a202c;margin:0;background:#f7fafc}
 main{max-width:1240px;margin:0 auto;padding:16px 20px 40px}
-h1{font-size:22px;margin:8px 0}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #cbd5e0;padding-bottom:4px}
+h1{font-size:22px;margin:8px 0}
+h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #cbd5e0;padding-bottom:4px}
 h3{font-size:15px;margin:0 0 6px}
 .banner{padding:14px 18px;border-radius:6px;color:#fff;margin:12px 0}
 .banner.pass{background:#2f855a}.banner.fail{background:#c53030}
@@ -43,6 +44,7 @@ svg .gap{fill:#c6f6d5}svg .overlap{fill:#fed7d7}svg .keep-region{fill:#ebf8ff}
 svg .recommended{stroke:#2f855a;stroke-width:2;stroke-dasharray:5 3}
 svg .shipped{stroke:#1a202c;stroke-width:2}
 svg .axis{stroke:#a0aec0}svg .grid{stroke:#edf2f7}
+svg .full-coverage{fill:none;stroke:#38a169;stroke-width:1}
 svg .fused{fill:#a0aec0}svg .reranked{fill:#6b46c1}
 svg text{fill:#2d3748}svg text.small{font-size:10px}
 """
@@ -155,19 +157,19 @@ def _marker(sx, value: float | None, top: float, bottom: float, cls: str, label:
 def strip_plot(name: str, result: Mapping, answer: Sequence[float], decline: Sequence[float],
                shipped: float | None = None) -> str:
     """Should-answer and should-decline scores side by side, gap and thresholds marked."""
-    width, height, left, right = 600, 178, 110, 16
+    width, height, left, right = 600, 180, 110, 16
     rows = {"should-answer": (62, answer, "answer"), "should-decline": (118, decline, "decline")}
     recommended = result.get("recommended_threshold")
     lo, hi = _domain([*answer, *decline, recommended, shipped])
     sx = _scale(lo, hi, left, width - right)
     answer_min, decline_max = result["answer_band"][0], result["decline_band"][1]
     body = []
-    if result["has_gap"]:
-        body.append(_rect(sx(decline_max), 36, sx(answer_min) - sx(decline_max), 108, "gap",
-                          title=f"gap {_num(result['gap'])}"))
-    else:
-        body.append(_rect(sx(answer_min), 36, sx(decline_max) - sx(answer_min), 108, "overlap",
-                          title=f"overlap {_num(-result['gap'])}"))
+    # Shade the gap (green) or, when the labels overlap, the overlap (red).
+    lo_edge, hi_edge = sorted((answer_min, decline_max))
+    kind = "gap" if result["has_gap"] else "overlap"
+    label = f"{kind} {_num(abs(result['gap']))}"
+    body += [_rect(sx(lo_edge), 36, sx(hi_edge) - sx(lo_edge), 108, kind, title=label),
+             _text((sx(lo_edge) + sx(hi_edge)) / 2, 172, label, "middle", "small")]
     for label, (y, values, cls) in rows.items():
         band = result["answer_band"] if cls == "answer" else result["decline_band"]
         body += [_text(left - 8, y + 4, label, "end"),
@@ -217,7 +219,7 @@ def heatmap(pair: Mapping, key: str, title: str) -> str:
     """One panel of the 2-D sweep: value at (x >= a, y >= b) on a quantile grid."""
     grid = pair["heatmap"]
     gx, gy, values = grid["x_thresholds"], grid["y_thresholds"], grid[key]
-    size, left, top = 300, 58, 26
+    size, left, top = 260, 58, 26
     cw, ch = size / len(gx), size / len(gy)
     body = [_text(left, 14, title)]
     for i, a in enumerate(gx):
@@ -225,6 +227,17 @@ def heatmap(pair: Mapping, key: str, title: str) -> str:
             v = values[i][j]
             body.append(_rect(left + i * cw, top + size - (j + 1) * ch, cw + 0.3, ch + 0.3, fill=_color(v),
                               title=f"{pair['x']} >= {_num(a)}, {pair['y']} >= {_num(b)}: {_pct(v)}"))
+    # Outline the threshold pairs that keep every should-answer question.
+    for i in range(len(gx)):
+        for j in range(len(gy)):
+            if grid["coverage"][i][j] == 1.0:
+                body.append(f'<rect class="full-coverage" x="{left + i * cw:.1f}" '
+                            f'y="{top + size - (j + 1) * ch:.1f}" width="{cw:.1f}" height="{ch:.1f}"/>')
+    for k in range(11):  # colour legend 0% .. 100%
+        body.append(_rect(left + size + 8, top + size - (k + 1) * size / 11, 10, size / 11 + 0.3,
+                          fill=_color(k / 10)))
+    body += [_text(left + size + 22, top + 8, "100%", cls="small"),
+             _text(left + size + 22, top + size, "0%", cls="small")]
     rec = pair["recommended"]
     mx = left + (np.interp(rec[pair["x"]], gx, np.arange(len(gx))) + 0.5) * cw
     my = top + size - (np.interp(rec[pair["y"]], gy, np.arange(len(gy))) + 0.5) * ch
@@ -236,18 +249,18 @@ def heatmap(pair: Mapping, key: str, title: str) -> str:
     body += [_text(left + size / 2, top + size + 30, f"{pair['x']} threshold", "middle"),
              f'<text x="14" y="{top + size / 2:.0f}" text-anchor="middle" '
              f'transform="rotate(-90 14 {top + size / 2:.0f})">{esc(pair["y"])} threshold</text>']
-    return _svg(left + size + 12, top + size + 40, "heatmap", title, body)
+    return _svg(left + size + 52, top + size + 40, "heatmap", title, body)
 
 
 def pair_scatter(pair: Mapping, points: Sequence[tuple[float, float, str]]) -> str:
     """Questions in the plane of the two signals, the recommended keep-region shaded."""
-    width, height, left, top, right, bottom = 380, 366, 50, 26, 12, 326
+    width, height, left, top, right, bottom = 400, 326, 56, 26, 12, 286
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     rec = pair["recommended"]
     (x0, x1), (y0, y1) = _domain([*xs, rec[pair["x"]]]), _domain([*ys, rec[pair["y"]]])
     sx, sy = _scale(x0, x1, left, width - right), _scale(y0, y1, bottom, top)
     ax, ay = sx(rec[pair["x"]]), sy(rec[pair["y"]])
-    body = [_text(left, 14, "questions (answer kept in the shaded region)"),
+    body = [_text(left, 14, "shaded = answered"),
             _rect(ax, top, width - right - ax, ay - top, "keep-region")]
     for cls in ("decline", "answer"):
         chosen = [p for p in points if p[2] == cls]
@@ -256,8 +269,15 @@ def pair_scatter(pair: Mapping, points: Sequence[tuple[float, float, str]]) -> s
         body += [f'<circle class="{cls}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3"/>' for x, y, _ in chosen]
     body += [_line(ax, top, ax, bottom, "recommended"), _line(left, ay, width - right, ay, "recommended")]
     body += _x_axis(sx, x0, x1, bottom, left, width - right)
+    mid = (top + bottom) / 2
     body += [_text(left + (width - left) / 2, height - 6, pair["x"], "middle"),
-             _line(left, top, left, bottom, "axis")]
+             _line(left, top, left, bottom, "axis"),
+             f'<text x="12" y="{mid:.0f}" text-anchor="middle" transform="rotate(-90 12 {mid:.0f})">'
+             f'{esc(pair["y"])}</text>',
+             '<circle class="answer" cx="{0}" cy="9" r="4"/>'.format(width - 150),
+             _text(width - 143, 13, "answer", cls="small"),
+             '<circle class="decline" cx="{0}" cy="9" r="4"/>'.format(width - 80),
+             _text(width - 73, 13, "decline", cls="small")]
     for t in _ticks(y0, y1):
         body.append(_text(left - 4, sy(t) + 4, _num(t), "end", "small"))
     return _svg(width, height, "scatter", f"{pair['x']} against {pair['y']}", body)
@@ -338,12 +358,13 @@ def _signal_card(calibration: Mapping, name: str, r: Mapping) -> str:
     if not answer and not decline:  # artifact without per-question rows: draw the bands alone
         answer, decline = r["answer_band"], r["decline_band"]
     cls = "good" if r["has_gap"] else ("warn" if r["discriminates"] else "bad")
-    position = ("" if r["position_in_gap"] is None
-                else f", at {r['position_in_gap']:.0%} of the way from the should-answer min to the should-decline max")
+    position = ("" if r["position_in_gap"] is None else
+                f", {r['position_in_gap']:.0%} of the way from the should-answer min to the should-decline max")
     warnings = "".join(f'<li class="warn">{esc(w)}</li>' for w in r["warnings"])
-    facts = (f"AUC {_num(r['auc'])} · should-answer band {_num(r['answer_band'][0])} – {_num(r['answer_band'][1])}"
-             f" (n={r['n']['answer']}) · should-decline band {_num(r['decline_band'][0])} – "
-             f"{_num(r['decline_band'][1])} (n={r['n']['decline']}) · recommended threshold "
+    facts = (f"AUC {_num(r['auc'])} · should-answer band {_num(r['answer_band'][0])} – "
+             f"{_num(r['answer_band'][1])} (n={r['n']['answer']}) · should-decline band "
+             f"{_num(r['decline_band'][0])} – {_num(r['decline_band'][1])} (n={r['n']['decline']}) · "
+             "recommended threshold "
              f"{_num(r['recommended_threshold'], 4)} ({esc(r.get('placement', ''))}{position}) declines "
              f"{_pct(r['decline_recall_at_recommended'])} of should-decline")
     return (f'<div class="card signal" id="signal-{esc(name)}"><h3>{esc(name)}'
@@ -369,7 +390,8 @@ def _pair_section(calibration: Mapping) -> str:
             f"<p>Answer when {esc(pair['x'])} ≥ {_num(rec[pair['x']], 4)} and {esc(pair['y'])} ≥ "
             f"{_num(rec[pair['y']], 4)} (red circle on the maps): keeps 100% of should-answer, declines "
             f"{_pct(pair['decline_recall_at_recommended'])} of should-decline. The maps show every threshold "
-            "pair on a grid at quantiles of each signal.</p>")
+            "pair on a grid at quantiles of each signal; pairs that keep every should-answer question are "
+            "outlined green.</p>")
     plots = (heatmap(pair, "coverage", "should-answer kept") +
              heatmap(pair, "decline_recall", "should-decline declined") +
              (pair_scatter(pair, points) if points else ""))

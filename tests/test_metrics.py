@@ -79,3 +79,32 @@ def test_hand_computed():
 def test_repeated_document_counts_once():
     qrels = {"q": {"a": 1}}
     assert precision_at({"q": ["a", "a"]}, qrels, 2)["mean"] == 0.5
+
+
+# --------------------------------------------------------------------------- precision_eval
+
+from evals.precision import precision_eval  # noqa: E402
+
+
+def test_precision_eval_lists_losses_honestly():
+    items = [{"id": "q1", "kind": "fact", "question": "won"}, {"id": "q2", "kind": "fact", "question": "lost"},
+             {"id": "q3", "kind": "howto"}, {"id": "q4", "kind": "howto"}, {"id": "q5", "kind": "howto"}]
+    qrels = {"q1": {"r": 1}, "q2": {"r": 2}, "q3": {"r": 1}, "q4": {"r": 0}, "q5": {"r": 1}}
+    fused = {"q1": ["x", "r"], "q2": ["r", "x"], "q3": ["r"], "q4": ["r"], "q5": ["r", "x"]}
+    reranked = {"q1": ["r", "x"], "q2": ["x", "r"], "q3": ["r"], "q4": ["r"], "q5": ["x"]}
+    out = precision_eval(items, fused, reranked, qrels)
+    assert out["skipped"] == ["q4"] and out["n"] == 4            # nothing relevant to find
+    assert out["wins"] == 1 and out["ties"] == 1
+    assert out["losses"] == [
+        {"id": "q2", "kind": "fact", "question": "lost", "fused_rank_of_first_relevant": 1,
+         "reranked_rank_of_first_relevant": 2},
+        {"id": "q5", "kind": "howto", "question": "", "fused_rank_of_first_relevant": 1,
+         "reranked_rank_of_first_relevant": None}]
+    overall = out["overall"]
+    assert overall["fused"]["p@1"] == 0.75 and overall["reranked"]["p@1"] == 0.5
+    assert overall["delta"]["p@1"] == -0.25
+    assert overall["fused"]["mrr"] == pytest.approx((0.5 + 1 + 1 + 1) / 4)
+    assert set(out["by_kind"]) == {"fact", "howto"}
+    assert out["by_kind"]["howto"]["n"] == 2
+    assert out["by_kind"]["howto"]["reranked"]["p@1"] == 0.5
+    assert set(overall["fused"]) == {"p@1", "p@3", "p@5", "ndcg@10", "recall@5", "mrr"}

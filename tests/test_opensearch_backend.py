@@ -204,7 +204,7 @@ def test_chunks_in_order(store, chunks_parquet):
 
 
 @pytest.mark.opensearch
-def test_promote_moves_alias_atomically(store, small_parquet, os_client):
+def test_promote_moves_alias_atomically(store, small_parquet, os_client, monkeypatch):
     with pytest.raises(FileNotFoundError):
         store.open()
     store.load("v1", str(small_parquet))
@@ -222,11 +222,9 @@ def test_promote_moves_alias_atomically(store, small_parquet, os_client):
         calls.append(kwargs.get("body"))
         return real(*args, **kwargs)
 
-    os_client.indices.update_aliases = spy
-    try:
-        store.promote("v2")
-    finally:
-        del os_client.indices.update_aliases
+    monkeypatch.setattr(os_client.indices, "update_aliases", spy)
+    store.promote("v2")
+    monkeypatch.undo()
     assert len(calls) == 1
     assert calls[0]["actions"] == [{"remove": {"index": store.index_name("v1"), "alias": store.alias}},
                                    {"add": {"index": store.index_name("v2"), "alias": store.alias}}]
@@ -403,3 +401,23 @@ def test_airflow_is_imported_only_when_asked_for():
             "sys.exit(any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules))")
     root = Path(__file__).resolve().parents[1]
     assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
+
+
+def test_client_from_airflow_uses_the_connection(tmp_path):
+    """OpenSearchHook builds the client from AIRFLOW_CONN_OPENSEARCH_DEFAULT (no node contacted)."""
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)\n"
+        "from pipelines.search.opensearch_client import client_from_airflow\n"
+        "c = client_from_airflow()\n"
+        "conn = c.transport.connection_pool.connections[0]\n"
+        "print(conn.host, repr(c))\n"
+    )
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path),
+           "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://indexer:{SECRET}@search.internal:9201"}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "http://search.internal:9201" in proc.stdout
+    assert SECRET not in proc.stdout and SECRET not in proc.stderr

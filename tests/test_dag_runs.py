@@ -1,0 +1,261 @@
+"""Real Airflow DAG runs (`dag.test()`), each in a subprocess with its own AIRFLOW_HOME and SQLite DB.
+
+Module-scoped: one metadata DB and one artifacts folder are shared by the runs of this module, in
+order: a nightly run that passes its gate and promotes; a night whose gate fails (a "safe" threshold
+that declines everything) and must leave the live pointer alone; a recalibration of the live index;
+and, against the real OpenSearch node, a nightly run with backend=opensearch.
+A full nightly run embeds ~300 chunks and evaluates ~150 questions: minutes on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.airflow
+
+ROOT = Path(__file__).resolve().parents[1]
+DAGS = ROOT / "dags"
+RUN_TIMEOUT_S = 1800
+FIRST_NIGHT = "2025-01-02T02:00:00+00:00"
+FAILED_NIGHT = "2025-01-03T02:00:00+00:00"
+RECAL_DAY = "2025-01-04T09:30:00+00:00"
+OPENSEARCH_NIGHT = "2025-01-05T02:00:00+00:00"
+ARTIFACT_FILES = ("documents.parquet", "chunks.parquet", "quality.json", "calibration.json", "precision.json",
+                  "gate.json", "junit.xml", "report.html", "run.json")
+
+# Runs in the subprocess: Airflow reads its environment when first imported, so every test run
+# gets a fresh interpreter with AIRFLOW_HOME etc. set before `import airflow`.
+RUNNER = r"""
+import json, sys
+from datetime import datetime
+from pathlib import Path
+
+args = json.loads(sys.argv[1])
+from airflow import settings
+from airflow.dag_processing.dagbag import DagBag
+
+if settings.Session is None:
+    settings.configure_orm()
+bag = DagBag(args["dags"])
+assert not bag.import_errors, bag.import_errors
+dag = bag.dags[args["dag_id"]]
+dr = dag.test(logical_date=datetime.fromisoformat(args["logical_date"]), run_conf=args["conf"],
+              mark_success_pattern=args["mark_success"])
+
+tasks = {}
+for ti in dr.get_task_instances():
+    key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
+    tasks[key] = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
+
+sys.path.insert(0, args["dags"])
+import _common
+from pipelines.steps import open_store
+cfg = _common.load_config(args["conf"]["config"], {"backend.kind": args["conf"].get("backend", "embedded")})
+print("SUMMARY " + json.dumps({"state": str(getattr(dr.state, "value", dr.state)), "run_id": dr.run_id,
+                               "tasks": tasks, "live": open_store(cfg).live()}), flush=True)
+"""
+
+
+class Airflow:
+    """One isolated Airflow installation (home, SQLite DB) running this checkout's DAGs."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "plugins").mkdir(exist_ok=True)
+        self.env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),  # the DAG runs do not need plugins
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TQDM_DISABLE": "1",
+        }
+        self.runs = 0
+
+    def migrate(self) -> None:
+        out = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env, cwd=self.home,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+
+    def test_dag(self, dag_id: str, logical_date: str, conf: dict, mark_success: str | None = None) -> dict:
+        """dag.test() one run in a fresh interpreter (cwd: a scratch folder, not the project);
+        returns {state, run_id, tasks: {task[map]: state}, live}. Tasks matching the regex
+        `mark_success` are marked successful without running."""
+        self.runs += 1
+        log = self.home / f"run-{self.runs}-{dag_id}.log"
+        cwd = self.home / "cwd"
+        cwd.mkdir(exist_ok=True)
+        args = json.dumps({"dags": str(DAGS), "dag_id": dag_id, "logical_date": logical_date, "conf": conf,
+                           "mark_success": mark_success})
+        with log.open("w") as fh:
+            out = subprocess.run([sys.executable, "-c", RUNNER, args], env=self.env, cwd=cwd, stdout=subprocess.PIPE,
+                                 stderr=fh, text=True, timeout=RUN_TIMEOUT_S)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("SUMMARY ")]
+        tail = log.read_text(errors="replace")[-6000:]
+        assert out.returncode == 0 and lines, f"dag.test of {dag_id} crashed (log {log}):\n{out.stdout[-2000:]}\n{tail}"
+        summary = json.loads(lines[-1][len("SUMMARY "):])
+        summary["log"] = str(log)
+        return summary
+
+
+def write_config(path: Path, artifacts: Path, **sections) -> str:
+    """A pipeline config: the project's defaults, artifacts elsewhere, plus `sections` (YAML via JSON)."""
+    body = {"artifacts": str(artifacts), **sections}
+    path.write_text(json.dumps(body, indent=2))  # JSON is YAML
+    return str(path)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def failed_tasks(summary: dict) -> str:
+    bad = {k: v for k, v in summary["tasks"].items() if v != "success"}
+    return f"tasks not successful: {bad}; log: {summary['log']}"
+
+
+# --- the embedded backend: pass, fail, recalibrate ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory) -> Airflow:
+    af = Airflow(tmp_path_factory.mktemp("airflow_home"))
+    af.migrate()
+    return af
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("sourcegate")
+    artifacts = root / "artifacts"
+    return {
+        "artifacts": artifacts,
+        "passing": write_config(root / "passing.yaml", artifacts),
+        # A "safe" threshold that declines everything: should-answer coverage collapses.
+        "declining": write_config(root / "declining.yaml", artifacts, answer={"adjacent": 0.99, "strong": 0.99}),
+    }
+
+
+@pytest.fixture(scope="module")
+def first_night(airflow, workspace) -> dict:
+    conf = {"config": workspace["passing"], "corpus": "corpus/demo", "backend": "embedded", "shards": 2}
+    return airflow.test_dag("sourcegate_nightly", FIRST_NIGHT, conf)
+
+
+def test_nightly_run_passes_and_promotes(first_night, workspace):
+    run_id = "20250102-020000"
+    assert first_night["state"] == "success", failed_tasks(first_night)
+    expected = {"ingest", "chunk", "embed[0]", "embed[1]", "merge", "validate", "load", "evaluate", "gate",
+                "promote", "cleanup"}
+    assert set(first_night["tasks"]) == expected
+    assert all(state == "success" for state in first_night["tasks"].values()), failed_tasks(first_night)
+    folder = workspace["artifacts"] / "runs" / run_id
+    for name in ARTIFACT_FILES:
+        assert (folder / name).is_file(), f"{name} missing from {folder}"
+    gate = read_json(folder / "gate.json")
+    assert gate["passed"] is True, gate.get("reasons")
+    assert (workspace["artifacts"] / "LIVE").read_text().strip() == run_id
+    assert first_night["live"] == run_id
+    info = read_json(folder / "run.json")
+    assert info["promoted"]["version"] == run_id
+    assert info["counts"]["embedded"] > 0 and info["counts"]["indexed"] == info["counts"]["chunks"]
+    assert info["corpus"] == str(ROOT / "corpus" / "demo")  # resolved against the project, not the cwd
+
+
+def test_failed_gate_fails_the_run_and_keeps_the_live_index(airflow, workspace, first_night):
+    assert first_night["state"] == "success", "needs the first night to have promoted"
+    conf = {"config": workspace["declining"], "backend": "embedded", "shards": 2}
+    night = airflow.test_dag("sourcegate_nightly", FAILED_NIGHT, conf)
+    assert night["state"] == "failed"
+    tasks = night["tasks"]
+    for task in ("ingest", "chunk", "embed[0]", "embed[1]", "merge", "validate", "load", "evaluate"):
+        assert tasks[task] == "success", failed_tasks(night)
+    assert tasks["gate"] == "failed"
+    assert tasks["promote"] == "upstream_failed"
+    assert tasks["cleanup"] == "upstream_failed"
+    folder = workspace["artifacts"] / "runs" / "20250103-020000"
+    gate = read_json(folder / "gate.json")
+    assert gate["passed"] is False and gate["reasons"]
+    assert (folder / "report.html").is_file() and (folder / "index").is_dir()  # kept for inspection
+    assert (workspace["artifacts"] / "LIVE").read_text().strip() == "20250102-020000"
+    assert night["live"] == "20250102-020000"
+    assert "promoted" not in read_json(folder / "run.json")
+    log = Path(night["log"]).read_text(errors="replace")
+    assert "calibration gate failed" in log and gate["reasons"][0][:60] in log  # the reasons are in the task log
+    # Cache: the second night re-encoded nothing that the first one had embedded.
+    assert read_json(folder / "run.json")["counts"]["embedded"] == 0
+
+
+def test_recalibrate_evaluates_the_live_version(airflow, workspace, first_night):
+    assert first_night["state"] == "success", "needs a live index"
+    conf = {"config": workspace["passing"], "backend": "embedded"}
+    run = airflow.test_dag("sourcegate_recalibrate", RECAL_DAY, conf)
+    assert run["state"] == "success", failed_tasks(run)
+    assert run["tasks"] == {"live_version": "success", "evaluate": "success", "gate": "success"}
+    folder = workspace["artifacts"] / "runs" / "recal-20250104-093000"
+    info = read_json(folder / "run.json")
+    assert info["evaluated_version"] == "20250102-020000"
+    for name in ("calibration.json", "precision.json", "gate.json", "junit.xml", "report.html"):
+        assert (folder / name).is_file(), name
+    assert read_json(folder / "gate.json")["passed"] is True
+    assert not (folder / "index").exists()  # no reindexing
+    assert (workspace["artifacts"] / "LIVE").read_text().strip() == "20250102-020000"
+
+
+def test_same_logical_date_reuses_the_run_folder(airflow, workspace, first_night):
+    """Re-running a night rebuilds the same folder and index version; nothing is duplicated.
+    (Evaluation and what follows are marked success here: this run is about the build half.)"""
+    assert first_night["state"] == "success"
+    runs = workspace["artifacts"] / "runs"
+    before = sorted(p.name for p in runs.iterdir())
+    conf = {"config": workspace["passing"], "corpus": "corpus/demo", "backend": "embedded", "shards": 2}
+    # Same DB: dag.test clears the earlier run of this logical date and runs it again.
+    rerun = airflow.test_dag("sourcegate_nightly", FIRST_NIGHT, conf, mark_success="evaluate|gate|promote|cleanup")
+    assert rerun["state"] == "success", failed_tasks(rerun)
+    assert sorted(p.name for p in runs.iterdir()) == before
+    from pipelines.search.embedded import EmbeddedStore
+    versions = EmbeddedStore(runs, workspace["artifacts"] / "LIVE").versions()
+    assert versions.count("20250102-020000") == 1
+    assert (workspace["artifacts"] / "LIVE").read_text().strip() == "20250102-020000"
+
+
+# --- the OpenSearch backend -----------------------------------------------------------------------------
+
+@pytest.mark.opensearch
+def test_nightly_run_on_opensearch(airflow, tmp_path):
+    """backend=opensearch against the real node (OPENSEARCH_URL, default http://127.0.0.1:9200;
+    `scripts/opensearch start`). A private index prefix keeps the node's own alias untouched."""
+    prefix = f"sgtest-{uuid.uuid4().hex[:8]}"
+    artifacts = tmp_path / "artifacts"
+    config = write_config(tmp_path / "opensearch.yaml", artifacts,
+                          backend={"kind": "opensearch", "opensearch": {"index_prefix": prefix}})
+    conf = {"config": config, "corpus": "corpus/demo", "backend": "opensearch", "shards": 2}
+    from pipelines.search.opensearch_client import client_from_env, config_from_env, redact_url
+    client = client_from_env()
+    try:
+        client.info()
+    except Exception as exc:  # fail, not skip: the node is part of the test environment
+        pytest.fail(f"OpenSearch at {redact_url(config_from_env().url)} is not reachable ({exc}); "
+                    "run scripts/opensearch start")
+    try:
+        night = airflow.test_dag("sourcegate_nightly", OPENSEARCH_NIGHT, conf)
+        assert night["state"] == "success", failed_tasks(night)
+        assert all(state == "success" for state in night["tasks"].values()), failed_tasks(night)
+        run_id = "20250105-020000"
+        folder = artifacts / "runs" / run_id
+        assert read_json(folder / "gate.json")["passed"] is True
+        assert read_json(folder / "run.json")["backend"] == "opensearch"
+        assert night["live"] == run_id  # the alias <prefix> -> <prefix>-20250105-020000
+        assert not (artifacts / "LIVE").exists()  # the embedded pointer is not the OpenSearch alias
+    finally:
+        client.indices.delete(index=f"{prefix}-*", params={"ignore_unavailable": "true"})

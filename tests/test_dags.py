@@ -1,0 +1,186 @@
+"""DAG structure: both DAGs import cleanly, with the tasks, dependencies and settings specified."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Keep Airflow's home out of ~/airflow when this module is the first to import airflow.
+os.environ.setdefault("AIRFLOW_HOME", str(Path(tempfile.gettempdir()) / "sourcegate-pytest-airflow-home"))
+
+ROOT = Path(__file__).resolve().parents[1]
+DAGS = ROOT / "dags"
+
+NIGHTLY_UPSTREAM = {
+    "ingest": set(),
+    "chunk": {"ingest"},
+    "embed": {"chunk"},
+    "merge": {"embed"},
+    "validate": {"merge"},
+    "load": {"validate"},
+    "evaluate": {"load"},
+    "gate": {"evaluate"},
+    "promote": {"gate"},
+    "cleanup": {"promote"},
+}
+RECAL_UPSTREAM = {"live_version": set(), "evaluate": {"live_version"}, "gate": {"evaluate"}}
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+    return DagBag(str(DAGS))
+
+
+@pytest.fixture(scope="module")
+def common():
+    sys.path.insert(0, str(DAGS))
+    try:
+        import _common
+        yield _common
+    finally:
+        sys.path.remove(str(DAGS))
+
+
+def upstream_map(dag) -> dict[str, set[str]]:
+    return {t.task_id: set(t.upstream_task_ids) for t in dag.tasks}
+
+
+def downstream_map(dag) -> dict[str, set[str]]:
+    return {t.task_id: set(t.downstream_task_ids) for t in dag.tasks}
+
+
+def inverted(upstream: dict[str, set[str]]) -> dict[str, set[str]]:
+    down = {k: set() for k in upstream}
+    for task, ups in upstream.items():
+        for u in ups:
+            down[u].add(task)
+    return down
+
+
+def test_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dags) == {"sourcegate_nightly", "sourcegate_recalibrate"}
+
+
+def test_helper_module_is_not_a_dag_file():
+    assert "_common.py" in (DAGS / ".airflowignore").read_text().split()
+
+
+def test_nightly_structure(dagbag):
+    dag = dagbag.dags["sourcegate_nightly"]
+    assert upstream_map(dag) == NIGHTLY_UPSTREAM
+    assert downstream_map(dag) == inverted(NIGHTLY_UPSTREAM)
+    assert dag.max_active_runs == 1
+    assert dag.catchup is False
+    assert dag.start_date is not None and dag.start_date.year < 2026
+    assert dag.timetable.expression == "0 2 * * *"
+
+
+def test_nightly_embed_is_mapped_over_shards(dagbag):
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+    dag = dagbag.dags["sourcegate_nightly"]
+    embed = dag.task_dict["embed"]
+    assert embed.is_mapped
+    assert [t.task_id for t in embed.iter_mapped_dependencies()] == ["chunk"]
+    expand = embed.op_kwargs_expand_input.value
+    assert set(expand) == {"shard"} and isinstance(expand["shard"], XComArg)
+    assert expand["shard"].operator.task_id == "chunk"
+    assert not dag.task_dict["merge"].is_mapped  # the reduce step
+
+
+def test_nightly_params(dagbag):
+    params = dagbag.dags["sourcegate_nightly"].params
+    assert params["config"] == "config/pipeline.yaml"
+    assert params["corpus"] == "corpus/demo"
+    assert params["backend"] == "embedded"
+    assert params["full_rebuild"] is False
+    assert params["shards"] == 2
+    assert params.get_param("backend").schema["enum"] == ["embedded", "opensearch"]
+
+
+def test_retries_and_asset_outlet(dagbag):
+    from airflow.sdk import Asset
+
+    dag = dagbag.dags["sourcegate_nightly"]
+    for task_id in ("load", "promote"):
+        task = dag.task_dict[task_id]
+        assert task.retries == 3, task_id
+        assert task.retry_exponential_backoff > 1, task_id
+    promote = dag.task_dict["promote"]
+    assert promote.outlets == [Asset("sourcegate://live-index")]
+    assert promote.trigger_rule == "all_success"
+    assert dag.task_dict["gate"].retries == 0  # a failed gate is a verdict, not a flake
+    others = [t for t in dag.tasks if t.task_id != "promote"]
+    assert all(not t.outlets for t in others)
+
+
+def test_recalibrate_structure(dagbag, common):
+    dag = dagbag.dags["sourcegate_recalibrate"]
+    assert upstream_map(dag) == RECAL_UPSTREAM
+    assert downstream_map(dag) == inverted(RECAL_UPSTREAM)
+    assert dag.max_active_runs == 1 and dag.catchup is False
+    assert "promote" not in dag.task_dict and not any(t.outlets for t in dag.tasks)
+    assert common.EVAL_SETS.uri == (ROOT / "config" / "evals").as_uri()
+    assert list(dag.timetable.asset_condition.objects) == [common.EVAL_SETS]
+    assert set(dag.params.keys()) == {"config", "backend"}
+
+
+def test_dags_serialize(dagbag):
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    for dag in dagbag.dags.values():
+        restored = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+        assert set(restored.task_dict) == set(dag.task_dict)
+
+
+def test_run_id_is_the_logical_date(common):
+    import pendulum
+
+    from pipelines.steps import RUN_ID
+
+    when = pendulum.datetime(2025, 3, 4, 2, 0, 7, tz="UTC")
+    assert common.run_id(context={"logical_date": when}) == "20250304-020007"
+    assert common.run_id(context={"logical_date": when}) == common.run_id(context={"logical_date": when})
+    assert common.run_id(context={"logical_date": pendulum.datetime(2025, 3, 4, 3, 0, 7, tz="Europe/Berlin")}) \
+        == "20250304-020007"  # UTC, whatever the zone
+
+    class DagRun:
+        run_after = pendulum.datetime(2025, 3, 5, 9, 30, tz="UTC")
+
+    # Asset-triggered runs have no logical date: run_after then.
+    assert common.recal_run_id(context={"logical_date": None, "dag_run": DagRun()}) == "recal-20250305-093000"
+    assert RUN_ID.match(common.recal_run_id(context={"logical_date": when}))
+
+
+def test_config_paths_resolve_against_project_root(common, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Airflow's cwd can be anything
+    cfg = common.load_config()
+    assert cfg["artifacts"] == str(ROOT / "artifacts")
+    assert cfg["corpus"]["path"] == str(ROOT / "corpus" / "demo")
+    assert cfg["evals"]["calibration_set"] == str(ROOT / "config" / "evals" / "calibration.jsonl")
+    assert cfg["evals"]["baseline"] == str(ROOT / "config" / "baselines" / "precision.json")
+    assert cfg["embedding"]["model_path"] is None  # "the packaged model" stays None
+    custom = tmp_path / "custom.yaml"
+    custom.write_text(f"artifacts: {tmp_path / 'art'}\nanswer: {{strong: 0.99, adjacent: 0.99}}\n")
+    cfg = common.load_config(str(custom), {"corpus.path": common.absolute("corpus/demo")})
+    assert cfg["artifacts"] == str(tmp_path / "art")
+    assert cfg["corpus"]["path"] == str(ROOT / "corpus" / "demo")
+    assert cfg["answer"]["strong"] == 0.99
+
+
+def test_failed_gate_fails_the_task_with_every_reason(common, caplog):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    verdict = {"passed": False, "reasons": ["no threshold gap for rerank_top", "coverage 0.93 < 1.0"]}
+    with caplog.at_level(logging.INFO), pytest.raises(AirflowFailException) as err:
+        common.enforce_gate(verdict)
+    assert "no threshold gap for rerank_top" in str(err.value) and "coverage 0.93 < 1.0" in str(err.value)
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("gate: ")] == \
+        ["gate: no threshold gap for rerank_top", "gate: coverage 0.93 < 1.0"]
+    assert common.enforce_gate({"passed": True, "reasons": []}) == {"passed": True, "reasons": []}
