@@ -332,6 +332,39 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
 
 # --------------------------------------------------------------------------- artifact
 
+def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: float) -> dict[str, dict]:
+    """Per should-decline kind: how many a threshold declines (a missing score counts as declined)."""
+    out: dict[str, dict] = {}
+    for r in records:
+        if r["label"] == ANSWER:
+            continue
+        value = r["signals"].get(signal)
+        row = out.setdefault(r.get("kind") or "unknown", {"n": 0, "declined": 0})
+        row["n"] += 1
+        row["declined"] += int(value is None or not value >= threshold)
+    for row in out.values():
+        row["recall"] = row["declined"] / row["n"]
+    return dict(sorted(out.items()))
+
+
+def gating_scope(records: Sequence[Mapping], signal: str, decline_kinds: Sequence[str],
+                 options: Mapping[str, Any]) -> dict[str, Any]:
+    """The gating signal calibrated on the questions the gap check holds it to.
+
+    `decline_kinds` narrows the should-decline side to those kinds (empty: all of them);
+    every other should-decline question is still swept and reported, and its decline
+    recall is tracked against the accepted baseline by the gate.
+    """
+    scope = [r for r in records if r["label"] == ANSWER or not decline_kinds or r.get("kind") in decline_kinds]
+    scores = np.array([np.nan if r["signals"].get(signal) is None else r["signals"][signal] for r in scope], float)
+    scored = np.isfinite(scores)
+    result = (calibrate_signal(signal, scores[scored], _answer_mask(scope)[scored], **options)
+              if scored.any() else None)
+    return {"signal": signal, "decline_kinds": list(decline_kinds) or "all",
+            "n": {ANSWER: sum(r["label"] == ANSWER for r in scope), DECLINE: sum(r["label"] != ANSWER for r in scope)},
+            "result": result}
+
+
 def _config_signals(config: Mapping[str, Any]) -> list[str]:
     """Every signal the config mentions, in order, once."""
     names = list(config["signals"]) + list(config.get("pair") or [])
@@ -385,11 +418,13 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
             pair = {"x": x_name, "y": y_name, "skipped": True,
                     "note": f"skipped: no question has both {x_name} and {y_name}"}
 
-    shipped = None
+    shipped = gated = None
     if config.get("gating"):
         gating = config["gating"]
         shipped = check_shipped(records, gating["signal"], gating["adjacent"])
         shipped["strong_threshold"] = gating.get("strong")
+        shipped["decline_recall_by_kind"] = decline_recall_by_kind(records, gating["signal"], gating["adjacent"])
+        gated = gating_scope(records, gating["signal"], config.get("gate_decline_kinds") or [], options)
 
     return {
         "n": {ANSWER: int(is_answer.sum()), DECLINE: int((~is_answer).sum())},
@@ -397,5 +432,6 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
         "signals": signals,
         "pair": pair,
         "shipped": shipped,
+        "gating": gated,
         "questions": _questions(records, names, matrix),
     }

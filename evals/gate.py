@@ -35,7 +35,12 @@ def _pct(x: float | None) -> str:
 
 def check_threshold_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
     """The gating signal must separate the labels: min(answer) > max(decline)."""
-    result = (calibration.get("signals") or {}).get(signal)
+    gating = calibration.get("gating") or {}
+    if gating.get("signal") != signal:
+        gating = {}
+    scope = gating.get("decline_kinds", "all")
+    result = gating.get("result") if gating else (calibration.get("signals") or {}).get(signal)
+    scope_note = "" if scope == "all" else f" (should-decline kinds held to the gap: {', '.join(scope)})"
     if not result:
         return _check("threshold_gap", False, f"The gating signal {signal} was not calibrated.")
     if result.get("skipped"):
@@ -46,11 +51,11 @@ def check_threshold_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
     if result["has_gap"]:
         return _check("threshold_gap", True,
                       f"{signal} separates: gap {_n(result['gap'])} between the lowest should-answer "
-                      f"score {_n(answer_min)} and the highest should-decline score {_n(decline_max)}.",
+                      f"score {_n(answer_min)} and the highest should-decline score {_n(decline_max)}{scope_note}.",
                       gap=result["gap"], gap_ci=result.get("gap_ci"))
     return _check("threshold_gap", False,
                   f"{signal} has no threshold gap: the lowest should-answer score {_n(answer_min)} is not "
-                  f"above the highest should-decline score {_n(decline_max)} (overlap {_n(abs(result['gap']))}; "
+                  f"above the highest should-decline score {_n(decline_max)}{scope_note} (overlap {_n(abs(result['gap']))}; "
                   f"{result['verdict']}).", gap=result["gap"])
 
 
@@ -120,6 +125,24 @@ def check_precision_regression(precision: Mapping | None, baseline: Mapping | No
                   f"Reranked precision regressed: {'; '.join(lines)}.", regressions=found)
 
 
+def check_decline_regression(calibration: Mapping, baseline: Mapping | None, tolerance: float) -> dict[str, Any]:
+    """Decline recall per should-decline kind at the shipped threshold must not fall below the baseline."""
+    accepted = (baseline or {}).get("decline_recall_by_kind") or {}
+    if not accepted:
+        return _check("decline_regression", True, "No accepted decline-recall baseline to compare against yet.")
+    current = (calibration.get("shipped") or {}).get("decline_recall_by_kind") or {}
+    found = [{"kind": k, "baseline": base, "value": (current.get(k) or {}).get("recall")}
+             for k, base in sorted(accepted.items())
+             if (current.get(k) or {}).get("recall") is None or current[k]["recall"] + EPSILON < base - tolerance]
+    summary = ", ".join(f"{k} {v['declined']}/{v['n']}" for k, v in current.items())
+    if not found:
+        return _check("decline_regression", True,
+                      f"Decline recall per kind is within {tolerance:g} of the accepted baseline ({summary}).")
+    lines = [f"kind {r['kind']!r} declines {_pct(r['value'])}, below baseline {_pct(r['baseline'])} - "
+             f"tolerance {tolerance:g}" for r in found]
+    return _check("decline_regression", False, f"Decline recall regressed: {'; '.join(lines)}.", regressions=found)
+
+
 def check_eval_sets_valid(eval_errors: Iterable[str]) -> dict[str, Any]:
     errors = [str(e) for e in eval_errors]
     if not errors:
@@ -133,8 +156,10 @@ def evaluate_gate(calibration: Mapping, precision: Mapping | None, baseline: Map
     checks = [check_threshold_gap(calibration, gating_signal),
               check_answer_coverage(calibration, gating_signal),
               check_precision_regression(precision, baseline, tolerance),
+              check_decline_regression(calibration, baseline, tolerance),
               check_eval_sets_valid(eval_errors)]
-    signal = (calibration.get("signals") or {}).get(gating_signal) or {}
+    signal = ((calibration.get("gating") or {}).get("result")
+              or (calibration.get("signals") or {}).get(gating_signal) or {})
     shipped = calibration.get("shipped") or {}
     return jsonable({
         "passed": all(c["passed"] for c in checks),

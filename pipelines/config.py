@@ -65,6 +65,7 @@ SCHEMA: dict[str, Any] = {
         "bootstrap_samples": (int, 1000),
         "seed": (int, 13),
         "min_per_label": (int, 20),
+        "gate_decline_kinds": (list, []),     # should-decline kinds held to the gap; [] = all
     },
     "evals": {
         "calibration_set": (str, "config/evals/calibration.jsonl"),

@@ -87,6 +87,13 @@ def embedder_for(model_id: str, model_path: str | None, batch_size: int) -> Embe
     return Embedder(model_id, model_path, batch_size)
 
 
+@lru_cache(maxsize=2)
+def scorer_for(kind: str, model_path: str | None):
+    """One cross-encoder per process: loading is slow and its pair scores are memoised."""
+    from pipelines.rerank import load_scorer
+    return load_scorer(kind, model_path)
+
+
 def get_embedder(cfg: dict) -> Embedder:
     e = cfg["embedding"]
     return embedder_for(e["model_id"], e["model_path"], e["batch_size"])

@@ -54,7 +54,8 @@ def test_all_good_passes():
     gate = run_gate()
     assert gate["passed"] is True and gate["reasons"] == [] and failed(gate) == set()
     assert [c["name"] for c in gate["checks"]] == ["threshold_gap", "answer_coverage",
-                                                  "precision_regression", "eval_sets_valid"]
+                                                  "precision_regression", "decline_regression",
+                                                  "eval_sets_valid"]
     assert gate["thresholds"]["shipped"] == 0.25
     assert gate["thresholds"]["max_for_full_coverage"] == pytest.approx(0.3)
     json.dumps(gate, allow_nan=False)
@@ -134,11 +135,44 @@ def test_junit_has_a_failure_exactly_for_failed_checks(tmp_path):
     assert set(cases) == {c["name"] for c in gate["checks"]}
     with_failure = {name for name, case in cases.items() if case.find("failure") is not None}
     assert with_failure == failed(gate) == {"threshold_gap", "answer_coverage", "eval_sets_valid"}
-    assert suites[0].get("failures") == "3" and suites[0].get("tests") == "4"
+    assert suites[0].get("failures") == "3" and suites[0].get("tests") == "5"
     message = cases["eval_sets_valid"].find("failure").get("message")
     assert 'bad <row> & "quote"' in message
 
 
 def test_junit_all_passing_has_no_failure():
     root = ET.fromstring(junit_xml(run_gate()).encode())
-    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 4
+    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 5
+
+
+def mixed_records():
+    """Off-topic declines separate; near-topic ones overlap the should-answer band."""
+    recs = eval_records(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.1, 20))
+    recs += [{"id": f"n-{i:03d}", "question": f"near {i}", "label": "decline", "kind": "near_topic",
+              "signals": {SIGNAL: float(s)}} for i, s in enumerate(np.linspace(0.1, 0.95, 10))]
+    return recs
+
+
+def test_gap_scope_holds_only_the_listed_decline_kinds_to_the_gap():
+    base = {"signals": [SIGNAL], "bootstrap_samples": 100, "seed": 1,
+            "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6}}
+    everything = calibrate(mixed_records(), base)
+    assert failed(run_gate(everything, baseline={})) == {"threshold_gap"}
+    scoped = calibrate(mixed_records(), {**base, "gate_decline_kinds": ["offtopic"]})
+    gate = run_gate(scoped, baseline={})
+    assert gate["passed"], gate["reasons"]
+    assert scoped["gating"]["n"] == {"answer": 30, "decline": 20}
+    # the near-topic questions are still swept and reported, with their decline recall
+    assert scoped["signals"][SIGNAL]["has_gap"] is False
+    assert scoped["shipped"]["decline_recall_by_kind"]["near_topic"] == {"n": 10, "declined": 2, "recall": 0.2}
+
+
+def test_decline_recall_regression_per_kind_fails_the_gate():
+    scoped = calibrate(mixed_records(), {"signals": [SIGNAL], "bootstrap_samples": 100, "seed": 1,
+                                         "gate_decline_kinds": ["offtopic"],
+                                         "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6}})
+    ok = run_gate(scoped, baseline={"decline_recall_by_kind": {"near_topic": 0.2, "offtopic": 1.0}})
+    assert ok["passed"], ok["reasons"]
+    gate = run_gate(scoped, baseline={"decline_recall_by_kind": {"near_topic": 0.5}})
+    assert failed(gate) == {"decline_regression"}
+    assert "kind 'near_topic' declines 20%, below baseline 50%" in gate["reasons"][0]

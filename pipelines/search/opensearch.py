@@ -3,8 +3,9 @@
 - index ``<prefix>-<version>`` (the version lower-cased, characters OpenSearch forbids in index
   names replaced by ``-``; the exact version string is kept in the mapping's ``_meta``), alias
   ``<prefix>`` pointing at the live one;
-- ``chunk_id``/``doc_id`` keywords; ``title``, ``section``, ``text`` copied into ``content``,
-  the field BM25 queries search; ``embedding`` a ``knn_vector`` (HNSW, engine ``lucene``,
+- ``chunk_id``/``doc_id`` keywords; ``title``, ``section`` and ``text`` analysed text fields.
+  BM25 queries search ``text``, which (like the embedded backend's BM25) already holds title +
+  section + body, with k1/b set to rank-bm25's so the two backends rank alike; ``embedding`` a ``knn_vector`` (HNSW, engine ``lucene``,
   ``cosinesimil``). The lucene engine is the only one that runs without the k-NN plugin's
   native libraries (and faiss is the 2.19 default), so every mapping names it.
 
@@ -28,7 +29,6 @@ from pipelines.search.base import Hit, ScoreDistribution
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "sourcegate"
-TEXT_FIELDS = ("title", "section", "text")
 REQUIRED_COLUMNS = ("chunk_id", "doc_id", "title", "section", "text", "embedding")
 # Optional parquet columns indexed when present (for inspection; not searched).
 OPTIONAL_COLUMNS = {"section_id": "keyword", "text_hash": "keyword", "ordinal": "long", "model_id": "keyword"}
@@ -45,12 +45,12 @@ def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> 
     """Settings + mappings of one index version (``dimension`` = embedding length)."""
     if int(dimension) < 1:
         raise ValueError(f"embedding dimension must be positive, got {dimension}")
-    text = {"type": "text", "analyzer": "standard", "copy_to": "content"}
     properties: dict[str, Any] = {
         "chunk_id": {"type": "keyword"},
         "doc_id": {"type": "keyword"},
-        **{f: dict(text) for f in TEXT_FIELDS},
-        "content": {"type": "text", "analyzer": "standard", "similarity": "BM25"},
+        "title": {"type": "text", "analyzer": "standard"},
+        "section": {"type": "text", "analyzer": "standard"},
+        "text": {"type": "text", "analyzer": "standard", "similarity": "okapi"},
         **{name: {"type": kind} for name, kind in OPTIONAL_COLUMNS.items()},
         "embedding": {"type": "knn_vector", "dimension": int(dimension), "method": _copy(HNSW)},
     }
@@ -59,7 +59,9 @@ def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> 
         mappings["_meta"] = {_META_KEY: meta}
     return {
         "settings": {"index": {"knn": True, "number_of_shards": shards,
-                               "number_of_replicas": 0, "refresh_interval": "-1"}},
+                               "number_of_replicas": 0, "refresh_interval": "-1",
+                               # BM25Okapi's parameters (rank-bm25 defaults), as in the embedded backend
+                               "similarity": {"okapi": {"type": "BM25", "k1": 1.5, "b": 0.75}}}},
         "mappings": mappings,
     }
 
@@ -109,7 +111,7 @@ class OpenSearchSearcher:
 
     @staticmethod
     def _match(query: str) -> dict:
-        return {"match": {"content": {"query": query}}}
+        return {"match": {"text": {"query": query}}}
 
     def bm25(self, query: str, k: int) -> list[Hit]:
         if k <= 0:
