@@ -1,4 +1,4 @@
-"""`sourcegate` command line: run, query, calibrate, beir."""
+"""`sourcegate` command line: run, query, calibrate, beir, accept."""
 from __future__ import annotations
 
 import argparse
@@ -103,6 +103,26 @@ def cmd_beir(args) -> int:
     return 0
 
 
+def cmd_accept(args) -> int:
+    """Accept a run's reranked precision and decline recall as the new baseline."""
+    from pipelines.io import read_json, write_json
+    cfg = load_config(args)
+    run = Path(args.run)
+    precision, calibration = read_json(run / "precision.json"), read_json(run / "calibration.json")
+    keep = {m: v for m, v in precision["overall"]["reranked"].items()}
+    baseline = {
+        "accepted_from": str(run / "precision.json"),
+        "reranked": {"overall": keep,
+                     "by_kind": {k: v["reranked"] for k, v in sorted(precision["by_kind"].items())}},
+        "decline_recall_by_kind": {k: v["recall"] for k, v in
+                                   calibration["shipped"]["decline_recall_by_kind"].items()},
+    }
+    out = Path(args.out or cfg["evals"]["baseline"])
+    write_json(baseline, out)
+    print(f"baseline written: {out} (from {run})")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -133,6 +153,10 @@ def main(argv=None) -> int:
     p.add_argument("dataset"), p.add_argument("--out", required=True), p.add_argument("--decline")
     p.add_argument("--rerank-depth", type=int), p.add_argument("--artifacts"), p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_beir)
+
+    p = sub.add_parser("accept", help="accept a run's precision and decline recall as the baseline")
+    p.add_argument("run", help="a run folder"), p.add_argument("--out", help="default: evals.baseline")
+    p.set_defaults(func=cmd_accept)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -54,7 +54,7 @@ SCHEMA: dict[str, Any] = {
     "answer": {
         "signal": (str, "rerank_top"),
         "strong": (_NUM, 0.5),
-        "adjacent": (_NUM, 0.1),
+        "adjacent": (_NUM, 0.14),
         "below": (str, "decline"),            # decline | open
         "calibrated_by": (str, ""),           # the calibration artifact the thresholds came from
     },

@@ -52,7 +52,9 @@ def validate_chunks(chunks_parquet: str | Path, out_dir: str | Path, *, dimensio
         "embedding_norm": np.linalg.norm(vectors, axis=1) if len(vectors) else [],
         "embedding_has_nan": np.isnan(vectors).any(axis=1) if len(vectors) else [],
     })
+    from great_expectations.data_context.types.base import ProgressBarsConfig
     ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # logs, not terminal noise
     batch = (ctx.data_sources.add_pandas("chunks").add_dataframe_asset("chunks")
              .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df}))
     results = []

@@ -1,0 +1,158 @@
+"""The OpenSearch backend in the whole pipeline, against the real node from scripts/opensearch.
+
+Parity with the embedded backend on the demo corpus, two nights with promotion and
+retention, a failed gate that leaves the alias alone, and a node that dies mid-load.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines.cli import main
+from pipelines.embed import chunks_table
+from pipelines.io import write_parquet
+from pipelines.search.opensearch import OpenSearchStore
+from pipelines.search.opensearch_client import client_from_env
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.opensearch, pytest.mark.models]
+
+
+@pytest.fixture(scope="module")
+def client():
+    c = client_from_env()
+    try:
+        c.cluster.health(wait_for_status="yellow", timeout="30s")
+    except Exception as exc:  # the node is part of the test set-up: no node is a failure
+        pytest.fail(f"no OpenSearch node at {os.environ.get('OPENSEARCH_URL', 'http://127.0.0.1:9200')}: {exc}")
+    return c
+
+
+@pytest.fixture(scope="module")
+def prefix(client):
+    name = f"sgtest-{uuid.uuid4().hex[:8]}"
+    yield name
+    client.indices.delete(index=f"{name}-*", ignore_unavailable=True)
+
+
+@pytest.fixture(scope="module")
+def os_config(tmp_path_factory, prefix):
+    folder = tmp_path_factory.mktemp("oscfg")
+    path = folder / "pipeline.yaml"
+    text = (ROOT / "config" / "pipeline.yaml").read_text()
+    text = text.replace("kind: embedded ", "kind: opensearch ").replace("retention: 3", "retention: 2")
+    text = text.replace("index_prefix: sourcegate", f"index_prefix: {prefix}")
+    path.write_text(text)
+    return path, folder / "artifacts"
+
+
+def run(config, artifacts, run_id, *extra):
+    return main(["--config", str(config), "run", "--artifacts", str(artifacts), "--run-id", run_id, "--quiet", *extra])
+
+
+def test_two_nights_promote_and_retention_keeps_two(os_config, prefix, client, capsys):
+    config, artifacts = os_config
+    assert run(config, artifacts, "20261101-020000") == 0
+    store = OpenSearchStore(client, prefix)
+    assert store.live() == "20261101-020000"
+    gate = json.loads((artifacts / "runs" / "20261101-020000" / "gate.json").read_text())
+    assert gate["passed"]
+    assert run(config, artifacts, "20261102-020000") == 0
+    assert run(config, artifacts, "20261103-020000") == 0
+    assert store.live() == "20261103-020000"
+    assert store.versions() == ["20261102-020000", "20261103-020000"]  # the oldest was removed
+    count = client.count(index=prefix)["count"]
+    rows = json.loads((artifacts / "runs" / "20261103-020000" / "run.json").read_text())["counts"]["chunks"]
+    assert count == rows
+
+
+def test_failed_gate_leaves_the_alias_on_the_previous_version(os_config, prefix, client, tmp_path):
+    config, artifacts = os_config
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(config.read_text().replace("strong: 0.5", "strong: 0.99").replace("adjacent: 0.14", "adjacent: 0.99"))
+    assert run(strict, artifacts, "20261104-020000") == 1
+    store = OpenSearchStore(client, prefix)
+    assert store.live() == "20261103-020000"
+    assert "20261104-020000" in store.versions()  # kept for inspection, never served
+
+
+def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, client, prefix, embedder):
+    from evals.evalset import load_evalset
+    from pipelines.search.embedded import EmbeddedSearcher
+    _, artifacts = os_config
+    run_dir = artifacts / "runs" / "20261103-020000"
+    embedded = EmbeddedSearcher(_build_embedded(run_dir))
+    remote = OpenSearchStore(client, prefix).open("20261103-020000")
+    questions = [it["question"] for it in load_evalset(ROOT / "config" / "evals" / "calibration.jsonl")]
+    knn, bm25, cos = [], [], []
+    for q in questions:
+        v = embedder.encode_query(q)
+        a, b = embedded.knn(v, 10), remote.knn(v, 10)
+        knn.append(len({h.chunk_id for h in a} & {h.chunk_id for h in b}) / 10)
+        cos.append(abs(embedded.best_cosine(v) - remote.best_cosine(v)))
+        a, b = embedded.bm25(q, 10), remote.bm25(q, 10)
+        bm25.append(len({h.chunk_id for h in a} & {h.chunk_id for h in b}) / max(len(a), 1))
+    print(f"\nparity over {len(questions)} questions: knn@10 overlap {np.mean(knn):.3f} (min {min(knn):.1f}), "
+          f"bm25@10 overlap {np.mean(bm25):.3f} (min {min(bm25):.1f}), best-cosine max diff {max(cos):.2e}")
+    assert np.mean(knn) >= 0.99 and max(cos) < 1e-4  # HNSW on 231 chunks is as good as exact
+    assert np.mean(bm25) >= 0.85  # same k1/b; Lucene's idf and standard analyser differ from \w+ (README)
+
+
+def _build_embedded(run_dir):
+    """The embedded index of the same chunks.parquet the OpenSearch version was loaded from."""
+    from pipelines.search.embedded import EmbeddedStore
+    store = EmbeddedStore(run_dir.parent, run_dir.parent.parent / "LIVE-parity")
+    store.load(run_dir.name, str(run_dir / "chunks.parquet"))
+    return store.folder(run_dir.name)
+
+
+def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, client, prefix, tmp_path):
+    store = OpenSearchStore(client, prefix, chunk_size=200, max_retries=1, initial_backoff=0.5, progress=False)
+    live_before = store.live()
+    big = tmp_path / "big.parquet"
+    rng = np.random.default_rng(0)
+    n, dim = 30_000, 384
+    vectors = rng.normal(size=(n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    rows = [{"chunk_id": f"c{i}", "doc_id": f"d{i}", "title": "t", "section": "s", "section_id": "s",
+             "body": f"word{i % 97} text", "text": f"t s word{i % 97} text", "text_hash": str(i), "ordinal": 0}
+            for i in range(n)]
+    write_parquet(chunks_table(rows, vectors, "m"), big)
+
+    errors = []
+    loader = threading.Thread(target=lambda: _load_catching(store, "20261105-020000", big, errors))
+    loader.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and not client.indices.exists(index=store.index_name("20261105-020000")):
+        time.sleep(0.2)
+    time.sleep(2.0)  # let some bulk requests land
+    subprocess.run([str(ROOT / "scripts" / "opensearch"), "stop"], check=True, timeout=120)
+    loader.join(timeout=300)
+    try:
+        assert errors, "the load should fail when the node goes away"
+        assert isinstance(errors[0], RuntimeError) and str(errors[0]), errors[0]
+        print("\nerror the run saw:", errors[0])
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "opensearch"), "start"], check=True, timeout=300,
+                       stdout=subprocess.DEVNULL)
+    client.cluster.health(wait_for_status="yellow", timeout="60s")
+    assert store.live() == live_before  # the alias never moved
+    with pytest.raises(Exception):
+        store.promote("20261105-020000")  # a half-loaded version is never promotable
+    assert store.load("20261105-020000", str(big)) == n  # the rerun after restart succeeds
+    store.drop("20261105-020000")
+
+
+def _load_catching(store, version, path, errors):
+    try:
+        store.load(version, str(path))
+    except Exception as exc:  # recorded for the assertion in the test thread
+        errors.append(exc)

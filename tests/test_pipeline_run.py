@@ -1,0 +1,95 @@
+"""`sourcegate run` end to end on the demo corpus, embedded backend, real models."""
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import main
+
+pytestmark = pytest.mark.models
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    return tmp_path_factory.mktemp("run") / "artifacts"
+
+
+def read(path):
+    return json.loads(path.read_text())
+
+
+def test_first_night_builds_passes_the_gate_and_promotes(artifacts, capsys):
+    assert main(["run", "--artifacts", str(artifacts), "--run-id", "20261101-020000", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "gate: PASSED" in out and "report.html" in out
+    run = artifacts / "runs" / "20261101-020000"
+    for name in ["documents.parquet", "chunks.parquet", "manifest.parquet", "quarantine.jsonl", "quality.json",
+                 "calibration.json", "precision.json", "gate.json", "junit.xml", "report.html", "run.json"]:
+        assert (run / name).exists(), name
+    gate = read(run / "gate.json")
+    assert gate["passed"] and gate["reasons"] == []
+    info = read(run / "run.json")
+    assert info["counts"]["ingest"]["documents"] >= 40 and info["counts"]["embedded"] == info["counts"]["chunks"]
+    assert info["versions"]["sentence-transformers"] and info["models"]["reranker"]["id"].startswith("cross-encoder/")
+    assert (artifacts / "LIVE").read_text().strip() == "20261101-020000"
+    calibration = read(run / "calibration.json")
+    for signal in ["cosine_top", "rerank_top", "bm25_z", "term_coverage", "margin", "bm25_top"]:
+        s = calibration["signals"][signal]
+        for key in ["answer_band", "decline_band", "gap", "auc", "recommended_threshold",
+                    "decline_recall_at_recommended"]:
+            assert key in s, (signal, key)
+    assert calibration["shortlist_recall"]["recall"] >= 0.9
+    print("shortlist recall@12:", calibration["shortlist_recall"]["recall"])
+    precision = read(run / "precision.json")
+    assert set(precision["by_kind"]) == {"section", "article", "indirect"}
+
+
+def test_second_night_with_no_change_encodes_nothing(artifacts, capsys):
+    assert main(["run", "--artifacts", str(artifacts), "--run-id", "20261102-020000", "--quiet"]) == 0
+    info = read(artifacts / "runs" / "20261102-020000" / "run.json")
+    assert info["counts"]["embedded"] == 0 and info["counts"]["embedding_reused"] == info["counts"]["chunks"]
+    assert info["counts"]["ingest"]["unchanged"] == info["counts"]["ingest"]["documents"]
+    a = pq.read_table(artifacts / "runs" / "20261101-020000" / "chunks.parquet")
+    b = pq.read_table(artifacts / "runs" / "20261102-020000" / "chunks.parquet")
+    assert a.equals(b)  # same inputs and config: same chunk ids and embeddings
+    first = read(artifacts / "runs" / "20261101-020000" / "calibration.json")
+    second = read(artifacts / "runs" / "20261102-020000" / "calibration.json")
+    assert first["signals"] == second["signals"]  # same calibration numbers
+    assert (artifacts / "LIVE").read_text().strip() == "20261102-020000"
+
+
+def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifacts, tmp_path, capsys):
+    config = tmp_path / "strict.yaml"
+    config.write_text("answer:\n  signal: rerank_top\n  strong: 0.99\n  adjacent: 0.99\n"
+                      "calibration:\n  gate_decline_kinds: [off_topic]\n")
+    code = main(["--config", str(config), "run", "--artifacts", str(artifacts), "--run-id", "20261103-020000",
+                 "--quiet"])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "gate: FAILED" in out and "declines" in out
+    gate = read(artifacts / "runs" / "20261103-020000" / "gate.json")
+    assert not gate["passed"] and {c["name"] for c in gate["checks"] if not c["passed"]} == {"answer_coverage"}
+    assert (artifacts / "LIVE").read_text().strip() == "20261102-020000"  # the last good index still serves
+    assert (artifacts / "runs" / "20261103-020000" / "index").is_dir()  # kept for a maintainer to inspect
+
+
+def test_query_cli_prints_mode_and_passages(artifacts, capsys):
+    assert main(["query", "How much does a monthly pass cost?", "--artifacts", str(artifacts), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["mode"] in {"sourced", "adjacent"} and payload["passages"]
+    assert all("bm25_rank" in p and "knn_rank" in p and "rerank_probability" in p for p in payload["passages"])
+    assert main(["query", "What is the capital of Australia?", "--artifacts", str(artifacts), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["mode"] == "decline" and len(payload["passages"]) == 3
+    assert main(["query", "does that apply on Sundays too?", "--context", "Is the Night Owl bus free?",
+                 "--artifacts", str(artifacts)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mode: ") and "Night Owl" in out and "rerank" in out
+
+
+def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
+    out = tmp_path / "cal"
+    code = main(["calibrate", "--index", str(artifacts / "runs" / "20261102-020000"),
+                 "--questions", "config/evals/calibration.jsonl", "--out", str(out), "--quiet"])
+    assert (out / "calibration.json").exists() and (out / "gate.json").exists() and (out / "report.html").exists()
+    assert code in (0, 1) and ("gate: PASSED" if code == 0 else "gate: FAILED") in capsys.readouterr().out
