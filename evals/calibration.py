@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from evals.artifacts import jsonable
+from pipelines.io import jsonable
 
 ANSWER, DECLINE = "answer", "decline"
 SWEEP_POINTS = 200      # curve points kept in the artifact; numbers stay exact

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from evals.artifacts import jsonable, write_json_atomic, write_text_atomic
+from pipelines.io import jsonable, write_json, write_text
 
 # Float slack for ">= baseline - tolerance": 0.7 - 0.1 must not fail 0.6.
 EPSILON = 1e-9
@@ -199,5 +199,5 @@ def junit_xml(gate: Mapping) -> str:
 def write_gate(gate: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write gate.json and junit.xml into out_dir, each atomically."""
     out = Path(out_dir)
-    return {"gate": write_json_atomic(out / "gate.json", gate),
-            "junit": write_text_atomic(out / "junit.xml", junit_xml(gate))}
+    return {"gate": write_json(gate, out / "gate.json"),
+            "junit": write_text(junit_xml(gate), out / "junit.xml")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from evals.artifacts import jsonable
+from pipelines.io import jsonable
 from evals.metrics import first_relevant_rank, mrr, ndcg_at, precision_at, recall_at
 
 SYSTEMS = ("fused", "reranked")

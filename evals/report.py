@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from evals.artifacts import write_text_atomic
+from pipelines.io import write_text
 
 MAX_ROWS = 100         # per question table; the JSON artifacts hold the rest
 MAX_DOTS = 600          # per label and plot: enough to see a distribution, small enough to render
@@ -482,4 +482,4 @@ def render_report(calibration: Mapping, precision: Mapping | None, gate: Mapping
 def write_report(calibration: Mapping, precision: Mapping | None, gate: Mapping, run_info: Mapping,
                  path: str | os.PathLike) -> Path:
     """Render and write report.html atomically."""
-    return write_text_atomic(path, render_report(calibration, precision, gate, run_info))
+    return write_text(render_report(calibration, precision, gate, run_info), path)
