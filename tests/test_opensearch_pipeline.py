@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.opensearch, pytest.mark.models]
 def client():
     c = client_from_env()
     try:
-        c.cluster.health(wait_for_status="yellow", timeout="30s")
+        c.cluster.health(wait_for_status="yellow", request_timeout=60)
     except Exception as exc:  # the node is part of the test set-up: no node is a failure
         pytest.fail(f"no OpenSearch node at {os.environ.get('OPENSEARCH_URL', 'http://127.0.0.1:9200')}: {exc}")
     return c
@@ -143,7 +143,7 @@ def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, client, prefi
     finally:
         subprocess.run([str(ROOT / "scripts" / "opensearch"), "start"], check=True, timeout=300,
                        stdout=subprocess.DEVNULL)
-    client.cluster.health(wait_for_status="yellow", timeout="60s")
+    client.cluster.health(wait_for_status="yellow", request_timeout=60)
     assert store.live() == live_before  # the alias never moved
     with pytest.raises(Exception):
         store.promote("20261105-020000")  # a half-loaded version is never promotable
