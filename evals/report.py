@@ -414,7 +414,15 @@ def _shipped_section(calibration: Mapping) -> str:
                 [(esc(q["id"]), esc(q["question"]), _num(q["score"], 4)) for q in s["wrongly_answered"]],
                 numeric=(2,), limit=MAX_ROWS) if s["wrongly_answered"] else '<p class="good">None.</p>'
     unscored = (f'<p class="warn">No score for: {esc(", ".join(s["unscored"]))}</p>' if s["unscored"] else "")
-    return (head + f'<div class="card"><h3>Wrongly declined (should-answer below the threshold)</h3>{wd}'
+    by_kind = s.get("decline_recall_by_kind") or {}
+    kinds = _table(["should-decline kind", "declined", "of", "recall"],
+                   [(esc(k), str(v["declined"]), str(v["n"]), _pct(v["recall"])) for k, v in by_kind.items()],
+                   numeric=(1, 2, 3)) if by_kind else ""
+    scope = (calibration.get("gating") or {}).get("decline_kinds")
+    if scope and scope != "all":
+        kinds += (f"<p>The gap check holds the kinds {esc(', '.join(scope))} to the gap; the others are "
+                  f"reported here and held to their accepted decline recall.</p>")
+    return (head + kinds + f'<div class="card"><h3>Wrongly declined (should-answer below the threshold)</h3>{wd}'
             f"<h3>Wrongly answered (should-decline at or above the threshold)</h3>{wa}{unscored}</div>")
 
 
