@@ -161,10 +161,11 @@ def part_a(embedder, n_docs: int, repeats: int) -> dict:
 
 # --- part B --------------------------------------------------------------------------
 
-def part_b(embedder, scales: list[int], repeats: int, embed_per_chunk: float, base_docs: int = 0) -> dict:
+def part_b(embedder, scales: list[int], repeats: int, embed_per_chunk: float, base_docs: int = 0,
+           out: dict | None = None, save=lambda: None) -> dict:
     base_docs = read_docs(base_docs or None)
     n_changed = max(1, round(len(base_docs) * 0.01))
-    out = {}
+    out = {} if out is None else out
     for scale in scales:
         docs = scaled(base_docs, scale)
         folder = WORK / f"b-x{scale}"
@@ -203,6 +204,7 @@ def part_b(embedder, scales: list[int], repeats: int, embed_per_chunk: float, ba
             "incremental_runs": runs, "peak_rss_mb": peak_rss_mb(),
         }
         shutil.rmtree(folder, ignore_errors=True)
+        save()  # keep finished scales even if a larger one is interrupted
     return out
 
 
@@ -228,7 +230,9 @@ def main() -> None:
     res["met"] = a["met"]
     log(f"A: incremental/full = {a['ratio_incremental_over_full']} (target <= {TARGET})")
     scales = [int(s) for s in args.scales.split(",") if s]
-    res["part_b"] = part_b(embedder, scales, args.repeats, a["embed_s_per_encoded_chunk_median"], args.base_docs)
+    res["part_b"] = {}
+    part_b(embedder, scales, args.repeats, a["embed_s_per_encoded_chunk_median"], args.base_docs,
+           out=res["part_b"], save=res.write)
     res.write()
 
 

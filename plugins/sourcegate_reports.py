@@ -12,16 +12,13 @@ the `artifacts` of config/pipeline.yaml resolved against the project root (the p
 Airflow does not authenticate plugin apps: inside Airflow the app depends on Airflow's `get_user`
 (the UI session cookie or a bearer token), so anonymous callers get 401.
 """
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI reads the route annotations, and the route
+# functions live inside create_app, whose imports are local.
 import html
 import json
 import os
 from pathlib import Path
 from urllib.parse import quote
-
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse
 
 from airflow.plugins_manager import AirflowPlugin
 
@@ -54,12 +51,15 @@ def default_artifacts_root() -> Path:
     return (artifacts if artifacts.is_absolute() else PROJECT_ROOT / artifacts).resolve()
 
 
-def create_app(artifacts_root: str | Path, *, require_auth: bool = True) -> FastAPI:
+def create_app(artifacts_root: str | Path, *, require_auth: bool = True):
     """The reports app for `artifacts_root`; routes are relative to where it is mounted (/sourcegate).
 
     With `require_auth` (the default; tests turn it off) every route depends on Airflow's authenticated
     user, so it needs Airflow's API server auth manager to let anyone in.
     """
+    from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi.responses import FileResponse, HTMLResponse
+
     runs_root = Path(artifacts_root).expanduser().resolve() / "runs"
     run_id_ok = _run_id_pattern().match
     dependencies = []
@@ -90,7 +90,7 @@ def create_app(artifacts_root: str | Path, *, require_auth: bool = True) -> Fast
                     found.append(p)
             except OSError:
                 continue
-        return sorted(found, key=lambda p: p.name, reverse=True)
+        return sorted(found, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)  # newest first
 
     @app.get("/runs", response_class=HTMLResponse)
     def runs_index(request: Request) -> HTMLResponse:
@@ -135,7 +135,20 @@ def _gate_status(folder: Path) -> str:
     return "passed" if gate.get("passed") else "FAILED"
 
 
-app = create_app(default_artifacts_root(), require_auth=True)
+class LazyApp:
+    """An ASGI app built on its first request. Every Airflow process loads plugins (the scheduler, each
+    task's worker), but only the API server ever serves this; the others skip importing it (seconds)."""
+
+    def __init__(self, factory):
+        self.factory, self.app = factory, None
+
+    async def __call__(self, scope, receive, send):
+        if self.app is None:
+            self.app = self.factory()
+        await self.app(scope, receive, send)
+
+
+app = LazyApp(lambda: create_app(default_artifacts_root(), require_auth=True))
 
 
 class SourcegateReportsPlugin(AirflowPlugin):

@@ -98,12 +98,12 @@ class Airflow:
         cwd.mkdir(exist_ok=True)
         args = json.dumps({"dags": str(DAGS), "dag_id": dag_id, "logical_date": logical_date, "conf": conf,
                            "mark_success": mark_success})
-        with log.open("w") as fh:
-            out = subprocess.run([sys.executable, "-c", RUNNER, args], env=self.env, cwd=cwd, stdout=subprocess.PIPE,
-                                 stderr=fh, text=True, timeout=RUN_TIMEOUT_S)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("SUMMARY ")]
-        tail = log.read_text(errors="replace")[-6000:]
-        assert out.returncode == 0 and lines, f"dag.test of {dag_id} crashed (log {log}):\n{out.stdout[-2000:]}\n{tail}"
+        with log.open("w") as fh:  # dag.test logs every task's output to stdout
+            out = subprocess.run([sys.executable, "-c", RUNNER, args], env=self.env, cwd=cwd, stdout=fh,
+                                 stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        text = log.read_text(errors="replace")
+        lines = [ln for ln in text.splitlines() if ln.startswith("SUMMARY ")]
+        assert out.returncode == 0 and lines, f"dag.test of {dag_id} crashed (log {log}):\n{text[-6000:]}"
         summary = json.loads(lines[-1][len("SUMMARY "):])
         summary["log"] = str(log)
         return summary
@@ -212,20 +212,23 @@ def test_recalibrate_evaluates_the_live_version(airflow, workspace, first_night)
     assert (workspace["artifacts"] / "LIVE").read_text().strip() == "20250102-020000"
 
 
-def test_same_logical_date_reuses_the_run_folder(airflow, workspace, first_night):
-    """Re-running a night rebuilds the same folder and index version; nothing is duplicated.
-    (Evaluation and what follows are marked success here: this run is about the build half.)"""
+def test_rerunning_a_night_reuses_its_run_folder(airflow, workspace, first_night):
+    """Re-running the failed night (same logical date) rebuilds the same folder and index version:
+    nothing is duplicated and the live index is untouched. Evaluation and what follows are marked
+    success without running here: this run is about the build half."""
     assert first_night["state"] == "success"
     runs = workspace["artifacts"] / "runs"
+    assert (runs / "20250103-020000").is_dir(), "needs the failed night"
     before = sorted(p.name for p in runs.iterdir())
-    conf = {"config": workspace["passing"], "corpus": "corpus/demo", "backend": "embedded", "shards": 2}
-    # Same DB: dag.test clears the earlier run of this logical date and runs it again.
-    rerun = airflow.test_dag("sourcegate_nightly", FIRST_NIGHT, conf, mark_success="evaluate|gate|promote|cleanup")
+    conf = {"config": workspace["declining"], "backend": "embedded", "shards": 2}
+    # Same metadata DB: dag.test clears the earlier run of this logical date and runs it again.
+    rerun = airflow.test_dag("sourcegate_nightly", FAILED_NIGHT, conf, mark_success="evaluate|gate|promote|cleanup")
     assert rerun["state"] == "success", failed_tasks(rerun)
     assert sorted(p.name for p in runs.iterdir()) == before
     from pipelines.search.embedded import EmbeddedStore
     versions = EmbeddedStore(runs, workspace["artifacts"] / "LIVE").versions()
-    assert versions.count("20250102-020000") == 1
+    assert versions == ["20250102-020000", "20250103-020000"]
+    assert read_json(runs / "20250103-020000" / "run.json")["run_id"] == "20250103-020000"
     assert (workspace["artifacts"] / "LIVE").read_text().strip() == "20250102-020000"
 
 

@@ -1,0 +1,149 @@
+"""Benchmark 7b: ideas for a higher SciFact nDCG@10, tried without changing pipelines/.
+
+Uses the index `sourcegate beir` cached under benchmarks/results/scifact/cache and the
+cross-encoder pair scores benchmarks.quality saved (missing pairs are scored here and
+added). Every variant is evaluated with the pipeline's own metrics (evals.metrics):
+
+- rrf_k: chunk-level hybrid with RRF k in {5, 10, 20, 30, 60, 100}
+- doc_fusion: per-list chunk -> document (max score = first occurrence), then RRF of the
+  two document lists (instead of fusing chunks and collapsing afterwards)
+- chunk_rerank@d: cross-encoder on the top-d fused chunks; a document's score is its best
+  chunk's (max-score aggregation, what pipelines.beir does)
+- doc_rerank@d: cross-encoder on the top-d fused DOCUMENTS, each as title + whole abstract
+  (truncated at the model's 512 tokens)
+- ..+rrf: RRF of the reranked list and the hybrid list (the reranker as a vote, not a verdict)
+
+    .venv/bin/python -m benchmarks.quality_ideas [--chunk-depths 12,20,30,50] [--doc-depths 10,20,30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import time
+
+import numpy as np
+
+from benchmarks._common import RESULTS, SCIFACT, Result, log, peak_rss_mb
+from benchmarks.quality import MEMO, OUT
+
+DEPTH = 100
+
+
+def ndcg(runs: dict, qrels) -> dict:
+    from pipelines.beir import evaluate_systems
+    return evaluate_systems(runs, qrels)
+
+
+def rrf_docs(lists: list[list[str]], k: int = 60) -> list[str]:
+    score: dict[str, float] = {}
+    for lst in lists:
+        for r, d in enumerate(lst, 1):
+            score[d] = score.get(d, 0.0) + 1 / (k + r)
+    return sorted(score, key=lambda d: -score[d])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunk-depths", default="12,20,30,50")
+    ap.add_argument("--doc-depths", default="10,20,30")
+    ap.add_argument("--queries", type=int, default=0, help="first N queries only (0 = all 300)")
+    args = ap.parse_args()
+
+    from pipelines.beir import doc_ranking, load_queries
+    from pipelines.embed import Embedder
+    from pipelines.rerank import OnnxCrossEncoder
+    from pipelines.retrieval import rrf
+    from pipelines.search.embedded import EmbeddedSearcher
+
+    folder = next((OUT / "cache" / "runs").glob("beir-*/index"))
+    searcher = EmbeddedSearcher(folder)
+    doc_of = {r["chunk_id"]: r["doc_id"] for r in searcher.rows}
+    text_of = {r["chunk_id"]: r["text"] for r in searcher.rows}
+    corpus = {}
+    for line in (SCIFACT / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        corpus[str(d["_id"])] = "\n".join(x for x in (d.get("title", "").strip(), d["text"].strip()) if x)
+    queries, qrels = load_queries(SCIFACT)
+    items = list(queries.items())[: args.queries or None]
+    qrels = {q: qrels[q] for q, _ in items}
+    embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2")
+    scorer = OnnxCrossEncoder()
+    if MEMO.exists():
+        scorer._memo.update(pickle.loads(MEMO.read_bytes()))
+    memo0 = len(scorer._memo)
+    new_pair_s: list[float] = []
+
+    def ce(query: str, passages: list[str]) -> list[float]:
+        out = []
+        for p in passages:
+            fresh = (query, p) not in scorer._memo
+            t = time.perf_counter()
+            out.append(scorer.logit(query, p))
+            if fresh:
+                new_pair_s.append(time.perf_counter() - t)
+        return out
+
+    lists = {}
+    for qid, text in items:
+        v = embedder.encode_query(text)
+        lists[qid] = ([h.chunk_id for h in searcher.bm25(text, DEPTH)], [h.chunk_id for h in searcher.knn(v, DEPTH)])
+    log(f"{len(items)} queries retrieved; memo has {memo0} pairs")
+
+    from pipelines.search.base import Hit
+    runs: dict[str, dict[str, list[str]]] = {}
+    fused_chunks = {}
+    for k in (5, 10, 20, 30, 60, 100):
+        name = f"hybrid_chunks_rrf_k{k}"
+        runs[name] = {}
+        for qid, (b, n) in lists.items():
+            f = [c for c, _ in rrf([[Hit(c, 0) for c in b], [Hit(c, 0) for c in n]], k)]
+            runs[name][qid] = doc_ranking(f, doc_of)
+            if k == 60:
+                fused_chunks[qid] = f
+    for k in (10, 60):
+        runs[f"hybrid_docs_rrf_k{k}"] = {qid: rrf_docs([doc_ranking(b, doc_of), doc_ranking(n, doc_of)], k)
+                                         for qid, (b, n) in lists.items()}
+    runs["bm25"] = {qid: doc_ranking(b, doc_of) for qid, (b, n) in lists.items()}
+    runs["dense"] = {qid: doc_ranking(n, doc_of) for qid, (b, n) in lists.items()}
+    hybrid = runs["hybrid_chunks_rrf_k60"]
+
+    for d in [int(x) for x in args.chunk_depths.split(",") if x]:
+        name = f"chunk_rerank@{d}"
+        runs[name], runs[name + "+rrf"] = {}, {}
+        for qid, text in items:
+            head = fused_chunks[qid][:d]
+            s = ce(text, [text_of[c] for c in head])
+            order = [head[i] for i in sorted(range(len(head)), key=lambda i: (-s[i], i))]
+            ranked = doc_ranking(order + fused_chunks[qid][d:], doc_of)
+            runs[name][qid] = ranked
+            runs[name + "+rrf"][qid] = rrf_docs([doc_ranking(order, doc_of), hybrid[qid]])
+        log(f"{name} done; new pairs so far {len(new_pair_s)}")
+    doc_base = runs["hybrid_docs_rrf_k60"]
+    for d in [int(x) for x in args.doc_depths.split(",") if x]:
+        name = f"doc_rerank@{d}"
+        runs[name], runs[name + "+rrf"] = {}, {}
+        for qid, text in items:
+            head = doc_base[qid][:d]
+            s = ce(text, [corpus[x] for x in head])
+            order = [head[i] for i in sorted(range(len(head)), key=lambda i: (-s[i], i))]
+            runs[name][qid] = order + doc_base[qid][d:]
+            runs[name + "+rrf"][qid] = rrf_docs([order, doc_base[qid]])
+        log(f"{name} done; new pairs so far {len(new_pair_s)}")
+        MEMO.write_bytes(pickle.dumps(scorer._memo))
+
+    res = Result("quality_ideas", queries=len(items), candidate_depth=DEPTH, memo_pairs_at_start=memo0,
+                 new_pairs_scored=len(new_pair_s),
+                 ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
+                 ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer")
+    systems = ndcg(runs, qrels)
+    res["systems"] = dict(sorted(systems.items(), key=lambda kv: -kv[1]["ndcg@10"]))
+    res["peak_rss_mb"] = peak_rss_mb()
+    for k, v in res["systems"].items():
+        log(f"{k:28s} nDCG@10 {v['ndcg@10']:.4f}  recall@100 {v['recall@100']:.4f}")
+    MEMO.write_bytes(pickle.dumps(scorer._memo))
+    res.write()
+
+
+if __name__ == "__main__":
+    main()
