@@ -109,11 +109,13 @@ def cmd_accept(args) -> int:
     cfg = load_config(args)
     run = Path(args.run)
     precision, calibration = read_json(run / "precision.json"), read_json(run / "calibration.json")
-    keep = {m: v for m, v in precision["overall"]["reranked"].items()}
+    def gated(metrics: dict) -> dict:  # the gate holds precision@k; nDCG, recall and MRR are reported
+        return {m: v for m, v in metrics.items() if m.startswith("p@")}
+
     baseline = {
         "accepted_from": str(run / "precision.json"),
-        "reranked": {"overall": keep,
-                     "by_kind": {k: v["reranked"] for k, v in sorted(precision["by_kind"].items())}},
+        "reranked": {"overall": gated(precision["overall"]["reranked"]),
+                     "by_kind": {k: gated(v["reranked"]) for k, v in sorted(precision["by_kind"].items())}},
         "decline_recall_by_kind": {k: v["recall"] for k, v in
                                    calibration["shipped"]["decline_recall_by_kind"].items()},
     }

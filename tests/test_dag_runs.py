@@ -110,9 +110,18 @@ class Airflow:
 
 
 def write_config(path: Path, artifacts: Path, **sections) -> str:
-    """A pipeline config: the project's defaults, artifacts elsewhere, plus `sections` (YAML via JSON)."""
-    body = {"artifacts": str(artifacts), **sections}
-    path.write_text(json.dumps(body, indent=2))  # JSON is YAML
+    """The project's config/pipeline.yaml with artifacts elsewhere and `sections` merged in
+    (key by key; its relative paths still resolve against the project root)."""
+    import yaml
+
+    def merge(base: dict, extra: dict) -> dict:
+        for key, value in extra.items():
+            base[key] = merge(base.get(key) or {}, value) if isinstance(value, dict) else value
+        return base
+
+    body = yaml.safe_load((ROOT / "config" / "pipeline.yaml").read_text())
+    merge(body, {"artifacts": str(artifacts), **sections})
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
     return str(path)
 
 
