@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--chunk-depths", default="12,20,30,50")
     ap.add_argument("--doc-depths", default="10,20,30")
     ap.add_argument("--queries", type=int, default=0, help="first N queries only (0 = all 300)")
+    ap.add_argument("--name", default="quality_ideas", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
 
     from pipelines.beir import doc_ranking, load_queries
@@ -132,7 +133,7 @@ def main() -> None:
         log(f"{name} done; new pairs so far {len(new_pair_s)}")
         MEMO.write_bytes(pickle.dumps(scorer._memo))
 
-    res = Result("quality_ideas", queries=len(items), candidate_depth=DEPTH, memo_pairs_at_start=memo0,
+    res = Result(args.name, queries=len(items), candidate_depth=DEPTH, memo_pairs_at_start=memo0,
                  new_pairs_scored=len(new_pair_s),
                  ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
                  ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer")
