@@ -35,9 +35,9 @@ opensearch-start:
 opensearch-stop:
 	scripts/opensearch stop
 
-# Integration tests written but not yet seen green on this machine (the session that wrote them
-# ran out of time on a loaded machine): `make test-pending` runs them; `make test` does not yet.
-PENDING := tests/test_dag_runs.py tests/test_opensearch_pipeline.py
+# An integration file written but not yet seen green end to end on this machine (the session
+# that wrote it ran out of time on a loaded machine): `make test-pending` runs it; `make test` does not yet.
+PENDING := tests/test_opensearch_pipeline.py
 
 test: venv system-deps
 	scripts/opensearch start
