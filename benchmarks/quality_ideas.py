@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--name", default="quality_ideas", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
 
+    res = Result(args.name)  # started here so wall_seconds covers the whole run
     from pipelines.beir import doc_ranking, load_queries
     from pipelines.embed import Embedder
     from pipelines.rerank import OnnxCrossEncoder
@@ -133,10 +134,10 @@ def main() -> None:
         log(f"{name} done; new pairs so far {len(new_pair_s)}")
         MEMO.write_bytes(pickle.dumps(scorer._memo))
 
-    res = Result(args.name, queries=len(items), candidate_depth=DEPTH, memo_pairs_at_start=memo0,
-                 new_pairs_scored=len(new_pair_s),
-                 ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
-                 ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer")
+    res.data.update(queries=len(items), candidate_depth=DEPTH, memo_pairs_at_start=memo0,
+                    new_pairs_scored=len(new_pair_s),
+                    ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
+                    ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer")
     systems = ndcg(runs, qrels)
     res["systems"] = dict(sorted(systems.items(), key=lambda kv: -kv[1]["ndcg@10"]))
     res["peak_rss_mb"] = peak_rss_mb()
