@@ -246,13 +246,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--blas1-max", type=int, default=100_000,
                     help="also run sizes up to this with OPENBLAS_NUM_THREADS=1 (0: skip)")
+    ap.add_argument("--name", default="search", help="result file name (benchmarks/results/<name>.json)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         part = one_size(args.one, args.queries, args.load_max, args.seed)
         (RESULTS / f"search-{args.one}.json").write_text(json.dumps(part, indent=2), encoding="utf-8")
         return
-    res = Result("search", targets={"hybrid_p50_ms_at_100k": 50, "best_cosine_p50_ms_at_100k": 25},
+    res = Result(args.name, targets={"hybrid_p50_ms_at_100k": 50, "best_cosine_p50_ms_at_100k": 25},
                  data="synthetic: seeded unit vectors 384-d; Zipf(s=1) texts over 50k pseudo-words, 40-120 "
                       "words; queries 4-10 Zipf words", sizes={})
     runs = [(int(s), None) for s in args.sizes.split(",")]
