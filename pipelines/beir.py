@@ -20,6 +20,7 @@ from pipelines import steps
 from pipelines.io import write_json
 from pipelines.rerank import safe_rerank
 from pipelines.retrieval import rrf
+from pipelines.run import build
 from pipelines.search.embedded import EmbeddedSearcher
 
 DEPTH = 100  # recall@100 needs lists this deep; top-18 lists would cap the union at 36
@@ -53,12 +54,7 @@ def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> Path:
     bcfg["corpus"].update(path=str(dataset), format="beir", max_doc_bytes=max(cfg["corpus"]["max_doc_bytes"], 10**7))
     folder = steps.run_dir(bcfg, run_id)
     if not (folder / "index" / "bm25.npz").exists():
-        steps.ingest_step(bcfg, run_id)
-        steps.chunk_step(bcfg, run_id)
-        stats = steps.embed_step(bcfg, run_id, progress=progress)
-        steps.merge_step(bcfg, run_id, [stats])
-        steps.validate_step(bcfg, run_id)
-        steps.load_step(bcfg, run_id)
+        build(bcfg, run_id, progress=progress)
     return folder
 
 
