@@ -60,8 +60,8 @@ def main() -> None:
 
     folder = next((OUT / "cache" / "runs").glob("beir-*/index"))
     searcher = EmbeddedSearcher(folder)
-    doc_of = {r["chunk_id"]: r["doc_id"] for r in searcher.rows}
-    text_of = {r["chunk_id"]: r["text"] for r in searcher.rows}
+    doc_of = dict(zip(searcher.ids, searcher.column("doc_id")))
+    text_of = dict(zip(searcher.ids, searcher.column("text")))
     corpus = {}
     for line in (SCIFACT / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
         d = json.loads(line)

@@ -13,8 +13,9 @@ builders are checked to give the same BM25 weights at 10k.
 
 Per query: BM25 top-18, kNN top-18, best_cosine, bm25_distribution, and the hybrid query
 without rerank: `Retriever.retrieve` with scorer=None and a stand-in embedder that returns a
-precomputed vector (embedding is measured in benchmarks.embed). Also "hybrid_shared": the
-same work with each score array computed once (the change proposed in docs/benchmarks.md).
+precomputed vector (embedding is measured in benchmarks.embed). Each operation is timed cold
+(the searcher's kept score arrays are cleared first), so the hybrid query pays for its own
+BM25 and cosine passes, once each.
 
 Each size runs in its own subprocess so its peak RSS is its own.
 
@@ -137,25 +138,6 @@ class FixedEmbedder:
         return self.vector
 
 
-def hybrid_shared(searcher, retr, query, vector):
-    """retrieve()'s work with each full score array computed once (the proposed change)."""
-    from pipelines.retrieval import rrf, term_coverage, margin
-    from pipelines.search.base import Hit, ScoreDistribution
-    from pipelines.search.embedded import top_k
-    bm = searcher.bm25_index.scores(query)
-    cos = searcher.vectors @ np.asarray(vector, np.float32)
-    bm25 = [h for h in (Hit(searcher.ids[i], float(bm[i])) for i in top_k(bm, retr.bm25_top_n)) if h.score > 0]
-    knn = [Hit(searcher.ids[i], float(cos[i])) for i in top_k(cos, retr.knn_top_n)]
-    fused = rrf([bm25, knn], retr.rrf_k)
-    stored = searcher.chunks([c for c, _ in fused])
-    matched = bm[bm > 0]
-    dist = ScoreDistribution(matched, len(matched), len(bm))
-    top = float(matched.max()) if len(matched) else 0.0
-    return {"cosine_top": float(cos.max()), "bm25_top": top, "bm25_z": dist.zscore(top),
-            "term_coverage": term_coverage(query, stored[0]["text"]) if stored else 0.0,
-            "margin": margin([s for _, s in fused[:2]])}
-
-
 def one_size(n: int, queries: int, load_max: int, seed: int) -> dict:
     from pipelines.retrieval import Retriever
     from pipelines.search.embedded import EmbeddedSearcher
@@ -207,21 +189,19 @@ def one_size(n: int, queries: int, load_max: int, seed: int) -> dict:
             "best_cosine": lambda q, v: searcher.best_cosine(v),
             "bm25_distribution": lambda q, v: searcher.bm25_distribution(q),
             "hybrid_retrieve_no_rerank": lambda q, v: retr.retrieve(q),
-            "hybrid_shared_scores": lambda q, v: hybrid_shared(searcher, retr, q, v),
         }
         for q, v in zip(qw[:5], qv[:5]):  # warm-up
             emb.vector = v
             for fn in ops.values():
                 fn(q, v)
-        # the shared variant must give the same signals as retrieve()
-        emb.vector = qv[0]
-        r0, s0 = retr.retrieve(qw[0]).signals, hybrid_shared(searcher, retr, qw[0], qv[0])
-        out["shared_matches_retrieve"] = all(abs(r0[k] - s0[k]) < 1e-9 for k in s0)
         times = {k: [] for k in ops}
         cpu = {k: [] for k in ops}
         for q, v in zip(qw, qv):
             emb.vector = v
             for name, fn in ops.items():
+                # each operation starts cold: the searcher keeps the last query's score arrays,
+                # which the previous operation on the same query would otherwise hand over free
+                searcher._last_bm25 = searcher._last_cosine = None
                 c, t = time.process_time(), time.perf_counter()
                 fn(q, v)
                 times[name].append(time.perf_counter() - t)

@@ -19,7 +19,7 @@ from evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from pipelines import steps
 from pipelines.io import write_json
 from pipelines.rerank import safe_rerank
-from pipelines.retrieval import rrf
+from pipelines.retrieval import blend, rrf
 from pipelines.run import build
 from pipelines.search.embedded import EmbeddedSearcher
 
@@ -75,10 +75,11 @@ def run_beir(cfg: dict, dataset: Path, out: Path, *, decline: str | None = None,
     folder = index_dataset(cfg, dataset, out, progress)
     t_index = time.perf_counter() - t0
     searcher = EmbeddedSearcher(folder / "index")
-    doc_of = {r["chunk_id"]: r["doc_id"] for r in searcher.rows}
+    doc_of = dict(zip(searcher.ids, searcher.column("doc_id")))
     retriever, scorer = steps.retriever_for(cfg, searcher)
     embedder = retriever.embedder
     depth = rerank_depth or cfg["retrieval"]["rerank_depth"]
+    weight = cfg["retrieval"]["rerank_weight"]
     queries, qrels = load_queries(dataset)
     runs = {"bm25": {}, "dense": {}, "hybrid": {}, "hybrid+rerank": {}}
     latency = {name: [] for name in runs}
@@ -92,22 +93,25 @@ def run_beir(cfg: dict, dataset: Path, out: Path, *, decline: str | None = None,
         t_embed = time.perf_counter() - t
         t = time.perf_counter(); bm25 = searcher.bm25(text, DEPTH); latency["bm25"].append(time.perf_counter() - t)
         t = time.perf_counter(); knn = searcher.knn(vector, DEPTH); latency["dense"].append(time.perf_counter() - t + t_embed)
-        t = time.perf_counter(); fused = [cid for cid, _ in rrf([bm25, knn], cfg["retrieval"]["rrf_k"])]
+        t = time.perf_counter(); fused = rrf([bm25, knn], cfg["retrieval"]["rrf_k"])
         latency["hybrid"].append(time.perf_counter() - t + latency["bm25"][-1] + latency["dense"][-1])
         t = time.perf_counter()
         head = fused[:depth]
-        reranked = safe_rerank(scorer, text, [r["text"] for r in searcher.chunks(head)], cfg["reranker"]["timeout_s"])
-        final = ([head[i] for i in reranked.order] if reranked else head) + fused[depth:]
+        reranked = safe_rerank(scorer, text, [r["text"] for r in searcher.chunks([c for c, _ in head])],
+                               cfg["reranker"]["timeout_s"])
+        order = blend(reranked.logits, [s for _, s in head], weight) if reranked else range(len(head))
+        final = [head[i][0] for i in order] + [c for c, _ in fused[depth:]]
         latency["hybrid+rerank"].append(time.perf_counter() - t + latency["hybrid"][-1])
         runs["bm25"][qid] = doc_ranking([h.chunk_id for h in bm25], doc_of)
         runs["dense"][qid] = doc_ranking([h.chunk_id for h in knn], doc_of)
-        runs["hybrid"][qid] = doc_ranking(fused, doc_of)
+        runs["hybrid"][qid] = doc_ranking([c for c, _ in fused], doc_of)
         runs["hybrid+rerank"][qid] = doc_ranking(final, doc_of)
     systems = evaluate_systems(runs, qrels)
     for name in systems:
         systems[name]["p50_ms"] = round(float(np.median(latency[name])) * 1000, 2)
     result = {"dataset": str(dataset), "queries": len(queries), "chunks": len(doc_of),
               "documents": len(set(doc_of.values())), "rerank_depth": depth, "candidate_depth": DEPTH,
+              "rrf_k": cfg["retrieval"]["rrf_k"], "rerank_weight": weight,
               "reranker": getattr(scorer, "model_id", None), "index_seconds": round(t_index, 1),
               "systems": systems}
     if decline:

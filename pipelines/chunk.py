@@ -4,6 +4,10 @@ A chunk is article title + section heading + section body, so every chunk carrie
 text and the embedding measures what the section says, not just what it is called.
 Sections longer than the embedding model's token budget are split into overlapping
 windows on word boundaries. Chunk ids are stable: a hash of (doc id, section, ordinal, text).
+
+A document's chunks are a pure function of the document, the settings, the tokenizer and
+this module's code, so a nightly run re-chunks only what changed: `chunker_key` fingerprints
+all but the document, and rows of an unchanged document (same content hash) are reused.
 """
 from __future__ import annotations
 
@@ -83,7 +87,32 @@ def chunk_document(doc: dict, tok, max_tokens: int, overlap: int) -> list[dict]:
     return rows
 
 
-def chunk_documents(documents_parquet: str | Path, tok, *, max_tokens: int = 256,
-                    overlap: int = 32) -> list[dict]:
+def chunker_key(tokenizer_file: str | Path, max_tokens: int, overlap: int) -> str:
+    """Everything besides the document that its chunks depend on."""
+    h = hashlib.sha256(f"{max_tokens}\x1f{overlap}\x1f".encode())
+    h.update(Path(tokenizer_file).read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:24]
+
+
+def chunk_documents(documents_parquet: str | Path, tok, *, max_tokens: int = 256, overlap: int = 32,
+                    reuse: dict[str, list[dict]] | None = None) -> list[dict]:
+    """Chunk rows of every document, in document order.
+
+    `reuse` maps a content hash to that document's rows from a run with the same `chunker_key`;
+    those documents are not re-tokenised (the rows are exactly what chunking would give).
+    """
     docs = pq.read_table(documents_parquet).to_pylist()
-    return [row for doc in docs for row in chunk_document(doc, tok, max_tokens, overlap)]
+    reuse = reuse or {}
+    return [row for doc in docs
+            for row in (reuse.get(doc["content_hash"]) or chunk_document(doc, tok, max_tokens, overlap))]
+
+
+def rows_by_document(documents_parquet: str | Path, chunks_parquet: str | Path) -> dict[str, list[dict]]:
+    """{content hash: its chunk rows} of an earlier run, for `chunk_documents(reuse=...)`."""
+    docs = pq.read_table(documents_parquet, columns=["doc_id", "content_hash"])
+    by_doc: dict[str, list[dict]] = {}
+    for row in pq.read_table(chunks_parquet).to_pylist():
+        by_doc.setdefault(row["doc_id"], []).append(row)
+    return {h: by_doc[d] for d, h in zip(docs["doc_id"].to_pylist(), docs["content_hash"].to_pylist())
+            if d in by_doc}

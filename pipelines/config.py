@@ -45,6 +45,7 @@ SCHEMA: dict[str, Any] = {
         "knn_top_n": (int, 18),
         "rrf_k": (int, 60),
         "rerank_depth": (int, 12),
+        "rerank_weight": (_NUM, 1.0),         # cross-encoder's share of the final order (1: all)
     },
     "reranker": {
         "kind": (str, "onnx"),                # onnx | sentence_transformers | none
@@ -117,6 +118,8 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
         value = get(cfg, dotted)
         if value not in allowed:
             raise ConfigError(f"{dotted}: {value!r} is not one of {sorted(allowed)}")
+    if not 0.0 <= cfg["retrieval"]["rerank_weight"] <= 1.0:
+        raise ConfigError(f"retrieval.rerank_weight: {cfg['retrieval']['rerank_weight']!r} is not within [0, 1]")
     if cfg["answer"]["adjacent"] > cfg["answer"]["strong"]:
         raise ConfigError("answer.adjacent must be <= answer.strong")
     return cfg

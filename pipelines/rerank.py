@@ -36,6 +36,7 @@ class Scorer(Protocol):
 class Reranked:
     order: list[int]            # indexes into the candidates, best first
     probabilities: list[float]  # sigmoid(logit), aligned with the candidates (not the order)
+    logits: list[float]         # the scorer's raw scores, aligned with the candidates
 
 
 def sigmoid(x: float) -> float:
@@ -136,12 +137,12 @@ def call_with_timeout(fn, timeout_s: float, *args):
 
 def safe_rerank(scorer: Scorer | None, query: str, passages: Sequence[str],
                 timeout_s: float = 30.0) -> Reranked | None:
-    """Order `passages` by cross-encoder probability (ties: fused rank), or None on any failure."""
+    """Order `passages` by cross-encoder score (ties: fused rank), or None on any failure."""
     if scorer is None:
         log.info("reranker: not configured; fused order is kept")
         return None
     if not passages:
-        return Reranked([], [])
+        return Reranked([], [], [])
     try:
         raw = call_with_timeout(scorer.score, timeout_s, query, list(passages))
     except cf.TimeoutError:
@@ -154,11 +155,11 @@ def safe_rerank(scorer: Scorer | None, query: str, passages: Sequence[str],
     if problem:
         log.warning("reranker: %s; fused order is kept", problem)
         return None
-    probs = [0.0] * len(passages)
+    logits = [0.0] * len(passages)
     for index, logit in raw:
-        probs[index] = sigmoid(float(logit))
-    order = sorted(range(len(passages)), key=lambda i: (-probs[i], i))
-    return Reranked(order, probs)
+        logits[index] = float(logit)
+    order = sorted(range(len(passages)), key=lambda i: (-logits[i], i))
+    return Reranked(order, [sigmoid(x) for x in logits], logits)
 
 
 def check_scores(raw, n: int) -> str | None:

@@ -60,6 +60,23 @@ def rrf(lists: Sequence[Sequence[Hit]], k: int = 60) -> list[tuple[str, float]]:
     return sorted(score.items(), key=lambda kv: (-kv[1], best[kv[0]], kv[0]))
 
 
+def minmax(values: Sequence[float]) -> list[float]:
+    lo, hi = min(values, default=0.0), max(values, default=0.0)
+    return [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
+
+
+def blend(logits: Sequence[float], fused_scores: Sequence[float], weight: float) -> list[int]:
+    """Final order of the rerank head: weight x cross-encoder + (1 - weight) x fusion.
+
+    Both are min-max scaled within the head, so neither scale dominates; weight 1 is the
+    cross-encoder's order, weight 0 the fused order; ties keep the fused rank. The
+    cross-encoder alone overrides the fusion's agreement between BM25 and kNN, which on
+    SciFact costs nDCG (docs/benchmarks.md, benchmark 7).
+    """
+    combined = [weight * a + (1 - weight) * b for a, b in zip(minmax(logits), minmax(fused_scores))]
+    return sorted(range(len(combined)), key=lambda i: (-combined[i], i))
+
+
 def effective_query(question: str, context: Sequence[str] = ()) -> str:
     """Multi-turn: the prior turns are prepended so a follow-up keeps its subject."""
     return " ".join([*(c.strip() for c in context if c.strip()), question.strip()])
@@ -84,16 +101,18 @@ def margin(scores: Sequence[float]) -> float:
 
 class Retriever:
     def __init__(self, searcher: SearchBackend, embedder, scorer=None, *, bm25_top_n: int = 18,
-                 knn_top_n: int = 18, rrf_k: int = 60, rerank_depth: int = 12, rerank_timeout_s: float = 30.0):
+                 knn_top_n: int = 18, rrf_k: int = 60, rerank_depth: int = 12, rerank_weight: float = 1.0,
+                 rerank_timeout_s: float = 30.0):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
         self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
-        self.rerank_depth, self.rerank_timeout_s = rerank_depth, rerank_timeout_s
+        self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
 
     @classmethod
     def from_config(cls, searcher, embedder, scorer, cfg: dict) -> "Retriever":
         r = cfg["retrieval"]
         return cls(searcher, embedder, scorer, bm25_top_n=r["bm25_top_n"], knn_top_n=r["knn_top_n"],
-                   rrf_k=r["rrf_k"], rerank_depth=r["rerank_depth"], rerank_timeout_s=cfg["reranker"]["timeout_s"])
+                   rrf_k=r["rrf_k"], rerank_depth=r["rerank_depth"], rerank_weight=r["rerank_weight"],
+                   rerank_timeout_s=cfg["reranker"]["timeout_s"])
 
     def fuse(self, query: str, vector) -> list[Candidate]:
         bm25 = self.searcher.bm25(query, self.bm25_top_n)
@@ -121,10 +140,11 @@ class Retriever:
         else:
             for c, p in zip(head, result.probabilities):
                 c.rerank_probability = p
-            ranked = [head[i] for i in result.order] + fused[self.rerank_depth:]
+            order = blend(result.logits, [c.fused_score for c in head], self.rerank_weight)
+            ranked = [head[i] for i in order] + fused[self.rerank_depth:]
         dist = self.searcher.bm25_distribution(query)
         bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
-        top_scores = ([c.rerank_probability for c in ranked[:2]] if result is not None
+        top_scores = (sorted(result.probabilities, reverse=True)[:2] if result is not None
                       else [c.fused_score for c in ranked[:2]])
         signals = {
             "cosine_top": self.searcher.best_cosine(vector),

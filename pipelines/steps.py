@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines import models
-from pipelines.chunk import chunk_documents
+from pipelines.chunk import chunk_documents, chunker_key, rows_by_document
 from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
 from pipelines.ingest import ingest
 from pipelines.io import read_json, write_json, write_parquet
@@ -118,13 +118,22 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
 
 
 def chunk_step(cfg: dict, run_id: str) -> int:
+    """Chunk the run's documents, re-using the previous run's rows for unchanged documents."""
     folder = run_dir(cfg, run_id)
-    tok = models.tokenizer(str(models.embedding_model_path(cfg["embedding"]["model_path"])))
+    model_dir = str(models.embedding_model_path(cfg["embedding"]["model_path"]))
+    settings = cfg["chunking"]["max_tokens"], cfg["chunking"]["overlap_tokens"]
+    key = chunker_key(Path(model_dir) / "tokenizer.json", *settings)
+    prev = previous_run(cfg, run_id)
     with timed(folder, "chunk"):
-        rows = chunk_documents(folder / "documents.parquet", tok, max_tokens=cfg["chunking"]["max_tokens"],
-                               overlap=cfg["chunking"]["overlap_tokens"])
+        reuse = {}
+        if prev and (prev / "chunks.text.parquet").exists() and read_json(prev / "run.json").get("chunker") == key:
+            reuse = rows_by_document(prev / "documents.parquet", prev / "chunks.text.parquet")
+        rows = chunk_documents(folder / "documents.parquet", models.tokenizer(model_dir), max_tokens=settings[0],
+                               overlap=settings[1], reuse=reuse)
         write_parquet(pa.Table.from_pylist(rows), folder / "chunks.text.parquet")
-    update_run_info(folder, counts={"chunks": len(rows)})
+    hashes = pq.read_table(folder / "documents.parquet", columns=["content_hash"])["content_hash"].to_pylist()
+    update_run_info(folder, chunker=key, counts={"chunks": len(rows),
+                                                 "documents_rechunked": sum(h not in reuse for h in hashes)})
     return len(rows)
 
 

@@ -54,3 +54,32 @@ def test_chunk_ids_are_stable_and_unique(tmp_path):
     b = chunk_documents(result.documents, tok())
     assert [r["chunk_id"] for r in a] == [r["chunk_id"] for r in b]
     assert len({r["chunk_id"] for r in a}) == len(a)
+
+
+def test_nightly_chunking_redoes_only_changed_documents(make_cfg, small_corpus):
+    from pipelines import steps
+    from pipelines.io import read_json
+
+    def night(cfg, run_id):
+        steps.ingest_step(cfg, run_id)
+        steps.chunk_step(cfg, run_id)
+        (steps.run_dir(cfg, run_id) / "chunks.parquet").touch()  # what makes a run a chunk baseline
+        folder = steps.run_dir(cfg, run_id)
+        return folder, read_json(folder / "run.json")["counts"]
+
+    cfg = make_cfg(**{"corpus.path": str(small_corpus)})
+    _, first = night(cfg, "r1")
+    assert first["documents_rechunked"] == 6
+    edited = sorted(small_corpus.glob("*.md"))[2]
+    edited.write_text(edited.read_text() + "\nOne more sentence at the end.\n")
+    folder, second = night(cfg, "r2")
+    assert second["documents_rechunked"] == 1
+    # what was reused is exactly what chunking everything afresh gives
+    fresh = chunk_documents(folder / "documents.parquet", tok(), max_tokens=256, overlap=32)
+    assert pq.read_table(folder / "chunks.text.parquet").to_pylist() == fresh
+    assert any(r["doc_id"] == edited.stem and "One more sentence" in r["text"] for r in fresh)
+
+    smaller = make_cfg(**{"corpus.path": str(small_corpus), "chunking.max_tokens": 128})
+    smaller["artifacts"] = cfg["artifacts"]
+    _, third = night(smaller, "r3")
+    assert third["documents_rechunked"] == 6  # new settings: nothing is reused

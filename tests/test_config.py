@@ -6,7 +6,8 @@ from pipelines import config
 def test_shipped_config_loads_with_every_key(tmp_path):
     cfg = config.load("config/pipeline.yaml")
     assert cfg["backend"]["kind"] == "embedded"
-    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 60, "rerank_depth": 12}
+    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 60, "rerank_depth": 12,
+                                "rerank_weight": 1.0}
 
 
 def test_defaults_fill_missing_keys(tmp_path):
@@ -35,3 +36,8 @@ def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):
 def test_overrides_use_dotted_keys():
     cfg = config.load("config/pipeline.yaml", {"reranker.kind": "none", "artifacts": "/tmp/x"})
     assert cfg["reranker"]["kind"] == "none" and cfg["artifacts"] == "/tmp/x"
+
+
+def test_rerank_weight_must_be_a_share():
+    with pytest.raises(config.ConfigError, match="rerank_weight"):
+        config.load(None, {"retrieval.rerank_weight": 1.5})

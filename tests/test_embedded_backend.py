@@ -75,3 +75,19 @@ def test_versions_promote_retention_and_live_is_never_dropped(tmp_path):
 def test_top_k_breaks_ties_by_position():
     assert list(top_k(np.array([1.0, 3.0, 3.0, 2.0]), 3)) == [1, 2, 3]
     assert list(top_k(np.array([1.0]), 5)) == [0]
+
+
+def test_alternating_queries_reuse_no_stale_scores(tmp_path):
+    # A query's score arrays are kept for its own distribution / best cosine; a different
+    # query in between must never see them.
+    rows, vectors = synthetic_chunks(tmp_path / "c.parquet")
+    store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
+    store.load("v1", str(tmp_path / "c.parquet"))
+    s, fresh = store.open("v1"), store.open("v1")
+    for query, vector in [("airport refund", vectors[1]), ("night bus", vectors[2]), ("airport refund", vectors[1])]:
+        assert s.bm25(query, 5) == store.open("v1").bm25(query, 5)
+        assert s.bm25_distribution(query).matched == int((fresh.bm25_index.scores(query) > 0).sum())
+        assert s.best_cosine(vector) == pytest.approx(float((vectors @ vector).max()), abs=1e-6)
+        assert [h.chunk_id for h in s.knn(vector, 1)] == [rows[int(np.argmax(vectors @ vector))]["chunk_id"]]
+    assert s.chunks([]) == []
+    assert s.column("doc_id") == [r["doc_id"] for r in rows]

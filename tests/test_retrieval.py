@@ -2,7 +2,7 @@ import pytest
 
 from pipelines.answer import decide
 from pipelines.rerank import load_scorer
-from pipelines.retrieval import Candidate, Retrieval, Retriever, effective_query, margin, rrf, term_coverage
+from pipelines.retrieval import Candidate, Retrieval, Retriever, blend, effective_query, margin, rrf, term_coverage
 from pipelines.search.base import Hit
 
 
@@ -10,6 +10,16 @@ def test_rrf_sums_reciprocal_ranks_over_the_union():
     fused = dict(rrf([[Hit("a", 9), Hit("b", 8)], [Hit("b", 0.9), Hit("c", 0.8)]], k=60))
     assert fused == pytest.approx({"b": 1 / 62 + 1 / 61, "a": 1 / 61, "c": 1 / 62})
     assert [cid for cid, _ in rrf([[Hit("a", 9), Hit("b", 8)], [Hit("b", 0.9), Hit("c", 0.8)]])] == ["b", "a", "c"]
+
+
+def test_blend_weighs_cross_encoder_against_fusion():
+    logits = [0.0, 2.0, 1.9]          # the cross-encoder slightly prefers 1 over 2
+    fused = [0.05, 0.01, 0.04]        # fusion strongly prefers 2 over 1 (and 0 over both)
+    assert blend(logits, fused, 1.0) == [1, 2, 0]
+    assert blend(logits, fused, 0.0) == [0, 2, 1]
+    assert blend(logits, fused, 0.6) == [2, 1, 0]  # 0.6*0.95 + 0.4*0.75 = 0.87 beats 0.6*1 + 0.4*0 = 0.6
+    assert blend([1.0, 1.0], [0.5, 0.5], 0.5) == [0, 1]  # ties keep the fused rank
+    assert blend([], [], 0.6) == []
 
 
 def test_multi_turn_prepends_prior_turns():
@@ -80,3 +90,20 @@ def test_bogus_reranker_path_keeps_fused_order_without_error(demo_index, embedde
         assert not b.reranked
         assert [c.chunk_id for c in b.ranked] == [c.chunk_id for c in b.fused] == [c.chunk_id for c in a.fused]
         assert b.signals["rerank_top"] is None
+
+
+@pytest.mark.models
+def test_rerank_weight_zero_keeps_fused_order_and_signals(demo_index, embedder, cross_encoder):
+    """The weight moves only the order; the cross-encoder's signals are the same at any weight."""
+    cfg, _, searcher = demo_index
+    full = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
+    none = Retriever.from_config(searcher, embedder, cross_encoder,
+                                 {**cfg, "retrieval": {**cfg["retrieval"], "rerank_weight": 0.0}})
+    moved = 0
+    for q in ["How much is a monthly pass?", "Can I bring my bike on the train?", "lost property office hours"]:
+        a, b = full.retrieve(q), none.retrieve(q)
+        assert a.reranked and b.reranked
+        assert [c.chunk_id for c in b.ranked] == [c.chunk_id for c in b.fused]
+        assert a.signals["rerank_top"] == b.signals["rerank_top"] and a.signals["margin"] == b.signals["margin"]
+        moved += [c.chunk_id for c in a.ranked] != [c.chunk_id for c in a.fused]
+    assert moved  # at weight 1 the cross-encoder does reorder

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.embed import embedding_matrix
@@ -32,33 +33,57 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 class EmbeddedSearcher:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
-        table = pq.read_table(self.folder / "chunks.parquet", columns=STORED)
-        self.rows = table.to_pylist()
-        self.ids = [r["chunk_id"] for r in self.rows]
+        # Stored columns stay columnar (Arrow): a dict per chunk costs ~3x the files in RAM.
+        self.table = pq.read_table(self.folder / "chunks.parquet", columns=STORED)
+        self.ids = self.table.column("chunk_id").to_pylist()
         self.position = {cid: i for i, cid in enumerate(self.ids)}
         self.vectors = np.load(self.folder / "embeddings.npy", mmap_mode="r")
         self.bm25_index = BM25Index.open(self.folder)
+        # One query asks for BM25 top-k AND the BM25 distribution, kNN top-k AND the best
+        # cosine: keep the last full score array of each so a query scores the corpus once.
+        self._last_bm25: tuple[str, np.ndarray] | None = None
+        self._last_cosine: tuple[bytes, np.ndarray] | None = None
+
+    def _bm25_scores(self, query: str) -> np.ndarray:
+        last = self._last_bm25
+        if last is None or last[0] != query:
+            last = (query, self.bm25_index.scores(query))
+            self._last_bm25 = last  # one tuple assignment: a concurrent reader sees old or new, whole
+        return last[1]
+
+    def _cosines(self, vector: np.ndarray) -> np.ndarray:
+        v = np.ascontiguousarray(vector, np.float32)
+        key = v.tobytes()
+        last = self._last_cosine
+        if last is None or last[0] != key:
+            last = (key, self.vectors @ v)
+            self._last_cosine = last
+        return last[1]
 
     def _hits(self, scores: np.ndarray, k: int) -> list[Hit]:
         return [Hit(self.ids[i], float(scores[i])) for i in top_k(scores, k)]
 
     def bm25(self, query: str, k: int) -> list[Hit]:
-        scores = self.bm25_index.scores(query)
-        return [h for h in self._hits(scores, k) if h.score > 0]
+        return [h for h in self._hits(self._bm25_scores(query), k) if h.score > 0]
 
     def knn(self, vector: np.ndarray, k: int) -> list[Hit]:
-        return self._hits(self.vectors @ np.asarray(vector, np.float32), k)
+        return self._hits(self._cosines(vector), k)
 
     def best_cosine(self, vector: np.ndarray) -> float:
-        return float((self.vectors @ np.asarray(vector, np.float32)).max()) if len(self.ids) else 0.0
+        return float(self._cosines(vector).max()) if len(self.ids) else 0.0
 
     def bm25_distribution(self, query: str) -> ScoreDistribution:
-        scores = self.bm25_index.scores(query)
+        scores = self._bm25_scores(query)
         matched = scores[scores > 0]
         return ScoreDistribution(scores=matched, matched=len(matched), total=len(scores))
 
+    def column(self, name: str) -> list:
+        """One stored column for every chunk, in index order (aligned with `ids`)."""
+        return self.table.column(name).to_pylist()
+
     def chunks(self, chunk_ids: Sequence[str]) -> list[dict]:
-        return [self.rows[self.position[c]] for c in chunk_ids]
+        rows = pa.array([self.position[c] for c in chunk_ids], pa.int64())
+        return self.table.take(rows).to_pylist()
 
 
 class EmbeddedStore:
