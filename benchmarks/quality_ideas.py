@@ -12,8 +12,16 @@ added). Every variant is evaluated with the pipeline's own metrics (evals.metric
 - doc_rerank@d: cross-encoder on the top-d fused DOCUMENTS, each as title + whole abstract
   (truncated at the model's 512 tokens)
 - ..+rrf: RRF of the reranked list and the hybrid list (the reranker as a vote, not a verdict)
+- blend: chunk-level RRF k in --blend-ks, rerank depth in --blend-depths, head ordered by
+  `pipelines.retrieval.blend` (w x min-max cross-encoder logit + (1 - w) x min-max fused score)
+  for w in --blend-weights; w = 1 is the plain cross-encoder order
+
+Every system also gets nDCG@10 on the odd- and even-numbered queries (`folds`): a setting
+picked on one half and read on the other is an honest estimate; the best-of-all on all 300
+is not (SciFact has no train split here).
 
     .venv/bin/python -m benchmarks.quality_ideas [--chunk-depths 12,20,30,50] [--doc-depths 10,20,30]
+        [--blend-ks 5,10,20,60] [--blend-depths 12,20,30,50] [--blend-weights 0.5,0.6,0.7,0.8,0.9,1.0]
 """
 from __future__ import annotations
 
@@ -47,6 +55,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunk-depths", default="12,20,30,50")
     ap.add_argument("--doc-depths", default="10,20,30")
+    ap.add_argument("--blend-ks", default="")
+    ap.add_argument("--blend-depths", default="12,20,30,50")
+    ap.add_argument("--blend-weights", default="0.5,0.6,0.7,0.8,0.9,1.0")
     ap.add_argument("--queries", type=int, default=0, help="first N queries only (0 = all 300)")
     ap.add_argument("--name", default="quality_ideas", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
@@ -55,7 +66,7 @@ def main() -> None:
     from pipelines.beir import doc_ranking, load_queries
     from pipelines.embed import Embedder
     from pipelines.rerank import OnnxCrossEncoder
-    from pipelines.retrieval import rrf
+    from pipelines.retrieval import blend, rrf
     from pipelines.search.embedded import EmbeddedSearcher
 
     folder = next((OUT / "cache" / "runs").glob("beir-*/index"))
@@ -121,6 +132,19 @@ def main() -> None:
             runs[name][qid] = ranked
             runs[name + "+rrf"][qid] = rrf_docs([doc_ranking(order, doc_of), hybrid[qid]])
         log(f"{name} done; new pairs so far {len(new_pair_s)}")
+    for k in [int(x) for x in args.blend_ks.split(",") if x]:
+        for qid, text in items:
+            b, n = lists[qid]
+            fused = rrf([[Hit(c, 0) for c in b], [Hit(c, 0) for c in n]], k)
+            for d in [int(x) for x in args.blend_depths.split(",") if x]:
+                head = fused[:d]
+                logits = ce(text, [text_of[c] for c, _ in head])
+                for w in [float(x) for x in args.blend_weights.split(",") if x]:
+                    order = blend(logits, [s for _, s in head], w)
+                    ranked = [head[i][0] for i in order] + [c for c, _ in fused[d:]]
+                    runs.setdefault(f"blend_k{k}_d{d}_w{w}", {})[qid] = doc_ranking(ranked, doc_of)
+        log(f"blend k={k} done; new pairs so far {len(new_pair_s)}")
+        MEMO.write_bytes(pickle.dumps(scorer._memo))
     doc_base = runs["hybrid_docs_rrf_k60"]
     for d in [int(x) for x in args.doc_depths.split(",") if x]:
         name = f"doc_rerank@{d}"
@@ -139,7 +163,19 @@ def main() -> None:
                     ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
                     ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer")
     systems = ndcg(runs, qrels)
+    halves = {"odd": {q: qrels[q] for i, (q, _) in enumerate(items) if i % 2},
+              "even": {q: qrels[q] for i, (q, _) in enumerate(items) if not i % 2}}
+    for name, run in runs.items():
+        systems[name]["ndcg@10_folds"] = {h: ndcg({name: {q: run[q] for q in part}}, part)[name]["ndcg@10"]
+                                         for h, part in halves.items()}
     res["systems"] = dict(sorted(systems.items(), key=lambda kv: -kv[1]["ndcg@10"]))
+    # two-fold selection: the best system on one half, read on the other half
+    cross = {}
+    for pick, read in (("odd", "even"), ("even", "odd")):
+        best = max(systems, key=lambda n: systems[n]["ndcg@10_folds"][pick])
+        cross[f"picked_on_{pick}"] = {"system": best, f"ndcg@10_on_{read}": systems[best]["ndcg@10_folds"][read]}
+    cross["mean_held_out"] = round(sum(v[k] for v in cross.values() for k in v if k.startswith("ndcg")) / 2, 4)
+    res["two_fold_selection"] = cross
     res["peak_rss_mb"] = peak_rss_mb()
     for k, v in res["systems"].items():
         log(f"{k:28s} nDCG@10 {v['ndcg@10']:.4f}  recall@100 {v['recall@100']:.4f}")

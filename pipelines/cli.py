@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+import yaml
+
 from pipelines import config as config_mod
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
@@ -18,6 +20,11 @@ def load_config(args) -> dict:
                       ("format", "corpus.format"), ("reranker", "reranker.kind")):
         if getattr(args, attr, None):
             overrides[key] = getattr(args, attr)
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise config_mod.ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. retrieval.rrf_k=10")
+        overrides[key.strip()] = yaml.safe_load(value)  # typed as in the YAML file: 10, 0.6, null, [a, b]
     path = args.config if args.config or not Path(DEFAULT_CONFIG).exists() else DEFAULT_CONFIG
     return config_mod.load(path, overrides)
 
@@ -129,6 +136,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override one config value by dotted key (repeatable), e.g. --set retrieval.rerank_weight=0.6")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="build or refresh the index, evaluate, gate, promote if passed")

@@ -43,7 +43,7 @@ SCHEMA: dict[str, Any] = {
     "retrieval": {
         "bm25_top_n": (int, 18),
         "knn_top_n": (int, 18),
-        "rrf_k": (int, 60),
+        "rrf_k": (int, 5),
         "rerank_depth": (int, 12),
         "rerank_weight": (_NUM, 1.0),         # cross-encoder's share of the final order (1: all)
     },
@@ -112,6 +112,8 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
         *parents, leaf = dotted.split(".")
         for p in parents:
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{dotted}: {p} is not a section")
         node[leaf] = value
     cfg = _fill(SCHEMA, raw, "")
     for dotted, allowed in CHOICES.items():

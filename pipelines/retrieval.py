@@ -101,7 +101,7 @@ def margin(scores: Sequence[float]) -> float:
 
 class Retriever:
     def __init__(self, searcher: SearchBackend, embedder, scorer=None, *, bm25_top_n: int = 18,
-                 knn_top_n: int = 18, rrf_k: int = 60, rerank_depth: int = 12, rerank_weight: float = 1.0,
+                 knn_top_n: int = 18, rrf_k: int = 5, rerank_depth: int = 12, rerank_weight: float = 1.0,
                  rerank_timeout_s: float = 30.0):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
         self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k

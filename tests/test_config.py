@@ -6,7 +6,7 @@ from pipelines import config
 def test_shipped_config_loads_with_every_key(tmp_path):
     cfg = config.load("config/pipeline.yaml")
     assert cfg["backend"]["kind"] == "embedded"
-    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 60, "rerank_depth": 12,
+    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 5, "rerank_depth": 12,
                                 "rerank_weight": 1.0}
 
 
@@ -41,3 +41,18 @@ def test_overrides_use_dotted_keys():
 def test_rerank_weight_must_be_a_share():
     with pytest.raises(config.ConfigError, match="rerank_weight"):
         config.load(None, {"retrieval.rerank_weight": 1.5})
+
+
+def test_cli_set_overrides_by_dotted_key_with_yaml_types():
+    import argparse
+
+    from pipelines.cli import load_config
+    args = argparse.Namespace(config="config/pipeline.yaml", set=["retrieval.rerank_weight=0.6",
+                                                                   "retrieval.rrf_k=10", "reranker.model_path=null"])
+    cfg = load_config(args)
+    assert cfg["retrieval"]["rerank_weight"] == 0.6 and cfg["retrieval"]["rrf_k"] == 10
+    assert cfg["reranker"]["model_path"] is None
+    for bad, message in [("retrieval.rrf_k", "KEY=VALUE"), ("retrieval.rrf_k=ten", "retrieval.rrf_k"),
+                         ("retrieval.nope=1", "unknown key"), ("artifacts.x=1", "not a section")]:
+        with pytest.raises(config.ConfigError, match=message):
+            load_config(argparse.Namespace(config="config/pipeline.yaml", set=[bad]))
