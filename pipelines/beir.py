@@ -46,8 +46,9 @@ def doc_ranking(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str]:
 def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> Path:
     """Build (or reuse) the embedded index of the dataset; returns its run folder."""
     corpus = dataset / "corpus.jsonl"
-    key = hashlib.sha256(json.dumps([corpus.stat().st_size, corpus.stat().st_mtime_ns, cfg["embedding"],
-                                     cfg["chunking"]], sort_keys=True).encode()).hexdigest()[:12]
+    content = hashlib.sha256(corpus.read_bytes()).hexdigest()  # not mtime: a fresh copy is the same corpus
+    key = hashlib.sha256(json.dumps([content, cfg["embedding"], cfg["chunking"]],
+                                    sort_keys=True).encode()).hexdigest()[:12]
     run_id = f"beir-{key}"
     bcfg = copy.deepcopy(cfg)
     bcfg["artifacts"] = str(out / "cache")
