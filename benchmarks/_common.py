@@ -158,3 +158,14 @@ def _default(o):
 
 def log(*parts) -> None:
     print(f"[{datetime.now().strftime('%H:%M:%S')} rss {rss_mb():.0f}MB]", *parts, flush=True)
+
+
+def cold(searcher) -> None:
+    """Forget the embedded searcher's kept score arrays (no-op for other backends).
+
+    A query's BM25 and cosine arrays are kept for its distribution and best cosine; timing
+    operations one after another on the same query would otherwise hand the work over free.
+    """
+    for attr in ("_last_bm25", "_last_cosine"):
+        if hasattr(searcher, attr):
+            setattr(searcher, attr, None)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import ROOT, Result, log, peak_rss_mb, stats_ms, timed
+from benchmarks._common import ROOT, Result, cold, log, peak_rss_mb, stats_ms, timed
 from benchmarks.search import DIM, FixedEmbedder, stored_table, synth, texts_of, unit_vectors, vocabulary, zipf_ids
 
 
@@ -56,6 +56,7 @@ def measure(searcher, retr, emb, qw, qv) -> dict:
     for q, v in zip(qw, qv):
         emb.vector = v
         for name, fn in ops.items():
+            cold(searcher)  # each operation pays for its own corpus scan
             t, _ = timed(fn, q, v)
             times[name].append(t)
     return {k: stats_ms(v) for k, v in times.items()}
@@ -67,6 +68,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="opensearch", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
 
     import logging
@@ -87,7 +89,7 @@ def main() -> None:
         started = True
         log(f"node started in {t:.0f}s")
     prefix = f"sgbench-{secrets.token_hex(4)}"
-    res = Result("opensearch", url=url, prefix=prefix, started_node=started, chunks=args.chunks, dimension=DIM,
+    res = Result(args.name, url=url, prefix=prefix, started_node=started, chunks=args.chunks, dimension=DIM,
                  node_heap=os.environ.get("OPENSEARCH_HEAP", "1g (scripts/opensearch default)"))
     store = OpenSearchStore(prefix=prefix, progress=False)
     loaded: list[str] = []

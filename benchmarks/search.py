@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import RESULTS, Result, log, peak_rss_mb, rss_mb, stats_ms
+from benchmarks._common import RESULTS, Result, cold, log, peak_rss_mb, rss_mb, stats_ms
 
 DIM, VOCAB = 384, 50_000
 SYLLABLES = [c + v for c in "bdfghklmnprstvz" for v in "aeiou"]  # 75
@@ -199,9 +199,7 @@ def one_size(n: int, queries: int, load_max: int, seed: int) -> dict:
         for q, v in zip(qw, qv):
             emb.vector = v
             for name, fn in ops.items():
-                # each operation starts cold: the searcher keeps the last query's score arrays,
-                # which the previous operation on the same query would otherwise hand over free
-                searcher._last_bm25 = searcher._last_cosine = None
+                cold(searcher)
                 c, t = time.process_time(), time.perf_counter()
                 fn(q, v)
                 times[name].append(time.perf_counter() - t)
