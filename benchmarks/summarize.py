@@ -40,15 +40,14 @@ def main() -> None:
                         [[k, v["p50_ms"] / 1000, v["texts_per_s_median"], v["speed_vs_batch_32"], v["peak_rss_mb"]]
                          for k, v in d["variants"]["cases"].items()]))
         print(d.get("backends"))
-    d = load("search")
-    if d:
-        print("\n## search\n", machine_line(d))
-        ops = ["bm25_top18", "knn_top18", "best_cosine", "bm25_distribution", "hybrid_retrieve_no_rerank",
-               "hybrid_shared_scores"]
+    for name in ("search", "search-1m"):
+        d = load(name)
+        if not d:
+            continue
+        print(f"\n## {name}\n", machine_line(d))
         rows = []
         for n, s in d["sizes"].items():
-            for op in ops:
-                l = s["latency"][op]
+            for op, l in s["latency"].items():
                 rows.append([n, op, l["p50_ms"], l["p95_ms"], l.get("cpu_p50_ms", ""), s["peak_rss_mb"]])
         print(table(["chunks", "op", "p50 ms", "p95 ms", "CPU p50 ms", "peak RSS MB"], rows))
         print(table(["chunks", "build s", "built by", "open s", "rss after open MB", "files MB"],
@@ -66,7 +65,7 @@ def main() -> None:
                                                       "max_abs_logit_diff_vs_single", "max_abs_logit_diff_reversed_order",
                                                       "same_top1_as_single", "same_top10_order_as_single")})
         print(d.get("session_options"))
-    for name in ("calibration", "incremental", "opensearch", "quality", "quality_ideas"):
+    for name in ("calibration", "incremental", "opensearch", "opensearch-r2", "quality", "quality_ideas_blend"):
         d = load(name)
         if d:
             print(f"\n## {name}\n", machine_line(d))
