@@ -16,12 +16,17 @@ added). Every variant is evaluated with the pipeline's own metrics (evals.metric
   `pipelines.retrieval.blend` (w x min-max cross-encoder logit + (1 - w) x min-max fused score)
   for w in --blend-weights; w = 1 is the plain cross-encoder order
 
+- chunking: --max-tokens picks the index (`chunking.max_tokens`; built, cached and shared with
+  `sourcegate beir` if missing) — e.g. 512 makes most abstracts one chunk (the bi-encoder still
+  reads only its first 256 tokens; BM25 and the cross-encoder read the whole chunk)
+
 Every system also gets nDCG@10 on the odd- and even-numbered queries (`folds`): a setting
 picked on one half and read on the other is an honest estimate; the best-of-all on all 300
 is not (SciFact has no train split here).
 
     .venv/bin/python -m benchmarks.quality_ideas [--chunk-depths 12,20,30,50] [--doc-depths 10,20,30]
         [--blend-ks 5,10,20,60] [--blend-depths 12,20,30,50] [--blend-weights 0.5,0.6,0.7,0.8,0.9,1.0]
+        [--max-tokens 256]
 """
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ def main() -> None:
     ap.add_argument("--blend-ks", default="")
     ap.add_argument("--blend-depths", default="12,20,30,50")
     ap.add_argument("--blend-weights", default="0.5,0.6,0.7,0.8,0.9,1.0")
+    ap.add_argument("--max-tokens", type=int, default=256, help="chunking.max_tokens of the index to use (built if missing)")
     ap.add_argument("--queries", type=int, default=0, help="first N queries only (0 = all 300)")
     ap.add_argument("--name", default="quality_ideas", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
@@ -69,7 +75,11 @@ def main() -> None:
     from pipelines.retrieval import blend, rrf
     from pipelines.search.embedded import EmbeddedSearcher
 
-    folder = next((OUT / "cache" / "runs").glob("beir-*/index"))
+    from pipelines import config as config_mod
+    from pipelines.beir import index_dataset
+    cfg = config_mod.load("config/pipeline.yaml", {"chunking.max_tokens": args.max_tokens})
+    folder = index_dataset(cfg, SCIFACT, OUT, progress=False) / "index"  # the index `sourcegate beir` uses
+    res["chunking"] = cfg["chunking"]
     searcher = EmbeddedSearcher(folder)
     doc_of = dict(zip(searcher.ids, searcher.column("doc_id")))
     text_of = dict(zip(searcher.ids, searcher.column("text")))
