@@ -32,7 +32,7 @@ class BM25Index:
     def build(cls, corpus: list[list[str]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25) -> "BM25Index":
         n = len(corpus)
         # Term ids in first-seen order; one (chunk, term) key per posting, counted by np.unique
-        # (Python touches each token once, numpy does the rest: ~10x faster than per-doc Counters).
+        # (Python touches each token once; numpy does the counting and the weights).
         vocab: dict[str, int] = {}
         flat = np.fromiter((vocab.setdefault(t, len(vocab)) for tokens in corpus for t in tokens), np.int64)
         lengths = np.fromiter((len(t) for t in corpus), np.int64, count=n)
