@@ -18,8 +18,7 @@ import numpy as np
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from pipelines import steps
 from pipelines.io import write_json
-from pipelines.rerank import safe_rerank
-from pipelines.retrieval import blend, rrf
+from pipelines.retrieval import rerank_head, rrf
 from pipelines.run import build
 from pipelines.search.embedded import EmbeddedSearcher
 
@@ -98,9 +97,8 @@ def run_beir(cfg: dict, dataset: Path, out: Path, *, decline: str | None = None,
         latency["hybrid"].append(time.perf_counter() - t + latency["bm25"][-1] + latency["dense"][-1])
         t = time.perf_counter()
         head = fused[:depth]
-        reranked = safe_rerank(scorer, text, [r["text"] for r in searcher.chunks([c for c, _ in head])],
-                               cfg["reranker"]["timeout_s"])
-        order = blend(reranked.logits, [s for _, s in head], weight) if reranked else range(len(head))
+        _, order = rerank_head(scorer, text, [r["text"] for r in searcher.chunks([c for c, _ in head])],
+                               [s for _, s in head], weight, cfg["reranker"]["timeout_s"])
         final = [head[i][0] for i in order] + [c for c, _ in fused[depth:]]
         latency["hybrid+rerank"].append(time.perf_counter() - t + latency["hybrid"][-1])
         runs["bm25"][qid] = doc_ranking([h.chunk_id for h in bm25], doc_of)

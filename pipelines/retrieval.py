@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from pipelines.rerank import safe_rerank
+from pipelines.rerank import Reranked, safe_rerank
 from pipelines.search.base import Hit, SearchBackend
 from pipelines.search.bm25 import tokenize
 
@@ -77,6 +77,14 @@ def blend(logits: Sequence[float], fused_scores: Sequence[float], weight: float)
     return sorted(range(len(combined)), key=lambda i: (-combined[i], i))
 
 
+def rerank_head(scorer, query: str, texts: Sequence[str], fused_scores: Sequence[float], weight: float,
+                timeout_s: float) -> tuple[Reranked | None, list[int]]:
+    """Rerank the fused head: the scorer's result (None on any failure) and the head's final order."""
+    result = safe_rerank(scorer, query, texts, timeout_s)
+    order = blend(result.logits, fused_scores, weight) if result is not None else list(range(len(texts)))
+    return result, order
+
+
 def effective_query(question: str, context: Sequence[str] = ()) -> str:
     """Multi-turn: the prior turns are prepended so a follow-up keeps its subject."""
     return " ".join([*(c.strip() for c in context if c.strip()), question.strip()])
@@ -134,14 +142,12 @@ class Retriever:
         vector = self.embedder.encode_query(query)
         fused = self.fuse(query, vector)
         head = fused[: self.rerank_depth]
-        result = safe_rerank(self.scorer, query, [c.text for c in head], self.rerank_timeout_s)
-        if result is None:
-            ranked = list(fused)
-        else:
+        result, order = rerank_head(self.scorer, query, [c.text for c in head], [c.fused_score for c in head],
+                                    self.rerank_weight, self.rerank_timeout_s)
+        if result is not None:
             for c, p in zip(head, result.probabilities):
                 c.rerank_probability = p
-            order = blend(result.logits, [c.fused_score for c in head], self.rerank_weight)
-            ranked = [head[i] for i in order] + fused[self.rerank_depth:]
+        ranked = [head[i] for i in order] + fused[self.rerank_depth:]
         dist = self.searcher.bm25_distribution(query)
         bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
         top_scores = (sorted(result.probabilities, reverse=True)[:2] if result is not None
