@@ -4,6 +4,7 @@ Every result JSON carries the machine (cores, memory, CPU), the date, and the lo
 average at the start and end of the run: the machines are shared, so a number without
 its load is hard to read.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ import resource
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -37,6 +38,7 @@ def rss_mb() -> float:
     """Current resident set size."""
     try:
         import psutil
+
         return round(psutil.Process().memory_info().rss / 2**20, 1)
     except ImportError:  # pragma: no cover
         return float("nan")
@@ -63,12 +65,13 @@ def machine() -> dict:
     """Facts about the machine and its load right now."""
     try:
         import psutil
+
         mem = psutil.virtual_memory()
         memory = {"total_gb": round(mem.total / 2**30, 1), "available_gb": round(mem.available / 2**30, 1)}
     except ImportError:  # pragma: no cover
         memory = {}
     return {
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "cpu": _cpu_model(),
@@ -82,6 +85,7 @@ def machine() -> dict:
 
 def versions(*names: str) -> dict:
     from importlib.metadata import PackageNotFoundError, version
+
     out = {}
     for n in names:
         try:
@@ -96,9 +100,14 @@ def stats_ms(seconds: list[float]) -> dict:
     a = np.asarray(seconds, dtype=float) * 1000
     if not len(a):
         return {"n": 0}
-    return {"n": int(len(a)), "p50_ms": round(float(np.median(a)), 3),
-            "p95_ms": round(float(np.percentile(a, 95)), 3), "min_ms": round(float(a.min()), 3),
-            "max_ms": round(float(a.max()), 3), "mean_ms": round(float(a.mean()), 3)}
+    return {
+        "n": int(len(a)),
+        "p50_ms": round(float(np.median(a)), 3),
+        "p95_ms": round(float(np.percentile(a, 95)), 3),
+        "min_ms": round(float(a.min()), 3),
+        "max_ms": round(float(a.max()), 3),
+        "mean_ms": round(float(a.mean()), 3),
+    }
 
 
 def timed(fn: Callable, *args, **kwargs) -> tuple[float, object]:
@@ -124,8 +133,12 @@ class Result:
     def __init__(self, name: str, **meta):
         self.name = name
         self.started = time.perf_counter()
-        self.data: dict = {"benchmark": name, "command": " ".join([Path(sys.executable).name, *sys.argv]),
-                           "machine_start": machine(), **meta}
+        self.data: dict = {
+            "benchmark": name,
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "machine_start": machine(),
+            **meta,
+        }
 
     def __setitem__(self, key, value):
         self.data[key] = value

@@ -6,6 +6,7 @@ synthetic (seeded): should-answer questions score higher on average, with overla
 
     .venv/bin/python -m benchmarks.calibration [--questions 10000] [--repeats 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,15 @@ def synthetic_records(n: int, seed: int = 0) -> list[dict]:
         sig = {k: float(v[i]) for k, v in signals.items()}
         if i % 50 == 7:
             sig["rerank_top"] = None  # a few without a reranker score, as when the reranker fails
-        records.append({"id": f"q{i}", "question": f"synthetic question {i}",
-                        "label": "answer" if is_answer[i] else "decline", "kind": str(kinds[i]), "signals": sig})
+        records.append(
+            {
+                "id": f"q{i}",
+                "question": f"synthetic question {i}",
+                "label": "answer" if is_answer[i] else "decline",
+                "kind": str(kinds[i]),
+                "signals": sig,
+            }
+        )
     return records
 
 
@@ -48,13 +56,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from evals.calibration import calibrate
-    from pipelines import config as config_mod, steps
+    from pipelines import config as config_mod
+    from pipelines import steps
+
     cfg = config_mod.load("config/pipeline.yaml", {})
     ccfg = steps.calibration_config(cfg)
     ccfg["bootstrap_samples"] = 1000
 
-    res = Result("calibration", questions=args.questions, repeats=args.repeats, target_s=TARGET_S,
-                 config=ccfg)
+    res = Result("calibration", questions=args.questions, repeats=args.repeats, target_s=TARGET_S, config=ccfg)
     records = synthetic_records(args.questions)
     times, dump_times = [], []
     for r in range(args.repeats):

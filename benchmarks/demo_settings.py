@@ -8,6 +8,7 @@ shared cross-encoder, so pairs scored for one setting are reused by the next.
 
     .venv/bin/python -m benchmarks.demo_settings [--settings 60:1.0,60:0.6,5:1.0,5:0.6,10:0.6,5:0.5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,14 @@ from benchmarks._common import ROOT, Result, log, peak_rss_mb
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--settings", default="60:1.0,60:0.6,5:1.0,5:0.6,10:0.6,5:0.5",
-                    help="comma-separated rrf_k:rerank_weight pairs")
+    ap.add_argument(
+        "--settings", default="60:1.0,60:0.6,5:1.0,5:0.6,10:0.6,5:0.5", help="comma-separated rrf_k:rerank_weight pairs"
+    )
     args = ap.parse_args()
     res = Result("demo_settings", settings={})
 
-    from pipelines import config as config_mod, steps
+    from pipelines import config as config_mod
+    from pipelines import steps
     from pipelines.io import read_json
     from pipelines.rerank import load_scorer
     from pipelines.retrieval import Retriever
@@ -34,8 +37,10 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="sgbench-demo-"))
     try:
-        cfg = config_mod.load(ROOT / "config" / "pipeline.yaml",
-                              {"artifacts": str(work / "artifacts"), "corpus.path": str(ROOT / "corpus" / "demo")})
+        cfg = config_mod.load(
+            ROOT / "config" / "pipeline.yaml",
+            {"artifacts": str(work / "artifacts"), "corpus.path": str(ROOT / "corpus" / "demo")},
+        )
         for key in ("calibration_set", "precision_set", "baseline"):
             cfg["evals"][key] = str(ROOT / cfg["evals"][key])
         build(cfg, "demo")
@@ -49,8 +54,12 @@ def main() -> None:
             c["reranker"]["timeout_s"] = 3600.0  # quality, not latency: a busy machine must not drop the reranker
             out = work / f"k{k}-w{w}"
             out.mkdir()
-            steps.evaluate(Retriever.from_config(searcher, embedder, scorer, c),
-                           steps.run_dir(c, "demo") / "chunks.parquet", c, out)
+            steps.evaluate(
+                Retriever.from_config(searcher, embedder, scorer, c),
+                steps.run_dir(c, "demo") / "chunks.parquet",
+                c,
+                out,
+            )
             cal, pre = read_json(out / "calibration.json"), read_json(out / "precision.json")
             if not pre["reranker_used"]:
                 raise RuntimeError(f"{item}: the reranker failed on some question; the numbers would not be comparable")
@@ -61,10 +70,12 @@ def main() -> None:
                 "final_p@1_by_kind": {kind: round(v["reranked"]["p@1"], 4) for kind, v in pre["by_kind"].items()},
                 "wins_ties_losses": [pre["wins"], pre["ties"], len(pre["losses"])],
                 "shortlist_recall": cal["shortlist_recall"]["recall"],
-                "gate_gap": round(gating["gap"], 4), "answer_min": round(gating["answer_band"][0], 4),
+                "gate_gap": round(gating["gap"], 4),
+                "answer_min": round(gating["answer_band"][0], 4),
                 "off_topic_max": round(gating["decline_band"][1], 4),
-                "decline_recall_by_kind": {kind: v["recall"] for kind, v in
-                                           cal["shipped"]["decline_recall_by_kind"].items()},
+                "decline_recall_by_kind": {
+                    kind: v["recall"] for kind, v in cal["shipped"]["decline_recall_by_kind"].items()
+                },
             }
             log(item, res["settings"][f"rrf_k={k} rerank_weight={w}"]["final"])
     finally:

@@ -9,6 +9,7 @@ backends of sentence-transformers load offline here.
 
     .venv/bin/python -m benchmarks.embed [--texts 1000] [--repeats 3] [--variant-texts 200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,11 @@ TARGET_RATIO = 0.9
 def scifact_chunks(n: int, seed: int = 0) -> list[dict]:
     """n chunk rows from SciFact via pipelines.ingest + pipelines.chunk (seeded sample)."""
     import pyarrow as pa  # noqa: F401
+
     from pipelines import models
     from pipelines.chunk import chunk_documents
     from pipelines.ingest import ingest
+
     with tempfile.TemporaryDirectory() as tmp:
         res = ingest(SCIFACT, Path(tmp), fmt="beir", max_doc_bytes=10**7)
         tok = models.tokenizer(str(models.embedding_model_path(None)))
@@ -53,22 +56,32 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from pipelines.embed import Embedder, embed_chunks
-    from benchmarks._common import versions
 
-    res = Result("embed", target_ratio=TARGET_RATIO,
-                 versions=versions("sentence-transformers", "transformers", "torch", "onnxruntime", "optimum",
-                                   "optimum-onnx", "openvino"),
-                 torch_threads_default=torch.get_num_threads())
+    from benchmarks._common import versions
+    from pipelines.embed import Embedder, embed_chunks
+
+    res = Result(
+        "embed",
+        target_ratio=TARGET_RATIO,
+        versions=versions(
+            "sentence-transformers", "transformers", "torch", "onnxruntime", "optimum", "optimum-onnx", "openvino"
+        ),
+        torch_threads_default=torch.get_num_threads(),
+    )
     rows = scifact_chunks(args.texts)
     texts = [r["text"] for r in rows]
     embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2", None, batch_size=32)
     model = embedder.model
     lengths = [len(embedder.tokenizer.encode(t).ids) for t in texts]
-    res["texts"] = {"n": len(texts), "source": "SciFact corpus.jsonl -> pipelines.ingest -> pipelines.chunk "
-                    "(max 256 tokens, overlap 32), distinct texts, shuffled with seed 0",
-                    "tokens_mean": round(float(np.mean(lengths)), 1), "tokens_p50": int(np.median(lengths)),
-                    "tokens_max": int(max(lengths)), "model_max_seq_length": embedder.max_tokens}
+    res["texts"] = {
+        "n": len(texts),
+        "source": "SciFact corpus.jsonl -> pipelines.ingest -> pipelines.chunk "
+        "(max 256 tokens, overlap 32), distinct texts, shuffled with seed 0",
+        "tokens_mean": round(float(np.mean(lengths)), 1),
+        "tokens_p50": int(np.median(lengths)),
+        "tokens_max": int(max(lengths)),
+        "model_max_seq_length": embedder.max_tokens,
+    }
     log(f"{len(texts)} texts, mean {np.mean(lengths):.0f} tokens; model loaded, rss {rss_mb()} MB")
 
     def pipeline():
@@ -105,8 +118,9 @@ def main() -> None:
     # Same vectors? embed_chunks encodes in text-hash order, so compare by hash.
     vec_p = dict(zip([r["text_hash"] for r in rows], pipeline()))
     vec_r = raw()
-    res["main"]["max_abs_diff_pipeline_vs_raw"] = float(max(np.abs(vec_p[r["text_hash"]] - vec_r[i]).max()
-                                                           for i, r in enumerate(rows)))
+    res["main"]["max_abs_diff_pipeline_vs_raw"] = float(
+        max(np.abs(vec_p[r["text_hash"]] - vec_r[i]).max() for i, r in enumerate(rows))
+    )
 
     if not args.skip_variants:
         res["variants"] = variants(model, texts[: args.variant_texts], args.variant_repeats, args.presort)
@@ -117,6 +131,7 @@ def main() -> None:
 def variants(model, texts: list[str], repeats: int, presort: bool = False) -> dict:
     """Batch size, pre-sorted input and torch threads; interleaved round-robin per repetition."""
     import torch
+
     default_threads = torch.get_num_threads()
     by_len = sorted(texts, key=len)
 
@@ -128,6 +143,7 @@ def variants(model, texts: list[str], repeats: int, presort: bool = False) -> di
                 return model.encode(items, batch_size=batch, normalize_embeddings=True)
             finally:
                 torch.set_num_threads(default_threads)
+
         return run
 
     cases = {f"batch_{b}": enc(b, texts) for b in (16, 32, 64, 128)}
@@ -140,27 +156,39 @@ def variants(model, texts: list[str], repeats: int, presort: bool = False) -> di
     peaks: dict[str, float] = {}
     for rep in range(repeats):
         names = list(cases)
-        names = names[rep % len(names):] + names[: rep % len(names)]  # rotate the order each repetition
+        names = names[rep % len(names) :] + names[: rep % len(names)]  # rotate the order each repetition
         for name in names:
             t, _ = timed(cases[name])
             times[name].append(t)
             peaks[name] = peak_rss_mb()
             log(f"variant rep {rep} {name}: {t:.1f}s ({len(texts) / t:.1f} texts/s)")
     base = np.median(times["batch_32"])
-    return {"texts": len(texts), "repeats": repeats, "torch_threads_default": default_threads,
-            "cases": {k: {**stats_ms(v), "texts_per_s_median": throughput(len(texts), float(np.median(v))),
-                          "speed_vs_batch_32": round(float(base / np.median(v)), 3), "peak_rss_mb": peaks[k]}
-                      for k, v in times.items()}}
+    return {
+        "texts": len(texts),
+        "repeats": repeats,
+        "torch_threads_default": default_threads,
+        "cases": {
+            k: {
+                **stats_ms(v),
+                "texts_per_s_median": throughput(len(texts), float(np.median(v))),
+                "speed_vs_batch_32": round(float(base / np.median(v)), 3),
+                "peak_rss_mb": peaks[k],
+            }
+            for k, v in times.items()
+        },
+    }
 
 
 def os_cores() -> int:
     import os
+
     return len(os.sched_getaffinity(0))
 
 
 def try_backends(path, sample: list[str]) -> dict:
     """Does SentenceTransformer(backend=...) load offline here? (Needs optimum / openvino.)"""
     from sentence_transformers import SentenceTransformer
+
     out = {}
     for backend in ("onnx", "openvino"):
         try:

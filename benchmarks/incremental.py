@@ -16,6 +16,7 @@ per-chunk encode cost measured in part A (said so in the JSON).
 
     .venv/bin/python -m benchmarks.incremental [--docs 2000] [--repeats 3] [--scales 1,4,16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ STEPS = ("ingest", "chunk", "embed", "merge", "validate", "load")
 
 
 # --- corpora -------------------------------------------------------------------------
+
 
 def read_docs(limit: int | None = None) -> list[dict]:
     lines = (SCIFACT / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
@@ -81,6 +83,7 @@ def write_corpus(docs: list[dict], folder: Path) -> Path:
 
 # --- the build -----------------------------------------------------------------------
 
+
 class StandInEmbedder:
     """Seeded random unit vectors under the real model id: a baseline without hours of encoding."""
 
@@ -98,13 +101,22 @@ class StandInEmbedder:
 
 def config(artifacts: Path, corpus: Path) -> dict:
     from pipelines import config as config_mod
-    return config_mod.load("config/pipeline.yaml", {"artifacts": str(artifacts), "corpus.path": str(corpus),
-                                                     "corpus.format": "beir", "corpus.max_doc_bytes": 10**7})
+
+    return config_mod.load(
+        "config/pipeline.yaml",
+        {
+            "artifacts": str(artifacts),
+            "corpus.path": str(corpus),
+            "corpus.format": "beir",
+            "corpus.max_doc_bytes": 10**7,
+        },
+    )
 
 
 def build(cfg: dict, run_id: str, embedder, use_cache: bool) -> dict:
     """ingest -> chunk -> embed -> merge -> validate -> load, each step timed."""
     from pipelines import steps
+
     t: dict[str, float] = {}
     out: dict = {}
 
@@ -123,12 +135,21 @@ def build(cfg: dict, run_id: str, embedder, use_cache: bool) -> dict:
     if not ok:
         raise RuntimeError(f"{run_id}: validation failed")
     c = out["ingest"]
-    return {"seconds": t, "total_s": round(sum(t.values()), 3), "encoded": stats["encoded"], "reused": stats["reused"],
-            "chunks": out["chunks"], "documents": c["documents"], "changed": c["changed"], "added": c["added"],
-            "peak_rss_mb": peak_rss_mb()}
+    return {
+        "seconds": t,
+        "total_s": round(sum(t.values()), 3),
+        "encoded": stats["encoded"],
+        "reused": stats["reused"],
+        "chunks": out["chunks"],
+        "documents": c["documents"],
+        "changed": c["changed"],
+        "added": c["added"],
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 # --- part A --------------------------------------------------------------------------
+
 
 def part_a(embedder, n_docs: int, repeats: int) -> dict:
     docs = read_docs(n_docs)
@@ -143,26 +164,46 @@ def part_a(embedder, n_docs: int, repeats: int) -> dict:
         fulls.append(build(config(arts, base), "r1-full", embedder, use_cache=False))
         log(f"A rep {rep} full: {fulls[-1]['total_s']}s {fulls[-1]['seconds']}")
         incrs.append(build(config(arts, after), "r2-incremental", embedder, use_cache=True))
-        log(f"A rep {rep} incremental: {incrs[-1]['total_s']}s {incrs[-1]['seconds']} "
-            f"encoded {incrs[-1]['encoded']}")
+        log(f"A rep {rep} incremental: {incrs[-1]['total_s']}s {incrs[-1]['seconds']} encoded {incrs[-1]['encoded']}")
         shutil.rmtree(arts, ignore_errors=True)
     full_med = median([f["total_s"] for f in fulls])
     incr_med = median([i["total_s"] for i in incrs])
-    per_step = {s: {"full_s_median": median([f["seconds"][s] for f in fulls]),
-                    "incremental_s_median": median([i["seconds"][s] for i in incrs])} for s in STEPS}
+    per_step = {
+        s: {
+            "full_s_median": median([f["seconds"][s] for f in fulls]),
+            "incremental_s_median": median([i["seconds"][s] for i in incrs]),
+        }
+        for s in STEPS
+    }
     embed_per_chunk = median([f["seconds"]["embed"] / f["encoded"] for f in fulls])
-    return {"documents": len(docs), "changed_documents": n_changed, "chunks": fulls[0]["chunks"],
-            "full_total_s_median": full_med, "incremental_total_s_median": incr_med,
-            "ratio_incremental_over_full": round(incr_med / full_med, 4),
-            "ratio_per_pair": [round(i["total_s"] / f["total_s"], 4) for f, i in zip(fulls, incrs)],
-            "per_step": per_step, "embed_s_per_encoded_chunk_median": round(embed_per_chunk, 5),
-            "full_runs": fulls, "incremental_runs": incrs, "met": incr_med / full_med <= TARGET}
+    return {
+        "documents": len(docs),
+        "changed_documents": n_changed,
+        "chunks": fulls[0]["chunks"],
+        "full_total_s_median": full_med,
+        "incremental_total_s_median": incr_med,
+        "ratio_incremental_over_full": round(incr_med / full_med, 4),
+        "ratio_per_pair": [round(i["total_s"] / f["total_s"], 4) for f, i in zip(fulls, incrs)],
+        "per_step": per_step,
+        "embed_s_per_encoded_chunk_median": round(embed_per_chunk, 5),
+        "full_runs": fulls,
+        "incremental_runs": incrs,
+        "met": incr_med / full_med <= TARGET,
+    }
 
 
 # --- part B --------------------------------------------------------------------------
 
-def part_b(embedder, scales: list[int], repeats: int, embed_per_chunk: float, base_docs: int = 0,
-           out: dict | None = None, save=lambda: None) -> dict:
+
+def part_b(
+    embedder,
+    scales: list[int],
+    repeats: int,
+    embed_per_chunk: float,
+    base_docs: int = 0,
+    out: dict | None = None,
+    save=lambda: None,
+) -> dict:
     base_docs = read_docs(base_docs or None)
     n_changed = max(1, round(len(base_docs) * 0.01))
     out = {} if out is None else out
@@ -171,8 +212,12 @@ def part_b(embedder, scales: list[int], repeats: int, embed_per_chunk: float, ba
         folder = WORK / f"b-x{scale}"
         shutil.rmtree(folder, ignore_errors=True)
         arts = folder / "artifacts"
-        baseline = build(config(arts, write_corpus(docs, folder / "corpus-0")), "r0-baseline",
-                         StandInEmbedder(embedder.model_id), use_cache=False)
+        baseline = build(
+            config(arts, write_corpus(docs, folder / "corpus-0")),
+            "r0-baseline",
+            StandInEmbedder(embedder.model_id),
+            use_cache=False,
+        )
         log(f"B x{scale} baseline (stand-in embedder): {baseline['total_s']}s {baseline['seconds']}")
         ids = [d["_id"] for d in base_docs]  # change original docs (each is in every scale)
         rng = random.Random(scale)
@@ -183,25 +228,30 @@ def part_b(embedder, scales: list[int], repeats: int, embed_per_chunk: float, ba
             current = edited(current, picked, f"b{rep}")  # cumulative: each rebuild sees n_changed new edits
             corpus = write_corpus(current, folder / f"corpus-{rep + 1}")
             runs.append(build(config(arts, corpus), f"r{rep + 1}-incremental", embedder, use_cache=True))
-            log(f"B x{scale} incremental {rep}: {runs[-1]['total_s']}s {runs[-1]['seconds']} "
-                f"encoded {runs[-1]['encoded']}")
+            log(
+                f"B x{scale} incremental {rep}: {runs[-1]['total_s']}s {runs[-1]['seconds']} "
+                f"encoded {runs[-1]['encoded']}"
+            )
         chunks = baseline["chunks"]
         non_embed_full = sum(v for k, v in baseline["seconds"].items() if k != "embed")
         est_full = non_embed_full + chunks * embed_per_chunk
         incr_med = median([r["total_s"] for r in runs])
         out[f"x{scale}"] = {
-            "documents": len(docs), "chunks": chunks, "changed_documents_per_rebuild": n_changed,
+            "documents": len(docs),
+            "chunks": chunks,
+            "changed_documents_per_rebuild": n_changed,
             "baseline_measured_steps_s": baseline["seconds"],
             "baseline_note": "baseline embed step used a stand-in embedder (random vectors); its embed time is "
-                             "not a real encode",
+            "not a real encode",
             "full_build_estimated_s": round(est_full, 1),
             "full_build_estimate_method": f"measured non-embed steps ({non_embed_full:.1f}s) + {chunks} chunks x "
-                                          f"{embed_per_chunk * 1000:.1f} ms/chunk (part A's measured encode cost)",
+            f"{embed_per_chunk * 1000:.1f} ms/chunk (part A's measured encode cost)",
             "incremental_total_s_median": incr_med,
             "incremental_per_step_s_median": {s: median([r["seconds"][s] for r in runs]) for s in STEPS},
             "cost_per_changed_document_s": round(incr_med / n_changed, 4),
             "ratio_incremental_over_estimated_full": round(incr_med / est_full, 4),
-            "incremental_runs": runs, "peak_rss_mb": peak_rss_mb(),
+            "incremental_runs": runs,
+            "peak_rss_mb": peak_rss_mb(),
         }
         shutil.rmtree(folder, ignore_errors=True)
         save()  # keep finished scales even if a larger one is interrupted
@@ -218,6 +268,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from pipelines.embed import Embedder
+
     embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2", None, 32)
     res = Result("incremental", target_ratio=TARGET, work_dir=str(WORK))
     out_path = Path(__file__).parent / "results" / "incremental.json"
@@ -231,8 +282,15 @@ def main() -> None:
     log(f"A: incremental/full = {a['ratio_incremental_over_full']} (target <= {TARGET})")
     scales = [int(s) for s in args.scales.split(",") if s]
     res["part_b"] = {}
-    part_b(embedder, scales, args.repeats, a["embed_s_per_encoded_chunk_median"], args.base_docs,
-           out=res["part_b"], save=res.write)
+    part_b(
+        embedder,
+        scales,
+        args.repeats,
+        a["embed_s_per_encoded_chunk_median"],
+        args.base_docs,
+        out=res["part_b"],
+        save=res.write,
+    )
     res.write()
 
 

@@ -9,6 +9,7 @@ written to a chunks.parquet and loaded with `OpenSearchStore.load` into indexes
 
     .venv/bin/python -m benchmarks.opensearch [--chunks 20000] [--repeats 3] [--queries 100]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,6 @@ import os
 import secrets
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from benchmarks.search import DIM, FixedEmbedder, stored_table, synth, texts_of,
 
 def node_answers(url: str) -> bool:
     import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=3) as r:
             return r.status == 200
@@ -37,6 +38,7 @@ def node_answers(url: str) -> bool:
 def write_chunks(path: Path, n: int, seed: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     offsets, flat, vectors = synth(n, seed)
     table = stored_table(texts_of(offsets, flat, vocabulary()))
     table = table.append_column("embedding", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), DIM))
@@ -44,10 +46,13 @@ def write_chunks(path: Path, n: int, seed: int) -> None:
 
 
 def measure(searcher, retr, emb, qw, qv) -> dict:
-    ops = {"bm25_top18": lambda q, v: searcher.bm25(q, 18), "knn_top18": lambda q, v: searcher.knn(v, 18),
-           "best_cosine": lambda q, v: searcher.best_cosine(v),
-           "bm25_distribution": lambda q, v: searcher.bm25_distribution(q),
-           "hybrid_retrieve_no_rerank": lambda q, v: retr.retrieve(q)}
+    ops = {
+        "bm25_top18": lambda q, v: searcher.bm25(q, 18),
+        "knn_top18": lambda q, v: searcher.knn(v, 18),
+        "best_cosine": lambda q, v: searcher.best_cosine(v),
+        "bm25_distribution": lambda q, v: searcher.bm25_distribution(q),
+        "hybrid_retrieve_no_rerank": lambda q, v: retr.retrieve(q),
+    }
     for q, v in zip(qw[:5], qv[:5]):
         emb.vector = v
         for fn in ops.values():
@@ -72,6 +77,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import logging
+
     logging.getLogger("pipelines.rerank").setLevel(logging.WARNING)
     from pipelines.retrieval import Retriever
     from pipelines.search.embedded import EmbeddedStore
@@ -89,8 +95,15 @@ def main() -> None:
         started = True
         log(f"node started in {t:.0f}s")
     prefix = f"sgbench-{secrets.token_hex(4)}"
-    res = Result(args.name, url=url, prefix=prefix, started_node=started, chunks=args.chunks, dimension=DIM,
-                 node_heap=os.environ.get("OPENSEARCH_HEAP", "1g (scripts/opensearch default)"))
+    res = Result(
+        args.name,
+        url=url,
+        prefix=prefix,
+        started_node=started,
+        chunks=args.chunks,
+        dimension=DIM,
+        node_heap=os.environ.get("OPENSEARCH_HEAP", "1g (scripts/opensearch default)"),
+    )
     store = OpenSearchStore(prefix=prefix, progress=False)
     loaded: list[str] = []
     try:
@@ -107,9 +120,13 @@ def main() -> None:
                 loads.append(t)
                 log(f"load {rep}: {count} chunks in {t:.1f}s = {count / t:.0f} chunks/s, peak rss {peak_rss_mb()} MB")
             t_emb, _ = timed(EmbeddedStore(tmp / "runs", tmp / "LIVE").load, "v0", str(src))
-            res["bulk_load"] = {**stats_ms(loads), "chunks_per_s_median": round(args.chunks / float(np.median(loads)), 1),
-                                "bulk_chunk_size": store.chunk_size, "includes": "create index, bulk, refresh, _count check",
-                                "peak_rss_mb": peak_rss_mb()}
+            res["bulk_load"] = {
+                **stats_ms(loads),
+                "chunks_per_s_median": round(args.chunks / float(np.median(loads)), 1),
+                "bulk_chunk_size": store.chunk_size,
+                "includes": "create index, bulk, refresh, _count check",
+                "peak_rss_mb": peak_rss_mb(),
+            }
             res["embedded_load_s"] = round(t_emb, 2)
 
             rng = np.random.default_rng(args.seed + 1)
@@ -145,8 +162,12 @@ def agreement(os_s, em_s, qw, qv) -> dict:
         a, b = {h.chunk_id for h in os_s.knn(v, 18)}, {h.chunk_id for h in em_s.knn(v, 18)}
         kn.append(len(a & b) / 18)
         top1.append(abs(os_s.best_cosine(v) - em_s.best_cosine(v)) < 1e-4)
-    return {"bm25_top18_overlap_mean": round(float(np.mean(bm)), 4), "knn_recall_at_18_mean": round(float(np.mean(kn)), 4),
-            "best_cosine_equal_share": round(float(np.mean(top1)), 4), "queries": len(qw)}
+    return {
+        "bm25_top18_overlap_mean": round(float(np.mean(bm)), 4),
+        "knn_recall_at_18_mean": round(float(np.mean(kn)), 4),
+        "best_cosine_equal_share": round(float(np.mean(top1)), 4),
+        "queries": len(qw),
+    }
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Equivalent CLI, one depth at a time:
 
     .venv/bin/python -m benchmarks.quality [--depths 12,50,100] [--force]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,8 @@ def main() -> None:
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args()
 
-    from pipelines import config as config_mod, steps
+    from pipelines import config as config_mod
+    from pipelines import steps
     from pipelines.beir import run_beir
     from pipelines.rerank import OnnxCrossEncoder
 
@@ -57,7 +59,12 @@ def main() -> None:
     for depth in [int(d) for d in args.depths.split(",")]:
         path = OUT / f"beir-depth{depth}.json"
         cli = OUT / "beir.json"
-        if not args.force and not path.exists() and cli.exists() and json.loads(cli.read_text())["rerank_depth"] == depth:
+        if (
+            not args.force
+            and not path.exists()
+            and cli.exists()
+            and json.loads(cli.read_text())["rerank_depth"] == depth
+        ):
             shutil.copy(cli, path)
             log(f"depth {depth}: taken from the CLI run's beir.json")
         if path.exists() and not args.force:

@@ -28,6 +28,7 @@ is not (SciFact has no train split here).
         [--blend-ks 5,10,20,60] [--blend-depths 12,20,30,50] [--blend-weights 0.5,0.6,0.7,0.8,0.9,1.0]
         [--max-tokens 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ import time
 
 import numpy as np
 
-from benchmarks._common import RESULTS, SCIFACT, Result, log, peak_rss_mb
+from benchmarks._common import SCIFACT, Result, log, peak_rss_mb
 from benchmarks.quality import MEMO, OUT
 
 DEPTH = 100
@@ -45,6 +46,7 @@ DEPTH = 100
 
 def ndcg(runs: dict, qrels) -> dict:
     from pipelines.beir import evaluate_systems
+
     return evaluate_systems(runs, qrels)
 
 
@@ -63,20 +65,21 @@ def main() -> None:
     ap.add_argument("--blend-ks", default="")
     ap.add_argument("--blend-depths", default="12,20,30,50")
     ap.add_argument("--blend-weights", default="0.5,0.6,0.7,0.8,0.9,1.0")
-    ap.add_argument("--max-tokens", type=int, default=256, help="chunking.max_tokens of the index to use (built if missing)")
+    ap.add_argument(
+        "--max-tokens", type=int, default=256, help="chunking.max_tokens of the index to use (built if missing)"
+    )
     ap.add_argument("--queries", type=int, default=0, help="first N queries only (0 = all 300)")
     ap.add_argument("--name", default="quality_ideas", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
 
     res = Result(args.name)  # started here so wall_seconds covers the whole run
-    from pipelines.beir import doc_ranking, load_queries
+    from pipelines import config as config_mod
+    from pipelines.beir import doc_ranking, index_dataset, load_queries
     from pipelines.embed import Embedder
     from pipelines.rerank import OnnxCrossEncoder
     from pipelines.retrieval import blend, rrf
     from pipelines.search.embedded import EmbeddedSearcher
 
-    from pipelines import config as config_mod
-    from pipelines.beir import index_dataset
     cfg = config_mod.load("config/pipeline.yaml", {"chunking.max_tokens": args.max_tokens})
     folder = index_dataset(cfg, SCIFACT, OUT, progress=False) / "index"  # the index `sourcegate beir` uses
     res["chunking"] = cfg["chunking"]
@@ -114,6 +117,7 @@ def main() -> None:
     log(f"{len(items)} queries retrieved; memo has {memo0} pairs")
 
     from pipelines.search.base import Hit
+
     runs: dict[str, dict[str, list[str]]] = {}
     fused_chunks = {}
     for k in (5, 10, 20, 30, 60, 100):
@@ -125,8 +129,9 @@ def main() -> None:
             if k == 60:
                 fused_chunks[qid] = f
     for k in (10, 60):
-        runs[f"hybrid_docs_rrf_k{k}"] = {qid: rrf_docs([doc_ranking(b, doc_of), doc_ranking(n, doc_of)], k)
-                                         for qid, (b, n) in lists.items()}
+        runs[f"hybrid_docs_rrf_k{k}"] = {
+            qid: rrf_docs([doc_ranking(b, doc_of), doc_ranking(n, doc_of)], k) for qid, (b, n) in lists.items()
+        }
     runs["bm25"] = {qid: doc_ranking(b, doc_of) for qid, (b, n) in lists.items()}
     runs["dense"] = {qid: doc_ranking(n, doc_of) for qid, (b, n) in lists.items()}
     hybrid = runs["hybrid_chunks_rrf_k60"]
@@ -168,16 +173,23 @@ def main() -> None:
         log(f"{name} done; new pairs so far {len(new_pair_s)}")
         MEMO.write_bytes(pickle.dumps(scorer._memo))
 
-    res.data.update(queries=len(items), candidate_depth=DEPTH, memo_pairs_at_start=memo0,
-                    new_pairs_scored=len(new_pair_s),
-                    ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
-                    ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer")
+    res.data.update(
+        queries=len(items),
+        candidate_depth=DEPTH,
+        memo_pairs_at_start=memo0,
+        new_pairs_scored=len(new_pair_s),
+        ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
+        ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer",
+    )
     systems = ndcg(runs, qrels)
-    halves = {"odd": {q: qrels[q] for i, (q, _) in enumerate(items) if i % 2},
-              "even": {q: qrels[q] for i, (q, _) in enumerate(items) if not i % 2}}
+    halves = {
+        "odd": {q: qrels[q] for i, (q, _) in enumerate(items) if i % 2},
+        "even": {q: qrels[q] for i, (q, _) in enumerate(items) if not i % 2},
+    }
     for name, run in runs.items():
-        systems[name]["ndcg@10_folds"] = {h: ndcg({name: {q: run[q] for q in part}}, part)[name]["ndcg@10"]
-                                         for h, part in halves.items()}
+        systems[name]["ndcg@10_folds"] = {
+            h: ndcg({name: {q: run[q] for q in part}}, part)[name]["ndcg@10"] for h, part in halves.items()
+        }
     res["systems"] = dict(sorted(systems.items(), key=lambda kv: -kv[1]["ndcg@10"]))
     # two-fold selection: the best system on one half, read on the other half
     cross = {}

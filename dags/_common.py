@@ -9,10 +9,11 @@ Paths: the project root is the parent of `dags/`. The config file and every rela
 inside it (corpus, artifacts, model paths, eval sets, baseline) are resolved against that
 root, never against the worker's current directory, and nothing here calls os.chdir.
 """
+
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pendulum
@@ -37,12 +38,23 @@ LIVE_INDEX = Asset("sourcegate://live-index")
 EVAL_SETS = Asset(name="sourcegate_eval_sets", uri=(PROJECT_ROOT / "config" / "evals").as_uri())
 
 # Retried tasks (they talk to the backend): 3 retries, 30 s, 60 s, 120 s (capped at 10 min).
-RETRY_ARGS = {"retries": 3, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": 2.0,
-              "max_retry_delay": timedelta(minutes=10)}
+RETRY_ARGS = {
+    "retries": 3,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=10),
+}
 
 # Config values that are file system paths (None is left alone: "use the packaged model").
-PATH_KEYS = ("corpus.path", "artifacts", "embedding.model_path", "reranker.model_path",
-             "evals.calibration_set", "evals.precision_set", "evals.baseline")
+PATH_KEYS = (
+    "corpus.path",
+    "artifacts",
+    "embedding.model_path",
+    "reranker.model_path",
+    "evals.calibration_set",
+    "evals.precision_set",
+    "evals.baseline",
+)
 
 
 def absolute(path: str | Path, root: Path = PROJECT_ROOT) -> str:
@@ -73,23 +85,44 @@ _DEFAULTS = config_mod.load(absolute(DEFAULT_CONFIG))  # for the params' default
 def config_params() -> dict:
     """Params both DAGs take: which config file, and the backend (overrides the file's backend.kind)."""
     return {
-        "config": Param(DEFAULT_CONFIG, type="string", title="config file",
-                        description="pipeline config; a relative path is resolved against the project root"),
-        "backend": Param(_DEFAULTS["backend"]["kind"], enum=sorted(config_mod.CHOICES["backend.kind"]),
-                         title="search backend", description="overrides the config's backend.kind"),
+        "config": Param(
+            DEFAULT_CONFIG,
+            type="string",
+            title="config file",
+            description="pipeline config; a relative path is resolved against the project root",
+        ),
+        "backend": Param(
+            _DEFAULTS["backend"]["kind"],
+            enum=sorted(config_mod.CHOICES["backend.kind"]),
+            title="search backend",
+            description="overrides the config's backend.kind",
+        ),
     }
 
 
 def nightly_params() -> dict:
     return {
         **config_params(),
-        "corpus": Param(_DEFAULTS["corpus"]["path"], type="string", title="corpus",
-                        description="corpus folder (overrides the config's corpus.path; relative: "
-                                    "against the project root)"),
-        "full_rebuild": Param(False, type="boolean", title="full rebuild",
-                              description="re-encode every chunk instead of reusing the previous run's vectors"),
-        "shards": Param(DEFAULT_SHARDS, type="integer", minimum=1, maximum=64, title="embedding shards",
-                        description="embed is mapped over this many shards of the chunks"),
+        "corpus": Param(
+            _DEFAULTS["corpus"]["path"],
+            type="string",
+            title="corpus",
+            description="corpus folder (overrides the config's corpus.path; relative: against the project root)",
+        ),
+        "full_rebuild": Param(
+            False,
+            type="boolean",
+            title="full rebuild",
+            description="re-encode every chunk instead of reusing the previous run's vectors",
+        ),
+        "shards": Param(
+            DEFAULT_SHARDS,
+            type="integer",
+            minimum=1,
+            maximum=64,
+            title="embedding shards",
+            description="embed is mapped over this many shards of the chunks",
+        ),
     }
 
 
@@ -110,7 +143,7 @@ def run_time(context=None) -> datetime:
     """The logical date, or for runs that have none (asset-triggered, some manual runs) run_after."""
     context = context or get_current_context()
     when = context.get("logical_date") or context["dag_run"].run_after
-    return when.astimezone(timezone.utc) if when.tzinfo else when  # run ids are UTC
+    return when.astimezone(UTC) if when.tzinfo else when  # run ids are UTC
 
 
 def run_id(prefix: str = "", context=None) -> str:

@@ -9,6 +9,7 @@ before promote, so the live index stays on the last good version; the failed ver
 with its report for a maintainer to inspect. Params override the config file's corpus and backend.
 Every task body is a call into `pipelines.steps`; the wiring helpers are in `_common.py`.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,61 +19,89 @@ from airflow.sdk import dag, task
 
 if str(Path(__file__).parent) not in sys.path:  # _common.py sits beside this file, whatever DAGS_FOLDER is
     sys.path.append(str(Path(__file__).parent))
-from _common import (LIVE_INDEX, NIGHTLY_SCHEDULE, RETRY_ARGS, START_DATE, cfg, enforce_gate, nightly_params,
-                     params, run_id, shard_list)
+from _common import (
+    LIVE_INDEX,
+    NIGHTLY_SCHEDULE,
+    RETRY_ARGS,
+    START_DATE,
+    cfg,
+    enforce_gate,
+    nightly_params,
+    params,
+    run_id,
+    shard_list,
+)
 
 
-@dag(dag_id="sourcegate_nightly", schedule=NIGHTLY_SCHEDULE, start_date=START_DATE, catchup=False,
-     max_active_runs=1, params=nightly_params(), tags=["sourcegate"], doc_md=__doc__)
+@dag(
+    dag_id="sourcegate_nightly",
+    schedule=NIGHTLY_SCHEDULE,
+    start_date=START_DATE,
+    catchup=False,
+    max_active_runs=1,
+    params=nightly_params(),
+    tags=["sourcegate"],
+    doc_md=__doc__,
+)
 def sourcegate_nightly():
     @task
     def ingest() -> dict:
         from pipelines import steps
+
         return steps.ingest_step(cfg(), run_id())
 
     @task
     def chunk() -> list[int]:
         from pipelines import steps
+
         return shard_list(steps.chunk_step(cfg(), run_id()))
 
     @task
     def embed(shard: int, shards: list[int]) -> dict:
         from pipelines import steps
+
         return steps.embed_step(cfg(), run_id(), shard, len(shards), use_cache=not params()["full_rebuild"])
 
     @task
     def merge(shard_stats) -> int:
         from pipelines import steps
+
         return steps.merge_step(cfg(), run_id(), list(shard_stats))
 
     @task
     def validate() -> bool:
         from pipelines import steps
+
         return steps.validate_step(cfg(), run_id())
 
     @task(**RETRY_ARGS)
     def load() -> int:
         from pipelines import steps
+
         return steps.load_step(cfg(), run_id())
 
     @task
     def evaluate() -> dict:
         from pipelines import steps
+
         return steps.evaluate_step(cfg(), run_id())
 
     @task
     def gate() -> dict:
         from pipelines import steps
+
         return enforce_gate(steps.gate_step(cfg(), run_id()))
 
     @task(outlets=[LIVE_INDEX], **RETRY_ARGS)
     def promote() -> str:
         from pipelines import steps
+
         return steps.promote_step(cfg(), run_id())
 
     @task
     def cleanup() -> list[str]:
         from pipelines import steps
+
         return steps.cleanup_step(cfg())
 
     shards = chunk()

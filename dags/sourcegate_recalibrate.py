@@ -5,6 +5,7 @@ No reindexing and no promotion: live_version -> evaluate -> gate. Runs when the 
 on manual trigger. Artifacts go to the run folder `recal-<logical date or run_after>`; a failed gate
 fails the run. The live alias is never touched here.
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,8 +18,16 @@ if str(Path(__file__).parent) not in sys.path:  # _common.py sits beside this fi
 from _common import EVAL_SETS, START_DATE, cfg, config_params, enforce_gate, live_version, recal_run_id
 
 
-@dag(dag_id="sourcegate_recalibrate", schedule=[EVAL_SETS], start_date=START_DATE, catchup=False,
-     max_active_runs=1, params=config_params(), tags=["sourcegate"], doc_md=__doc__)
+@dag(
+    dag_id="sourcegate_recalibrate",
+    schedule=[EVAL_SETS],
+    start_date=START_DATE,
+    catchup=False,
+    max_active_runs=1,
+    params=config_params(),
+    tags=["sourcegate"],
+    doc_md=__doc__,
+)
 def sourcegate_recalibrate():
     @task(task_id="live_version")
     def live() -> str:
@@ -27,11 +36,13 @@ def sourcegate_recalibrate():
     @task
     def evaluate(version: str) -> dict:
         from pipelines import steps
+
         return steps.evaluate_step(cfg(), recal_run_id(), version=version)
 
     @task
     def gate() -> dict:
         from pipelines import steps
+
         return enforce_gate(steps.gate_step(cfg(), recal_run_id()))
 
     evaluate(live()) >> gate()

@@ -5,23 +5,26 @@ Convention throughout: a higher score means "more answerable", and a question
 is answered when score >= threshold. Everything is exact (no binning) except the
 downsampled curve and the heatmap written for the report.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from pipelines.io import jsonable
 
 ANSWER, DECLINE = "answer", "decline"
-SWEEP_POINTS = 200      # curve points kept in the artifact; numbers stay exact
-HEATMAP_SIZE = 25       # grid per axis for the 2-D sweep picture
-INVERTED_BELOW = 0.4    # AUC under this: should-decline questions score higher
-CHANCE_BELOW = 0.6      # AUC in [0.4, 0.6): no better than a coin
+SWEEP_POINTS = 200  # curve points kept in the artifact; numbers stay exact
+HEATMAP_SIZE = 25  # grid per axis for the 2-D sweep picture
+INVERTED_BELOW = 0.4  # AUC under this: should-decline questions score higher
+CHANCE_BELOW = 0.6  # AUC in [0.4, 0.6): no better than a coin
 
 
 # --------------------------------------------------------------------------- inputs
+
 
 def _is_answer(labels: Iterable) -> np.ndarray:
     """Boolean mask from 'answer'/'decline' labels (booleans pass through)."""
@@ -76,14 +79,14 @@ def _fmt_auc(auc: float) -> str:
 
 # --------------------------------------------------------------------------- 1-D
 
+
 def _sweep_arrays(answer: np.ndarray, decline: np.ndarray) -> dict[str, np.ndarray]:
     """Exact sweep over every distinct score (inputs sorted)."""
     thresholds = np.unique(np.concatenate([answer, decline]))
     # searchsorted 'left' counts scores strictly below the threshold: declined ones.
     kept = 1.0 - _fraction(np.searchsorted(answer, thresholds, "left"), len(answer))
     declined = _fraction(np.searchsorted(decline, thresholds, "left"), len(decline))
-    return {"thresholds": thresholds, "kept": kept, "declined": declined,
-            "false_decline_rate": 1.0 - kept}
+    return {"thresholds": thresholds, "kept": kept, "declined": declined, "false_decline_rate": 1.0 - kept}
 
 
 def sweep(scores: Sequence[float], labels: Iterable) -> dict[str, list[float]]:
@@ -112,8 +115,8 @@ def _bootstrap_min_rank(n: int, samples: int, rng: np.random.Generator) -> np.nd
     floor(n * min(U_1..U_n)) has exactly that law; min(U) = 1 - V**(1/n). Drawing
     it directly is exact and O(samples) instead of O(samples * n).
     """
-    v = 1.0 - rng.random(samples)                       # in (0, 1]
-    smallest_uniform = -np.expm1(np.log(v) / n)         # 1 - v**(1/n), precise near 0
+    v = 1.0 - rng.random(samples)  # in (0, 1]
+    smallest_uniform = -np.expm1(np.log(v) / n)  # 1 - v**(1/n), precise near 0
     return np.minimum((n * smallest_uniform).astype(np.int64), n - 1)
 
 
@@ -145,23 +148,43 @@ def _verdict(auc: float, gap: float, recall: float) -> tuple[bool, str]:
         return False, f"inverted: AUC {_fmt_auc(auc)} — higher scores for should-decline"
     if auc < CHANCE_BELOW:
         return False, f"does not discriminate: AUC {_fmt_auc(auc)}"
-    return True, (f"overlaps: AUC {_fmt_auc(auc)}, no gap — keeping every should-answer "
-                  f"question declines {recall:.0%} of should-decline")
+    return True, (
+        f"overlaps: AUC {_fmt_auc(auc)}, no gap — keeping every should-answer "
+        f"question declines {recall:.0%} of should-decline"
+    )
 
 
 def _empty_signal(name: str, n_answer: int, n_decline: int, warnings: list[str]) -> dict[str, Any]:
     missing = "should-answer" if not n_answer else "should-decline"
-    return {"name": name, "n": {ANSWER: n_answer, DECLINE: n_decline}, "answer_band": None,
-            "decline_band": None, "gap": None, "has_gap": False, "auc": None,
-            "recommended_threshold": None, "position_in_gap": None,
-            "decline_recall_at_recommended": None, "gap_ci": None, "warnings": warnings,
-            "discriminates": False, "verdict": f"cannot calibrate: no {missing} questions",
-            "sweep": None}
+    return {
+        "name": name,
+        "n": {ANSWER: n_answer, DECLINE: n_decline},
+        "answer_band": None,
+        "decline_band": None,
+        "gap": None,
+        "has_gap": False,
+        "auc": None,
+        "recommended_threshold": None,
+        "position_in_gap": None,
+        "decline_recall_at_recommended": None,
+        "gap_ci": None,
+        "warnings": warnings,
+        "discriminates": False,
+        "verdict": f"cannot calibrate: no {missing} questions",
+        "sweep": None,
+    }
 
 
-def calibrate_signal(name: str, scores: Sequence[float], labels: Iterable, *,
-                     placement: str = "tightest", bootstrap_samples: int = 1000,
-                     seed: int = 0, min_per_label: int = 20) -> dict[str, Any]:
+def calibrate_signal(
+    name: str,
+    scores: Sequence[float],
+    labels: Iterable,
+    *,
+    placement: str = "tightest",
+    bootstrap_samples: int = 1000,
+    seed: int = 0,
+    min_per_label: int = 20,
+) -> dict[str, Any]:
     """Bands, gap, AUC, recommended threshold and verdict for one signal.
 
     placement "tightest" recommends min(should-answer), the highest threshold
@@ -171,9 +194,11 @@ def calibrate_signal(name: str, scores: Sequence[float], labels: Iterable, *,
     if placement not in ("tightest", "midpoint"):
         raise ValueError(f"placement must be 'tightest' or 'midpoint', got {placement!r}")
     answer, decline = _split(scores, labels)
-    warnings = [f"only {len(s)} {label} questions (< {min_per_label}): bands and gap are fragile"
-                for label, s in (("should-answer", answer), ("should-decline", decline))
-                if len(s) < min_per_label]
+    warnings = [
+        f"only {len(s)} {label} questions (< {min_per_label}): bands and gap are fragile"
+        for label, s in (("should-answer", answer), ("should-decline", decline))
+        if len(s) < min_per_label
+    ]
     if not len(answer) or not len(decline):
         return jsonable(_empty_signal(name, len(answer), len(decline), warnings))
 
@@ -192,41 +217,44 @@ def calibrate_signal(name: str, scores: Sequence[float], labels: Iterable, *,
     boot = _bootstrap_gap(answer, decline, bootstrap_samples, seed)
     ci_lo, ci_hi = np.percentile(boot, [2.5, 97.5])
     if ci_lo <= 0 < ci_hi:
-        warnings.append(f"gap 95% CI [{_fmt(ci_lo)}, {_fmt(ci_hi)}] crosses 0: "
-                        "whether there is a gap rests on a few questions")
+        warnings.append(
+            f"gap 95% CI [{_fmt(ci_lo)}, {_fmt(ci_hi)}] crosses 0: whether there is a gap rests on a few questions"
+        )
 
     full = _sweep_arrays(answer, decline)
     at = int(np.searchsorted(full["thresholds"], answer_min))  # the tightest threshold's index
     idx = _downsample(len(full["thresholds"]), [at])
     discriminates, verdict = _verdict(auc, gap, declined_at)
-    return jsonable({
-        "name": name,
-        "n": {ANSWER: len(answer), DECLINE: len(decline)},
-        "answer_band": [answer_min, answer[-1]],
-        "decline_band": [decline[0], decline_max],
-        "gap": gap,
-        "has_gap": has_gap,
-        "auc": auc,
-        "placement": placement,
-        "recommended_threshold": threshold,
-        "position_in_gap": (answer_min - threshold) / gap if has_gap else None,
-        "coverage_at_recommended": 1.0,  # by construction: threshold <= min(answer)
-        "decline_recall_at_recommended": declined_at,
-        "gap_ci": [ci_lo, ci_hi],
-        "bootstrap": {"samples": bootstrap_samples, "seed": seed},
-        "warnings": warnings,
-        "discriminates": discriminates,
-        "verdict": verdict,
-        "sweep": {"n_thresholds": len(full["thresholds"]),
-                  **{key: values[idx] for key, values in full.items()}},
-    })
+    return jsonable(
+        {
+            "name": name,
+            "n": {ANSWER: len(answer), DECLINE: len(decline)},
+            "answer_band": [answer_min, answer[-1]],
+            "decline_band": [decline[0], decline_max],
+            "gap": gap,
+            "has_gap": has_gap,
+            "auc": auc,
+            "placement": placement,
+            "recommended_threshold": threshold,
+            "position_in_gap": (answer_min - threshold) / gap if has_gap else None,
+            "coverage_at_recommended": 1.0,  # by construction: threshold <= min(answer)
+            "decline_recall_at_recommended": declined_at,
+            "gap_ci": [ci_lo, ci_hi],
+            "bootstrap": {"samples": bootstrap_samples, "seed": seed},
+            "warnings": warnings,
+            "discriminates": discriminates,
+            "verdict": verdict,
+            "sweep": {"n_thresholds": len(full["thresholds"]), **{key: values[idx] for key, values in full.items()}},
+        }
+    )
 
 
 # --------------------------------------------------------------------------- 2-D
 
+
 def _count_at_least(x: np.ndarray, y: np.ndarray, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
     """counts[i, j] = number of points with x >= gx[i] and y >= gy[j] (grids ascending)."""
-    ix = np.searchsorted(gx, x, "right") - 1   # highest grid line at or below x
+    ix = np.searchsorted(gx, x, "right") - 1  # highest grid line at or below x
     iy = np.searchsorted(gy, y, "right") - 1
     ok = (ix >= 0) & (iy >= 0)
     cells = np.bincount(ix[ok] * len(gy) + iy[ok], minlength=len(gx) * len(gy))
@@ -241,13 +269,24 @@ def _heatmap(x: np.ndarray, y: np.ndarray, is_answer: np.ndarray, size: int) -> 
     gx, gy = np.unique(np.quantile(x, q)), np.unique(np.quantile(y, q))
     kept_answer = _count_at_least(x[is_answer], y[is_answer], gx, gy)
     kept_decline = _count_at_least(x[~is_answer], y[~is_answer], gx, gy)
-    return {"x_thresholds": gx, "y_thresholds": gy,
-            "coverage": _fraction(kept_answer, int(is_answer.sum())),
-            "decline_recall": 1.0 - _fraction(kept_decline, int((~is_answer).sum()))}
+    return {
+        "x_thresholds": gx,
+        "y_thresholds": gy,
+        "coverage": _fraction(kept_answer, int(is_answer.sum())),
+        "decline_recall": 1.0 - _fraction(kept_decline, int((~is_answer).sum())),
+    }
 
 
-def calibrate_pair(x_name: str, xs: Sequence[float], y_name: str, ys: Sequence[float],
-                   labels: Iterable, rule: str = "and", *, grid_size: int = HEATMAP_SIZE) -> dict[str, Any]:
+def calibrate_pair(
+    x_name: str,
+    xs: Sequence[float],
+    y_name: str,
+    ys: Sequence[float],
+    labels: Iterable,
+    rule: str = "and",
+    *,
+    grid_size: int = HEATMAP_SIZE,
+) -> dict[str, Any]:
     """2-D sweep: answer when x >= a AND y >= b.
 
     Raising either threshold can only decline more, so the best pair that keeps
@@ -264,9 +303,17 @@ def calibrate_pair(x_name: str, xs: Sequence[float], y_name: str, ys: Sequence[f
         raise ValueError("scores must be finite; leave out questions without a score")
     n_answer, n_decline = int(is_answer.sum()), int((~is_answer).sum())
     if not n_answer or not n_decline:
-        return jsonable({"x": x_name, "y": y_name, "rule": rule,
-                         "n": {ANSWER: n_answer, DECLINE: n_decline}, "recommended": None,
-                         "separates": False, "verdict": "cannot calibrate: a label has no questions"})
+        return jsonable(
+            {
+                "x": x_name,
+                "y": y_name,
+                "rule": rule,
+                "n": {ANSWER: n_answer, DECLINE: n_decline},
+                "recommended": None,
+                "separates": False,
+                "verdict": "cannot calibrate: a label has no questions",
+            }
+        )
 
     a, b = x[is_answer].min(), y[is_answer].min()
     dx, dy = x[~is_answer], y[~is_answer]
@@ -274,24 +321,31 @@ def calibrate_pair(x_name: str, xs: Sequence[float], y_name: str, ys: Sequence[f
     single = {x_name: float((dx < a).mean()), y_name: float((dy < b).mean())}
     best_single = max(single, key=single.get)
     separates = recall == 1.0
-    verdict = ("separates perfectly: keeps every should-answer and declines every should-decline"
-               if separates else
-               f"keeps every should-answer and declines {recall:.0%} of should-decline "
-               f"(best single signal: {best_single} {single[best_single]:.0%})")
-    return jsonable({
-        "x": x_name, "y": y_name, "rule": rule,
-        "n": {ANSWER: n_answer, DECLINE: n_decline},
-        "recommended": {x_name: a, y_name: b},
-        "coverage_at_recommended": 1.0,
-        "decline_recall_at_recommended": recall,
-        "single_signal_recall": single,
-        "separates": separates,
-        "verdict": verdict,
-        "heatmap": _heatmap(x, y, is_answer, grid_size),
-    })
+    verdict = (
+        "separates perfectly: keeps every should-answer and declines every should-decline"
+        if separates
+        else f"keeps every should-answer and declines {recall:.0%} of should-decline "
+        f"(best single signal: {best_single} {single[best_single]:.0%})"
+    )
+    return jsonable(
+        {
+            "x": x_name,
+            "y": y_name,
+            "rule": rule,
+            "n": {ANSWER: n_answer, DECLINE: n_decline},
+            "recommended": {x_name: a, y_name: b},
+            "coverage_at_recommended": 1.0,
+            "decline_recall_at_recommended": recall,
+            "single_signal_recall": single,
+            "separates": separates,
+            "verdict": verdict,
+            "heatmap": _heatmap(x, y, is_answer, grid_size),
+        }
+    )
 
 
 # --------------------------------------------------------------------------- shipped
+
 
 def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> dict[str, Any]:
     """What the shipped threshold (the lower, "adjacent" one) does to this eval set.
@@ -308,29 +362,36 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
 
     def listing(mask: np.ndarray, descending: bool) -> list[dict[str, Any]]:
         order = np.flatnonzero(mask)[np.argsort(-scores[mask] if descending else scores[mask], kind="stable")]
-        return [{"id": records[i]["id"], "question": records[i].get("question", ""),
-                 "score": float(scores[i])} for i in order]
+        return [
+            {"id": records[i]["id"], "question": records[i].get("question", ""), "score": float(scores[i])}
+            for i in order
+        ]
 
     wrongly_declined = listing(is_answer & scored & ~kept, descending=False)
     for row in wrongly_declined:
         row["fix"] = f"threshold <= {row['score']!r}"  # repr round-trips: never above the score
     answer_scores = scores[is_answer & scored]
-    summary = jsonable({
-        "signal": signal,
-        "threshold": float(threshold),
-        "n": {ANSWER: n_answer, DECLINE: n_decline},
-        "available": bool(scored.any()),
-        "coverage": kept.sum() / n_answer if n_answer else None,
-        "decline_recall": declined.sum() / n_decline if n_decline else None,
-    })
-    return {**summary,  # the lists below already hold plain Python values
-            "wrongly_declined": wrongly_declined,
-            "wrongly_answered": listing(~is_answer & scored & ~declined, descending=True),
-            "unscored": [records[i]["id"] for i in np.flatnonzero(~scored)],
-            "max_threshold_for_full_coverage": float(answer_scores.min()) if len(answer_scores) else None}
+    summary = jsonable(
+        {
+            "signal": signal,
+            "threshold": float(threshold),
+            "n": {ANSWER: n_answer, DECLINE: n_decline},
+            "available": bool(scored.any()),
+            "coverage": kept.sum() / n_answer if n_answer else None,
+            "decline_recall": declined.sum() / n_decline if n_decline else None,
+        }
+    )
+    return {
+        **summary,  # the lists below already hold plain Python values
+        "wrongly_declined": wrongly_declined,
+        "wrongly_answered": listing(~is_answer & scored & ~declined, descending=True),
+        "unscored": [records[i]["id"] for i in np.flatnonzero(~scored)],
+        "max_threshold_for_full_coverage": float(answer_scores.min()) if len(answer_scores) else None,
+    }
 
 
 # --------------------------------------------------------------------------- artifact
+
 
 def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: float) -> dict[str, dict]:
     """Per should-decline kind: how many a threshold declines (a missing score counts as declined)."""
@@ -347,8 +408,9 @@ def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: f
     return dict(sorted(out.items()))
 
 
-def gating_scope(records: Sequence[Mapping], signal: str, decline_kinds: Sequence[str],
-                 options: Mapping[str, Any]) -> dict[str, Any]:
+def gating_scope(
+    records: Sequence[Mapping], signal: str, decline_kinds: Sequence[str], options: Mapping[str, Any]
+) -> dict[str, Any]:
     """The gating signal calibrated on the questions the gap check holds it to.
 
     `decline_kinds` narrows the should-decline side to those kinds (empty: all of them);
@@ -358,11 +420,13 @@ def gating_scope(records: Sequence[Mapping], signal: str, decline_kinds: Sequenc
     scope = [r for r in records if r["label"] == ANSWER or not decline_kinds or r.get("kind") in decline_kinds]
     scores = np.array([np.nan if r["signals"].get(signal) is None else r["signals"][signal] for r in scope], float)
     scored = np.isfinite(scores)
-    result = (calibrate_signal(signal, scores[scored], _answer_mask(scope)[scored], **options)
-              if scored.any() else None)
-    return {"signal": signal, "decline_kinds": list(decline_kinds) or "all",
-            "n": {ANSWER: sum(r["label"] == ANSWER for r in scope), DECLINE: sum(r["label"] != ANSWER for r in scope)},
-            "result": result}
+    result = calibrate_signal(signal, scores[scored], _answer_mask(scope)[scored], **options) if scored.any() else None
+    return {
+        "signal": signal,
+        "decline_kinds": list(decline_kinds) or "all",
+        "n": {ANSWER: sum(r["label"] == ANSWER for r in scope), DECLINE: sum(r["label"] != ANSWER for r in scope)},
+        "result": result,
+    }
 
 
 def _config_signals(config: Mapping[str, Any]) -> list[str]:
@@ -376,16 +440,20 @@ def _config_signals(config: Mapping[str, Any]) -> list[str]:
 def _questions(records: Sequence[Mapping], names: list[str], matrix: np.ndarray) -> list[dict[str, Any]]:
     """Per-question rows for the artifact (already JSON-safe: NaN -> None)."""
     values = np.where(np.isfinite(matrix), matrix, None).tolist()
-    return [{"id": r["id"], "label": r["label"], "kind": r.get("kind"),
-             "signals": dict(zip(names, row))} for r, row in zip(records, values)]
+    return [
+        {"id": r["id"], "label": r["label"], "kind": r.get("kind"), "signals": dict(zip(names, row))}
+        for r, row in zip(records, values)
+    ]
 
 
 def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str, Any]:
     """The whole calibration.json for one eval set and config."""
-    options = {"placement": config.get("placement", "tightest"),
-               "bootstrap_samples": config.get("bootstrap_samples", 1000),
-               "seed": config.get("seed", 0),
-               "min_per_label": config.get("min_per_label", 20)}
+    options = {
+        "placement": config.get("placement", "tightest"),
+        "bootstrap_samples": config.get("bootstrap_samples", 1000),
+        "seed": config.get("seed", 0),
+        "min_per_label": config.get("min_per_label", 20),
+    }
     names = _config_signals(config)
     matrix = _signal_matrix(records, names)
     column = {name: matrix[:, i] for i, name in enumerate(names)}
@@ -396,13 +464,11 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
         scored = np.isfinite(column[name])
         if not scored.any():
             hint = " (reranker off?)" if name == "rerank_top" else ""
-            signals[name] = {"name": name, "skipped": True,
-                             "note": f"skipped: no question has a {name} score{hint}"}
+            signals[name] = {"name": name, "skipped": True, "note": f"skipped: no question has a {name} score{hint}"}
             continue
         result = calibrate_signal(name, column[name][scored], is_answer[scored], **options)
         if not scored.all():
-            result["warnings"].append(f"{int((~scored).sum())} questions have no {name} score "
-                                      "and were left out")
+            result["warnings"].append(f"{int((~scored).sum())} questions have no {name} score and were left out")
         signals[name] = result
 
     pair = None
@@ -410,13 +476,16 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
         x_name, y_name = config["pair"]
         both = np.isfinite(column[x_name]) & np.isfinite(column[y_name])
         if both.any():
-            pair = calibrate_pair(x_name, column[x_name][both], y_name, column[y_name][both],
-                                  is_answer[both])
+            pair = calibrate_pair(x_name, column[x_name][both], y_name, column[y_name][both], is_answer[both])
             if not both.all():
                 pair["verdict"] += f"; {int((~both).sum())} questions without both scores left out"
         else:
-            pair = {"x": x_name, "y": y_name, "skipped": True,
-                    "note": f"skipped: no question has both {x_name} and {y_name}"}
+            pair = {
+                "x": x_name,
+                "y": y_name,
+                "skipped": True,
+                "note": f"skipped: no question has both {x_name} and {y_name}",
+            }
 
     shipped = gated = None
     if config.get("gating"):

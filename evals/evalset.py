@@ -4,6 +4,7 @@ Line format: {"id", "question", "label": "answer"|"decline", "expected": [doc_id
 doc_id#section, ...], "context": [prior turns], "kind"}. A malformed line is an error
 naming the file and line, never a silently skipped question.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,5 +67,9 @@ def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:
 def check_labels(items: list[dict], chunks: list[dict], source: str) -> list[str]:
     """Expected ids that name nothing in the corpus: a stale label is an error, not a zero."""
     known = {c["doc_id"] for c in chunks} | {f"{c['doc_id']}#{c['section_id']}" for c in chunks}
-    return [f"{source}: {it['id']} expects {e!r}, which is not in the corpus"
-            for it in items for e in it["expected"] if e not in known]
+    return [
+        f"{source}: {it['id']} expects {e!r}, which is not in the corpus"
+        for it in items
+        for e in it["expected"]
+        if e not in known
+    ]

@@ -3,10 +3,11 @@
 Only talks to the index through a Retriever (the search interface), and to the corpus
 labels through the chunk table, so it serves every backend unchanged.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 from evals.evalset import relevant
 
@@ -18,26 +19,44 @@ def run_questions(retriever, items: Iterable[dict], *, progress: bool = False) -
     items = list(items)
     if progress:
         from tqdm import tqdm
+
         items = tqdm(items, desc="evaluate", unit="q")
     out = []
     for it in items:
         r = retriever.retrieve(it["question"], it.get("context", []))
-        out.append({
-            "id": it["id"], "question": it["question"], "label": it["label"], "kind": it.get("kind", "single"),
-            "context": it.get("context", []), "expected": it.get("expected", []),
-            "signals": r.signals, "reranked": r.reranked,
-            "fused": [c.chunk_id for c in r.fused], "ranked": [c.chunk_id for c in r.ranked],
-            "top": [{"chunk_id": c.chunk_id, "doc_id": c.doc_id, "section_id": c.section_id,
-                     "rerank_probability": c.rerank_probability, "fused_score": c.fused_score}
-                    for c in r.ranked[:3]],
-        })
+        out.append(
+            {
+                "id": it["id"],
+                "question": it["question"],
+                "label": it["label"],
+                "kind": it.get("kind", "single"),
+                "context": it.get("context", []),
+                "expected": it.get("expected", []),
+                "signals": r.signals,
+                "reranked": r.reranked,
+                "fused": [c.chunk_id for c in r.fused],
+                "ranked": [c.chunk_id for c in r.ranked],
+                "top": [
+                    {
+                        "chunk_id": c.chunk_id,
+                        "doc_id": c.doc_id,
+                        "section_id": c.section_id,
+                        "rerank_probability": c.rerank_probability,
+                        "fused_score": c.fused_score,
+                    }
+                    for c in r.ranked[:3]
+                ],
+            }
+        )
     return out
 
 
 def qrels_for(items: list[dict], chunks: list[dict]) -> dict[str, dict[str, int]]:
     """Relevant chunk ids per question, from the labels alone (never from a ranker)."""
-    return {it["id"]: {c["chunk_id"]: 1 for c in chunks if relevant(it["expected"], c["doc_id"], c["section_id"])}
-            for it in items}
+    return {
+        it["id"]: {c["chunk_id"]: 1 for c in chunks if relevant(it["expected"], c["doc_id"], c["section_id"])}
+        for it in items
+    }
 
 
 def shortlist_recall(records: list[dict], chunks_by_id: dict[str, dict], depth: int) -> dict:

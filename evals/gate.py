@@ -5,13 +5,15 @@ threshold gap, when the shipped threshold declines any should-answer question,
 when reranked precision fell below the accepted baseline beyond tolerance, or
 when the eval sets themselves were invalid.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pipelines.io import jsonable, write_json, write_text
 
@@ -49,14 +51,22 @@ def check_threshold_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
         return _check("threshold_gap", False, f"The gating signal {signal}: {result['verdict']}.")
     answer_min, decline_max = result["answer_band"][0], result["decline_band"][1]
     if result["has_gap"]:
-        return _check("threshold_gap", True,
-                      f"{signal} separates: gap {_n(result['gap'])} between the lowest should-answer "
-                      f"score {_n(answer_min)} and the highest should-decline score {_n(decline_max)}{scope_note}.",
-                      gap=result["gap"], gap_ci=result.get("gap_ci"))
-    return _check("threshold_gap", False,
-                  f"{signal} has no threshold gap: the lowest should-answer score {_n(answer_min)} is not "
-                  f"above the highest should-decline score {_n(decline_max)}{scope_note} (overlap {_n(abs(result['gap']))}; "
-                  f"{result['verdict']}).", gap=result["gap"])
+        return _check(
+            "threshold_gap",
+            True,
+            f"{signal} separates: gap {_n(result['gap'])} between the lowest should-answer "
+            f"score {_n(answer_min)} and the highest should-decline score {_n(decline_max)}{scope_note}.",
+            gap=result["gap"],
+            gap_ci=result.get("gap_ci"),
+        )
+    return _check(
+        "threshold_gap",
+        False,
+        f"{signal} has no threshold gap: the lowest should-answer score {_n(answer_min)} is not "
+        f"above the highest should-decline score {_n(decline_max)}{scope_note} (overlap {_n(abs(result['gap']))}; "
+        f"{result['verdict']}).",
+        gap=result["gap"],
+    )
 
 
 def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
@@ -65,28 +75,38 @@ def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
     if not shipped:
         return _check("answer_coverage", False, "No shipped threshold was checked against the eval set.")
     if shipped["signal"] != signal:
-        return _check("answer_coverage", False,
-                      f"The shipped threshold is on {shipped['signal']} but the gate gates on {signal}.")
+        return _check(
+            "answer_coverage", False, f"The shipped threshold is on {shipped['signal']} but the gate gates on {signal}."
+        )
     if not shipped["available"]:
-        return _check("answer_coverage", False,
-                      f"No question has a {signal} score, so the shipped threshold cannot be checked.")
+        return _check(
+            "answer_coverage", False, f"No question has a {signal} score, so the shipped threshold cannot be checked."
+        )
     threshold, coverage = shipped["threshold"], shipped["coverage"]
     missed = shipped["wrongly_declined"]
     unscored = [q for q in shipped["unscored"] if q in _answer_ids(calibration)]
     if coverage == 1.0:
-        return _check("answer_coverage", True,
-                      f"The shipped {signal} threshold {_n(threshold)} keeps all {shipped['n']['answer']} "
-                      f"should-answer questions and declines {_pct(shipped['decline_recall'])} of should-decline.",
-                      coverage=coverage)
+        return _check(
+            "answer_coverage",
+            True,
+            f"The shipped {signal} threshold {_n(threshold)} keeps all {shipped['n']['answer']} "
+            f"should-answer questions and declines {_pct(shipped['decline_recall'])} of should-decline.",
+            coverage=coverage,
+        )
     listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in missed)
     if unscored:
         listed += (", " if listed else "") + ", ".join(f"{q} (no score)" for q in unscored)
     full = shipped["max_threshold_for_full_coverage"]
-    return _check("answer_coverage", False,
-                  f"The shipped {signal} threshold {_n(threshold)} declines {len(missed) + len(unscored)} of "
-                  f"{shipped['n']['answer']} should-answer questions (coverage {_n(coverage)}): {listed}. "
-                  f"A threshold of at most {_n(full)} keeps them all.",
-                  coverage=coverage, wrongly_declined=missed, unscored=unscored)
+    return _check(
+        "answer_coverage",
+        False,
+        f"The shipped {signal} threshold {_n(threshold)} declines {len(missed) + len(unscored)} of "
+        f"{shipped['n']['answer']} should-answer questions (coverage {_n(coverage)}): {listed}. "
+        f"A threshold of at most {_n(full)} keeps them all.",
+        coverage=coverage,
+        wrongly_declined=missed,
+        unscored=unscored,
+    )
 
 
 def _answer_ids(calibration: Mapping) -> set[str]:
@@ -102,8 +122,7 @@ def _regressions(scope: str, current: Mapping | None, accepted: Mapping, toleran
     return found
 
 
-def check_precision_regression(precision: Mapping | None, baseline: Mapping | None,
-                               tolerance: float) -> dict[str, Any]:
+def check_precision_regression(precision: Mapping | None, baseline: Mapping | None, tolerance: float) -> dict[str, Any]:
     """Reranked precision, overall and per kind, must be >= baseline - tolerance."""
     accepted = (baseline or {}).get("reranked") or {}
     if not accepted:
@@ -115,14 +134,23 @@ def check_precision_regression(precision: Mapping | None, baseline: Mapping | No
     for kind, metrics in sorted(accepted.get("by_kind", {}).items()):
         found += _regressions(kind, (by_kind.get(kind) or {}).get("reranked"), metrics, tolerance)
     if not found:
-        return _check("precision_regression", True,
-                      f"Reranked precision is within {tolerance:g} of the accepted baseline everywhere.")
-    lines = [f"{r['metric']} for {'all questions' if r['kind'] == 'overall' else 'kind ' + repr(r['kind'])} "
-             + (f"is {_n(r['value'])}, below baseline {_n(r['baseline'])} - tolerance {tolerance:g}"
-                if r["value"] is not None else "is missing from this run")
-             for r in found]
-    return _check("precision_regression", False,
-                  f"Reranked precision regressed: {'; '.join(lines)}.", regressions=found)
+        return _check(
+            "precision_regression",
+            True,
+            f"Reranked precision is within {tolerance:g} of the accepted baseline everywhere.",
+        )
+    lines = [
+        f"{r['metric']} for {'all questions' if r['kind'] == 'overall' else 'kind ' + repr(r['kind'])} "
+        + (
+            f"is {_n(r['value'])}, below baseline {_n(r['baseline'])} - tolerance {tolerance:g}"
+            if r["value"] is not None
+            else "is missing from this run"
+        )
+        for r in found
+    ]
+    return _check(
+        "precision_regression", False, f"Reranked precision regressed: {'; '.join(lines)}.", regressions=found
+    )
 
 
 def check_decline_regression(calibration: Mapping, baseline: Mapping | None, tolerance: float) -> dict[str, Any]:
@@ -131,15 +159,23 @@ def check_decline_regression(calibration: Mapping, baseline: Mapping | None, tol
     if not accepted:
         return _check("decline_regression", True, "No accepted decline-recall baseline to compare against yet.")
     current = (calibration.get("shipped") or {}).get("decline_recall_by_kind") or {}
-    found = [{"kind": k, "baseline": base, "value": (current.get(k) or {}).get("recall")}
-             for k, base in sorted(accepted.items())
-             if (current.get(k) or {}).get("recall") is None or current[k]["recall"] + EPSILON < base - tolerance]
+    found = [
+        {"kind": k, "baseline": base, "value": (current.get(k) or {}).get("recall")}
+        for k, base in sorted(accepted.items())
+        if (current.get(k) or {}).get("recall") is None or current[k]["recall"] + EPSILON < base - tolerance
+    ]
     summary = ", ".join(f"{k} {v['declined']}/{v['n']}" for k, v in current.items())
     if not found:
-        return _check("decline_regression", True,
-                      f"Decline recall per kind is within {tolerance:g} of the accepted baseline ({summary}).")
-    lines = [f"kind {r['kind']!r} declines {_pct(r['value'])}, below baseline {_pct(r['baseline'])} - "
-             f"tolerance {tolerance:g}" for r in found]
+        return _check(
+            "decline_regression",
+            True,
+            f"Decline recall per kind is within {tolerance:g} of the accepted baseline ({summary}).",
+        )
+    lines = [
+        f"kind {r['kind']!r} declines {_pct(r['value'])}, below baseline {_pct(r['baseline'])} - "
+        f"tolerance {tolerance:g}"
+        for r in found
+    ]
     return _check("decline_regression", False, f"Decline recall regressed: {'; '.join(lines)}.", regressions=found)
 
 
@@ -150,28 +186,42 @@ def check_eval_sets_valid(eval_errors: Iterable[str]) -> dict[str, Any]:
     return _check("eval_sets_valid", False, f"The eval sets are invalid: {'; '.join(errors)}.", errors=errors)
 
 
-def evaluate_gate(calibration: Mapping, precision: Mapping | None, baseline: Mapping | None, *,
-                  gating_signal: str, tolerance: float, eval_errors: Iterable[str] = ()) -> dict[str, Any]:
+def evaluate_gate(
+    calibration: Mapping,
+    precision: Mapping | None,
+    baseline: Mapping | None,
+    *,
+    gating_signal: str,
+    tolerance: float,
+    eval_errors: Iterable[str] = (),
+) -> dict[str, Any]:
     """gate.json: passed, the reasons it did not, and every check."""
-    checks = [check_threshold_gap(calibration, gating_signal),
-              check_answer_coverage(calibration, gating_signal),
-              check_precision_regression(precision, baseline, tolerance),
-              check_decline_regression(calibration, baseline, tolerance),
-              check_eval_sets_valid(eval_errors)]
-    signal = ((calibration.get("gating") or {}).get("result")
-              or (calibration.get("signals") or {}).get(gating_signal) or {})
+    checks = [
+        check_threshold_gap(calibration, gating_signal),
+        check_answer_coverage(calibration, gating_signal),
+        check_precision_regression(precision, baseline, tolerance),
+        check_decline_regression(calibration, baseline, tolerance),
+        check_eval_sets_valid(eval_errors),
+    ]
+    signal = (
+        (calibration.get("gating") or {}).get("result") or (calibration.get("signals") or {}).get(gating_signal) or {}
+    )
     shipped = calibration.get("shipped") or {}
-    return jsonable({
-        "passed": all(c["passed"] for c in checks),
-        "reasons": [c["detail"] for c in checks if not c["passed"]],
-        "checks": checks,
-        "gating_signal": gating_signal,
-        "tolerance": tolerance,
-        "thresholds": {"shipped": shipped.get("threshold"),
-                       "strong": shipped.get("strong_threshold"),
-                       "recommended": signal.get("recommended_threshold"),
-                       "max_for_full_coverage": shipped.get("max_threshold_for_full_coverage")},
-    })
+    return jsonable(
+        {
+            "passed": all(c["passed"] for c in checks),
+            "reasons": [c["detail"] for c in checks if not c["passed"]],
+            "checks": checks,
+            "gating_signal": gating_signal,
+            "tolerance": tolerance,
+            "thresholds": {
+                "shipped": shipped.get("threshold"),
+                "strong": shipped.get("strong_threshold"),
+                "recommended": signal.get("recommended_threshold"),
+                "max_for_full_coverage": shipped.get("max_threshold_for_full_coverage"),
+            },
+        }
+    )
 
 
 def _xml_text(text: Any) -> str:
@@ -183,8 +233,15 @@ def junit_xml(gate: Mapping) -> str:
     checks = gate["checks"]
     failures = sum(not c["passed"] for c in checks)
     suites = ET.Element("testsuites", tests=str(len(checks)), failures=str(failures))
-    suite = ET.SubElement(suites, "testsuite", name="sourcegate-gate", tests=str(len(checks)),
-                          failures=str(failures), errors="0", skipped="0")
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name="sourcegate-gate",
+        tests=str(len(checks)),
+        failures=str(failures),
+        errors="0",
+        skipped="0",
+    )
     for c in checks:
         case = ET.SubElement(suite, "testcase", classname="sourcegate.gate", name=_xml_text(c["name"]))
         if c["passed"]:
@@ -199,5 +256,4 @@ def junit_xml(gate: Mapping) -> str:
 def write_gate(gate: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write gate.json and junit.xml into out_dir, each atomically."""
     out = Path(out_dir)
-    return {"gate": write_json(gate, out / "gate.json"),
-            "junit": write_text(junit_xml(gate), out / "junit.xml")}
+    return {"gate": write_json(gate, out / "gate.json"), "junit": write_text(junit_xml(gate), out / "junit.xml")}

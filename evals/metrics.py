@@ -7,10 +7,11 @@ Queries are those in qrels (a query missing from the run scores 0); run
 queries without judgments are ignored. A document retrieved twice counts once,
 at its first rank. Each metric returns {"per_query": {qid: value}, "mean": value}.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 Run = Mapping[str, Sequence[str]]
 Qrels = Mapping[str, Mapping[str, int]]

@@ -1,12 +1,14 @@
 """Reranker precision evals: the fused candidate order against the reranked one,
 overall and per question kind, with every question the reranker made worse.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from pipelines.io import jsonable
 from evals.metrics import first_relevant_rank, mrr, ndcg_at, precision_at, recall_at
+from pipelines.io import jsonable
 
 SYSTEMS = ("fused", "reranked")
 
@@ -31,19 +33,31 @@ def _means(per_query: Mapping[str, Mapping[str, float]], qids: Iterable[str]) ->
 
 def _compare(values: Mapping[str, Mapping[str, Mapping[str, float]]], qids: list[str]) -> dict[str, Any]:
     fused, reranked = (_means(values[s], qids) for s in SYSTEMS)
-    return {"n": len(qids), "fused": fused, "reranked": reranked,
-            "delta": {name: reranked[name] - fused[name] for name in fused}}
+    return {
+        "n": len(qids),
+        "fused": fused,
+        "reranked": reranked,
+        "delta": {name: reranked[name] - fused[name] for name in fused},
+    }
 
 
 def _loss(item: Mapping, fused_rank: int | None, reranked_rank: int | None) -> dict[str, Any]:
-    return {"id": item["id"], "kind": item.get("kind"), "question": item.get("question", ""),
-            "fused_rank_of_first_relevant": fused_rank,
-            "reranked_rank_of_first_relevant": reranked_rank}
+    return {
+        "id": item["id"],
+        "kind": item.get("kind"),
+        "question": item.get("question", ""),
+        "fused_rank_of_first_relevant": fused_rank,
+        "reranked_rank_of_first_relevant": reranked_rank,
+    }
 
 
-def precision_eval(items: Sequence[Mapping], fused: Mapping[str, Sequence[str]],
-                   reranked: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]],
-                   ks: Sequence[int] = (1, 3, 5)) -> dict[str, Any]:
+def precision_eval(
+    items: Sequence[Mapping],
+    fused: Mapping[str, Sequence[str]],
+    reranked: Mapping[str, Sequence[str]],
+    qrels: Mapping[str, Mapping[str, int]],
+    ks: Sequence[int] = (1, 3, 5),
+) -> dict[str, Any]:
     """precision.json: metrics before/after reranking, per kind, and the losses.
 
     Items without a relevant document in qrels are left out (listed in
@@ -76,14 +90,16 @@ def precision_eval(items: Sequence[Mapping], fused: Mapping[str, Sequence[str]],
             ties += 1
 
     qids = [it["id"] for it in judged]
-    return jsonable({
-        "ks": list(ks),
-        "metrics": list(fns),
-        "n": len(qids),
-        "overall": _compare(values, qids) if qids else None,
-        "by_kind": {kind: _compare(values, ids) for kind, ids in sorted(kinds.items())},
-        "losses": losses,
-        "wins": wins,
-        "ties": ties,
-        "skipped": skipped,
-    })
+    return jsonable(
+        {
+            "ks": list(ks),
+            "metrics": list(fns),
+            "n": len(qids),
+            "overall": _compare(values, qids) if qids else None,
+            "by_kind": {kind: _compare(values, ids) for kind, ids in sorted(kinds.items())},
+            "losses": losses,
+            "wins": wins,
+            "ties": ties,
+            "skipped": skipped,
+        }
+    )

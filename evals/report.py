@@ -4,20 +4,22 @@ Inline CSS and hand-made inline SVG only: no scripts, no external URLs, so the
 file opens the same from an artifact store, a mail attachment or the Airflow UI.
 Every piece of question, corpus or config text goes through `esc`.
 """
+
 from __future__ import annotations
 
 import html
 import math
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from pipelines.io import write_text
 
-MAX_ROWS = 100         # per question table; the JSON artifacts hold the rest
-MAX_DOTS = 600          # per label and plot: enough to see a distribution, small enough to render
+MAX_ROWS = 100  # per question table; the JSON artifacts hold the rest
+MAX_DOTS = 600  # per label and plot: enough to see a distribution, small enough to render
 PALETTE = ((247, 251, 255), (107, 174, 214), (8, 48, 107))  # heatmap colours for 0, 0.5, 1
 
 CSS = """
@@ -52,6 +54,7 @@ svg text{fill:#2d3748}svg text.small{font-size:10px}
 
 # --------------------------------------------------------------------------- text
 
+
 def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
@@ -66,20 +69,26 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = (),
-           limit: int | None = None) -> str:
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = (), limit: int | None = None
+) -> str:
     """HTML table; cells are already-escaped HTML. Past `limit` rows, says how many were left out."""
     rows = list(rows)
     more = len(rows) - limit if limit is not None and len(rows) > limit else 0
     rows = rows[:limit] if more else rows
     note = f'<p class="muted">… and {more} more (see the JSON artifact).</p>' if more else ""
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
 
 
 # --------------------------------------------------------------------------- svg primitives
+
 
 def _scale(d0: float, d1: float, r0: float, r1: float):
     span = (d1 - d0) or 1.0
@@ -105,8 +114,10 @@ def _ticks(lo: float, hi: float, n: int = 6) -> list[float]:
 
 
 def _svg(width: int, height: int, kind: str, label: str, body: Iterable[str]) -> str:
-    return (f'<svg class="plot {kind}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-            f'role="img" aria-label="{esc(label)}">' + "".join(body) + "</svg>")
+    return (
+        f'<svg class="plot {kind}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'role="img" aria-label="{esc(label)}">' + "".join(body) + "</svg>"
+    )
 
 
 def _line(x1: float, y1: float, x2: float, y2: float, cls: str) -> str:
@@ -143,8 +154,9 @@ def _jitter(n: int, amplitude: float, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-amplitude, amplitude, n)
 
 
-def _marker(sx, value: float | None, top: float, bottom: float, cls: str, label: str,
-            label_y: float, width: float) -> list[str]:
+def _marker(
+    sx, value: float | None, top: float, bottom: float, cls: str, label: str, label_y: float, width: float
+) -> list[str]:
     if value is None:
         return []
     x = sx(value)
@@ -154,8 +166,10 @@ def _marker(sx, value: float | None, top: float, bottom: float, cls: str, label:
 
 # --------------------------------------------------------------------------- plots
 
-def strip_plot(name: str, result: Mapping, answer: Sequence[float], decline: Sequence[float],
-               shipped: float | None = None) -> str:
+
+def strip_plot(
+    name: str, result: Mapping, answer: Sequence[float], decline: Sequence[float], shipped: float | None = None
+) -> str:
     """Should-answer and should-decline scores side by side, gap and thresholds marked."""
     width, height, left, right = 600, 180, 110, 16
     rows = {"should-answer": (62, answer, "answer"), "should-decline": (118, decline, "decline")}
@@ -168,17 +182,23 @@ def strip_plot(name: str, result: Mapping, answer: Sequence[float], decline: Seq
     lo_edge, hi_edge = sorted((answer_min, decline_max))
     kind = "gap" if result["has_gap"] else "overlap"
     label = f"{kind} {_num(abs(result['gap']))}"
-    body += [_rect(sx(lo_edge), 36, sx(hi_edge) - sx(lo_edge), 108, kind, title=label),
-             _text((sx(lo_edge) + sx(hi_edge)) / 2, 172, label, "middle", "small")]
+    body += [
+        _rect(sx(lo_edge), 36, sx(hi_edge) - sx(lo_edge), 108, kind, title=label),
+        _text((sx(lo_edge) + sx(hi_edge)) / 2, 172, label, "middle", "small"),
+    ]
     for label, (y, values, cls) in rows.items():
         band = result["answer_band"] if cls == "answer" else result["decline_band"]
-        body += [_text(left - 8, y + 4, label, "end"),
-                 _line(sx(band[0]), y + 20, sx(band[1]), y + 20, "band"),
-                 _line(sx(band[0]), y + 16, sx(band[0]), y + 24, "band"),
-                 _line(sx(band[1]), y + 16, sx(band[1]), y + 24, "band")]
+        body += [
+            _text(left - 8, y + 4, label, "end"),
+            _line(sx(band[0]), y + 20, sx(band[1]), y + 20, "band"),
+            _line(sx(band[0]), y + 16, sx(band[0]), y + 24, "band"),
+            _line(sx(band[1]), y + 16, sx(band[1]), y + 24, "band"),
+        ]
         dots = _thinned(values)
-        body += [f'<circle class="{cls}" cx="{sx(v):.1f}" cy="{y + j:.1f}" r="3"/>'
-                 for v, j in zip(dots, _jitter(len(dots), 11))]
+        body += [
+            f'<circle class="{cls}" cx="{sx(v):.1f}" cy="{y + j:.1f}" r="3"/>'
+            for v, j in zip(dots, _jitter(len(dots), 11))
+        ]
     body += _marker(sx, recommended, 30, 146, "recommended", "recommended", 14, width)
     body += _marker(sx, shipped, 30, 146, "shipped", "shipped", 27, width)
     body += _x_axis(sx, lo, hi, 150, left, width - right)
@@ -199,9 +219,12 @@ def sweep_plot(name: str, sweep: Mapping, recommended: float | None, shipped: fl
     body += _marker(sx, recommended, top, bottom, "recommended", "recommended", 12, width)
     body += _marker(sx, shipped, top, bottom, "shipped", "shipped", 22, width)
     body += _x_axis(sx, lo, hi, bottom, left, width - right)
-    body += [_line(left + 4, 170, left + 20, 170, "answer-line"), _text(left + 24, 173, "should-answer kept"),
-             _line(left + 150, 170, left + 166, 170, "decline-line"),
-             _text(left + 170, 173, "should-decline declined")]
+    body += [
+        _line(left + 4, 170, left + 20, 170, "answer-line"),
+        _text(left + 24, 173, "should-answer kept"),
+        _line(left + 150, 170, left + 166, 170, "decline-line"),
+        _text(left + 170, 173, "should-decline declined"),
+    ]
     return _svg(width, height, "sweep", f"{name} threshold sweep", body)
 
 
@@ -212,7 +235,7 @@ def _color(value: float | None) -> str:
     i = min(int(v), len(PALETTE) - 2)
     f = v - i
     rgb = [round(a + (b - a) * f) for a, b in zip(PALETTE[i], PALETTE[i + 1])]
-    return "#%02x%02x%02x" % tuple(rgb)
+    return "#{:02x}{:02x}{:02x}".format(*tuple(rgb))
 
 
 def heatmap(pair: Mapping, key: str, title: str) -> str:
@@ -225,19 +248,30 @@ def heatmap(pair: Mapping, key: str, title: str) -> str:
     for i, a in enumerate(gx):
         for j, b in enumerate(gy):
             v = values[i][j]
-            body.append(_rect(left + i * cw, top + size - (j + 1) * ch, cw + 0.3, ch + 0.3, fill=_color(v),
-                              title=f"{pair['x']} >= {_num(a)}, {pair['y']} >= {_num(b)}: {_pct(v)}"))
+            body.append(
+                _rect(
+                    left + i * cw,
+                    top + size - (j + 1) * ch,
+                    cw + 0.3,
+                    ch + 0.3,
+                    fill=_color(v),
+                    title=f"{pair['x']} >= {_num(a)}, {pair['y']} >= {_num(b)}: {_pct(v)}",
+                )
+            )
     # Outline the threshold pairs that keep every should-answer question.
     for i in range(len(gx)):
         for j in range(len(gy)):
             if grid["coverage"][i][j] == 1.0:
-                body.append(f'<rect class="full-coverage" x="{left + i * cw:.1f}" '
-                            f'y="{top + size - (j + 1) * ch:.1f}" width="{cw:.1f}" height="{ch:.1f}"/>')
+                body.append(
+                    f'<rect class="full-coverage" x="{left + i * cw:.1f}" '
+                    f'y="{top + size - (j + 1) * ch:.1f}" width="{cw:.1f}" height="{ch:.1f}"/>'
+                )
     for k in range(11):  # colour legend 0% .. 100%
-        body.append(_rect(left + size + 8, top + size - (k + 1) * size / 11, 10, size / 11 + 0.3,
-                          fill=_color(k / 10)))
-    body += [_text(left + size + 22, top + 8, "100%", cls="small"),
-             _text(left + size + 22, top + size, "0%", cls="small")]
+        body.append(_rect(left + size + 8, top + size - (k + 1) * size / 11, 10, size / 11 + 0.3, fill=_color(k / 10)))
+    body += [
+        _text(left + size + 22, top + 8, "100%", cls="small"),
+        _text(left + size + 22, top + size, "0%", cls="small"),
+    ]
     rec = pair["recommended"]
     mx = left + (np.interp(rec[pair["x"]], gx, np.arange(len(gx))) + 0.5) * cw
     my = top + size - (np.interp(rec[pair["y"]], gy, np.arange(len(gy))) + 0.5) * ch
@@ -246,9 +280,11 @@ def heatmap(pair: Mapping, key: str, title: str) -> str:
         body.append(_text(left + (i + 0.5) * cw, top + size + 14, _num(gx[i]), "middle", "small"))
     for j in sorted({0, len(gy) // 2, len(gy) - 1}):
         body.append(_text(left - 4, top + size - (j + 0.5) * ch + 4, _num(gy[j]), "end", "small"))
-    body += [_text(left + size / 2, top + size + 30, f"{pair['x']} threshold", "middle"),
-             f'<text x="14" y="{top + size / 2:.0f}" text-anchor="middle" '
-             f'transform="rotate(-90 14 {top + size / 2:.0f})">{esc(pair["y"])} threshold</text>']
+    body += [
+        _text(left + size / 2, top + size + 30, f"{pair['x']} threshold", "middle"),
+        f'<text x="14" y="{top + size / 2:.0f}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + size / 2:.0f})">{esc(pair["y"])} threshold</text>',
+    ]
     return _svg(left + size + 52, top + size + 40, "heatmap", title, body)
 
 
@@ -260,8 +296,7 @@ def pair_scatter(pair: Mapping, points: Sequence[tuple[float, float, str]]) -> s
     (x0, x1), (y0, y1) = _domain([*xs, rec[pair["x"]]]), _domain([*ys, rec[pair["y"]]])
     sx, sy = _scale(x0, x1, left, width - right), _scale(y0, y1, bottom, top)
     ax, ay = sx(rec[pair["x"]]), sy(rec[pair["y"]])
-    body = [_text(left, 14, "shaded = answered"),
-            _rect(ax, top, width - right - ax, ay - top, "keep-region")]
+    body = [_text(left, 14, "shaded = answered"), _rect(ax, top, width - right - ax, ay - top, "keep-region")]
     for cls in ("decline", "answer"):
         chosen = [p for p in points if p[2] == cls]
         if len(chosen) > MAX_DOTS:
@@ -270,14 +305,15 @@ def pair_scatter(pair: Mapping, points: Sequence[tuple[float, float, str]]) -> s
     body += [_line(ax, top, ax, bottom, "recommended"), _line(left, ay, width - right, ay, "recommended")]
     body += _x_axis(sx, x0, x1, bottom, left, width - right)
     mid = (top + bottom) / 2
-    body += [_text(left + (width - left) / 2, height - 6, pair["x"], "middle"),
-             _line(left, top, left, bottom, "axis"),
-             f'<text x="12" y="{mid:.0f}" text-anchor="middle" transform="rotate(-90 12 {mid:.0f})">'
-             f'{esc(pair["y"])}</text>',
-             '<circle class="answer" cx="{0}" cy="9" r="4"/>'.format(width - 150),
-             _text(width - 143, 13, "answer", cls="small"),
-             '<circle class="decline" cx="{0}" cy="9" r="4"/>'.format(width - 80),
-             _text(width - 73, 13, "decline", cls="small")]
+    body += [
+        _text(left + (width - left) / 2, height - 6, pair["x"], "middle"),
+        _line(left, top, left, bottom, "axis"),
+        f'<text x="12" y="{mid:.0f}" text-anchor="middle" transform="rotate(-90 12 {mid:.0f})">{esc(pair["y"])}</text>',
+        f'<circle class="answer" cx="{width - 150}" cy="9" r="4"/>',
+        _text(width - 143, 13, "answer", cls="small"),
+        f'<circle class="decline" cx="{width - 80}" cy="9" r="4"/>',
+        _text(width - 73, 13, "decline", cls="small"),
+    ]
     for t in _ticks(y0, y1):
         body.append(_text(left - 4, sy(t) + 4, _num(t), "end", "small"))
     return _svg(width, height, "scatter", f"{pair['x']} against {pair['y']}", body)
@@ -297,8 +333,10 @@ def bar_chart(precision: Mapping, metric: str) -> str:
         for s, system in enumerate(("fused", "reranked")):
             v = stats[system][metric] or 0.0
             bx = x + s * 34
-            body += [_rect(bx, sy(v), 30, bottom - sy(v), system, title=f"{name} {system} {metric} {v:.3f}"),
-                     _text(bx + 15, sy(v) - 3, f"{v:.2f}", "middle", "small")]
+            body += [
+                _rect(bx, sy(v), 30, bottom - sy(v), system, title=f"{name} {system} {metric} {v:.3f}"),
+                _text(bx + 15, sy(v) - 3, f"{v:.2f}", "middle", "small"),
+            ]
         label = name if len(str(name)) <= 14 else str(name)[:13] + "…"
         body.append(_text(x + 32, bottom + 14, label, "middle", "small"))
     body.append(_line(left, bottom, width - 10, bottom, "axis"))
@@ -307,18 +345,29 @@ def bar_chart(precision: Mapping, metric: str) -> str:
 
 # --------------------------------------------------------------------------- sections
 
+
 def _banner(gate: Mapping) -> str:
     if gate.get("passed"):
-        return ('<div class="banner pass"><strong>PASSED</strong> — this index version may be promoted.'
-                f' Gating signal: {esc(gate.get("gating_signal"))}.</div>')
+        return (
+            '<div class="banner pass"><strong>PASSED</strong> — this index version may be promoted.'
+            f" Gating signal: {esc(gate.get('gating_signal'))}.</div>"
+        )
     reasons = "".join(f"<li>{esc(r)}</li>" for r in gate.get("reasons", []))
-    return ('<div class="banner fail"><strong>FAILED</strong> — this index version must not be promoted.'
-            f"<ul>{reasons}</ul></div>")
+    return (
+        '<div class="banner fail"><strong>FAILED</strong> — this index version must not be promoted.'
+        f"<ul>{reasons}</ul></div>"
+    )
 
 
 def _checks(gate: Mapping) -> str:
-    rows = [(f'<span class="{"good" if c["passed"] else "bad"}">{"pass" if c["passed"] else "FAIL"}</span>',
-             esc(c["name"]), esc(c["detail"])) for c in gate.get("checks", [])]
+    rows = [
+        (
+            f'<span class="{"good" if c["passed"] else "bad"}">{"pass" if c["passed"] else "FAIL"}</span>',
+            esc(c["name"]),
+            esc(c["detail"]),
+        )
+        for c in gate.get("checks", [])
+    ]
     return "<h2>Gate checks</h2>" + _table(["", "check", "detail"], rows)
 
 
@@ -340,11 +389,23 @@ def _signal_summary(calibration: Mapping) -> str:
         cls = "good" if r["has_gap"] else ("warn" if r["discriminates"] else "bad")
         band = lambda b: "n/a" if b is None else f"{_num(b[0])} – {_num(b[1])}"
         ci = r.get("gap_ci")
-        rows.append((esc(name), f'<span class="{cls}">{esc(r["verdict"])}</span>', _num(r["auc"]),
-                     band(r["answer_band"]), band(r["decline_band"]), _num(r["gap"]),
-                     "n/a" if not ci else f"[{_num(ci[0])}, {_num(ci[1])}]", _num(r["recommended_threshold"])))
-    return _table(["signal", "verdict", "AUC", "should-answer band", "should-decline band", "gap",
-                   "gap 95% CI", "recommended"], rows, numeric=(2, 5, 7))
+        rows.append(
+            (
+                esc(name),
+                f'<span class="{cls}">{esc(r["verdict"])}</span>',
+                _num(r["auc"]),
+                band(r["answer_band"]),
+                band(r["decline_band"]),
+                _num(r["gap"]),
+                "n/a" if not ci else f"[{_num(ci[0])}, {_num(ci[1])}]",
+                _num(r["recommended_threshold"]),
+            )
+        )
+    return _table(
+        ["signal", "verdict", "AUC", "should-answer band", "should-decline band", "gap", "gap 95% CI", "recommended"],
+        rows,
+        numeric=(2, 5, 7),
+    )
 
 
 def _signal_card(calibration: Mapping, name: str, r: Mapping) -> str:
@@ -358,21 +419,28 @@ def _signal_card(calibration: Mapping, name: str, r: Mapping) -> str:
     if not answer and not decline:  # artifact without per-question rows: draw the bands alone
         answer, decline = r["answer_band"], r["decline_band"]
     cls = "good" if r["has_gap"] else ("warn" if r["discriminates"] else "bad")
-    position = ("" if r["position_in_gap"] is None else
-                f", {r['position_in_gap']:.0%} of the way from the should-answer min to the should-decline max")
+    position = (
+        ""
+        if r["position_in_gap"] is None
+        else f", {r['position_in_gap']:.0%} of the way from the should-answer min to the should-decline max"
+    )
     warnings = "".join(f'<li class="warn">{esc(w)}</li>' for w in r["warnings"])
-    facts = (f"AUC {_num(r['auc'])} · should-answer band {_num(r['answer_band'][0])} – "
-             f"{_num(r['answer_band'][1])} (n={r['n']['answer']}) · should-decline band "
-             f"{_num(r['decline_band'][0])} – {_num(r['decline_band'][1])} (n={r['n']['decline']}) · "
-             "recommended threshold "
-             f"{_num(r['recommended_threshold'], 4)} ({esc(r.get('placement', ''))}{position}) declines "
-             f"{_pct(r['decline_recall_at_recommended'])} of should-decline")
-    return (f'<div class="card signal" id="signal-{esc(name)}"><h3>{esc(name)}'
-            f'{" (gating signal)" if shipped is not None else ""}</h3>'
-            f'<p class="verdict {cls}">{esc(r["verdict"])}</p><p>{facts}</p>'
-            f'{"<ul>" + warnings + "</ul>" if warnings else ""}'
-            f'<div class="row">{strip_plot(name, r, answer, decline, shipped)}'
-            f'{sweep_plot(name, r["sweep"], r["recommended_threshold"], shipped)}</div></div>')
+    facts = (
+        f"AUC {_num(r['auc'])} · should-answer band {_num(r['answer_band'][0])} – "
+        f"{_num(r['answer_band'][1])} (n={r['n']['answer']}) · should-decline band "
+        f"{_num(r['decline_band'][0])} – {_num(r['decline_band'][1])} (n={r['n']['decline']}) · "
+        "recommended threshold "
+        f"{_num(r['recommended_threshold'], 4)} ({esc(r.get('placement', ''))}{position}) declines "
+        f"{_pct(r['decline_recall_at_recommended'])} of should-decline"
+    )
+    return (
+        f'<div class="card signal" id="signal-{esc(name)}"><h3>{esc(name)}'
+        f"{' (gating signal)' if shipped is not None else ''}</h3>"
+        f'<p class="verdict {cls}">{esc(r["verdict"])}</p><p>{facts}</p>'
+        f"{'<ul>' + warnings + '</ul>' if warnings else ''}"
+        f'<div class="row">{strip_plot(name, r, answer, decline, shipped)}'
+        f"{sweep_plot(name, r['sweep'], r['recommended_threshold'], shipped)}</div></div>"
+    )
 
 
 def _pair_section(calibration: Mapping) -> str:
@@ -382,19 +450,25 @@ def _pair_section(calibration: Mapping) -> str:
     title = f"<h2>Two signals together: {esc(pair['x'])} × {esc(pair['y'])}</h2>"
     if pair.get("skipped") or not pair.get("recommended"):
         return title + f'<p class="muted">{esc(pair.get("note") or pair.get("verdict"))}</p>'
-    points = [(q["signals"][pair["x"]], q["signals"][pair["y"]], q["label"])
-              for q in calibration.get("questions", ())
-              if q["signals"].get(pair["x"]) is not None and q["signals"].get(pair["y"]) is not None]
+    points = [
+        (q["signals"][pair["x"]], q["signals"][pair["y"]], q["label"])
+        for q in calibration.get("questions", ())
+        if q["signals"].get(pair["x"]) is not None and q["signals"].get(pair["y"]) is not None
+    ]
     rec = pair["recommended"]
-    text = (f'<p class="verdict {"good" if pair["separates"] else "warn"}">{esc(pair["verdict"])}</p>'
-            f"<p>Answer when {esc(pair['x'])} ≥ {_num(rec[pair['x']], 4)} and {esc(pair['y'])} ≥ "
-            f"{_num(rec[pair['y']], 4)} (red circle on the maps): keeps 100% of should-answer, declines "
-            f"{_pct(pair['decline_recall_at_recommended'])} of should-decline. The maps show every threshold "
-            "pair on a grid at quantiles of each signal; pairs that keep every should-answer question are "
-            "outlined green.</p>")
-    plots = (heatmap(pair, "coverage", "should-answer kept") +
-             heatmap(pair, "decline_recall", "should-decline declined") +
-             (pair_scatter(pair, points) if points else ""))
+    text = (
+        f'<p class="verdict {"good" if pair["separates"] else "warn"}">{esc(pair["verdict"])}</p>'
+        f"<p>Answer when {esc(pair['x'])} ≥ {_num(rec[pair['x']], 4)} and {esc(pair['y'])} ≥ "
+        f"{_num(rec[pair['y']], 4)} (red circle on the maps): keeps 100% of should-answer, declines "
+        f"{_pct(pair['decline_recall_at_recommended'])} of should-decline. The maps show every threshold "
+        "pair on a grid at quantiles of each signal; pairs that keep every should-answer question are "
+        "outlined green.</p>"
+    )
+    plots = (
+        heatmap(pair, "coverage", "should-answer kept")
+        + heatmap(pair, "decline_recall", "should-decline declined")
+        + (pair_scatter(pair, points) if points else "")
+    )
     return title + f'<div class="card">{text}<div class="row">{plots}</div></div>'
 
 
@@ -402,28 +476,53 @@ def _shipped_section(calibration: Mapping) -> str:
     s = calibration.get("shipped")
     if not s:
         return ""
-    head = (f"<h2>Shipped threshold: {esc(s['signal'])} ≥ {_num(s['threshold'], 4)}</h2>"
-            f"<p>Keeps {_pct(s['coverage'])} of should-answer and declines {_pct(s['decline_recall'])} of "
-            f"should-decline. The highest threshold that keeps every should-answer question is "
-            f"{_num(s['max_threshold_for_full_coverage'], 6)}.</p>")
-    wd = _table(["id", "question", "score", "fix"],
-                [(esc(q["id"]), esc(q["question"]), _num(q["score"], 4), esc(q["fix"]))
-                 for q in s["wrongly_declined"]], numeric=(2,), limit=MAX_ROWS) if s["wrongly_declined"] else \
-        '<p class="good">None.</p>'
-    wa = _table(["id", "question", "score"],
-                [(esc(q["id"]), esc(q["question"]), _num(q["score"], 4)) for q in s["wrongly_answered"]],
-                numeric=(2,), limit=MAX_ROWS) if s["wrongly_answered"] else '<p class="good">None.</p>'
-    unscored = (f'<p class="warn">No score for: {esc(", ".join(s["unscored"]))}</p>' if s["unscored"] else "")
+    head = (
+        f"<h2>Shipped threshold: {esc(s['signal'])} ≥ {_num(s['threshold'], 4)}</h2>"
+        f"<p>Keeps {_pct(s['coverage'])} of should-answer and declines {_pct(s['decline_recall'])} of "
+        f"should-decline. The highest threshold that keeps every should-answer question is "
+        f"{_num(s['max_threshold_for_full_coverage'], 6)}.</p>"
+    )
+    wd = (
+        _table(
+            ["id", "question", "score", "fix"],
+            [(esc(q["id"]), esc(q["question"]), _num(q["score"], 4), esc(q["fix"])) for q in s["wrongly_declined"]],
+            numeric=(2,),
+            limit=MAX_ROWS,
+        )
+        if s["wrongly_declined"]
+        else '<p class="good">None.</p>'
+    )
+    wa = (
+        _table(
+            ["id", "question", "score"],
+            [(esc(q["id"]), esc(q["question"]), _num(q["score"], 4)) for q in s["wrongly_answered"]],
+            numeric=(2,),
+            limit=MAX_ROWS,
+        )
+        if s["wrongly_answered"]
+        else '<p class="good">None.</p>'
+    )
+    unscored = f'<p class="warn">No score for: {esc(", ".join(s["unscored"]))}</p>' if s["unscored"] else ""
     by_kind = s.get("decline_recall_by_kind") or {}
-    kinds = _table(["should-decline kind", "declined", "of", "recall"],
-                   [(esc(k), str(v["declined"]), str(v["n"]), _pct(v["recall"])) for k, v in by_kind.items()],
-                   numeric=(1, 2, 3)) if by_kind else ""
+    kinds = (
+        _table(
+            ["should-decline kind", "declined", "of", "recall"],
+            [(esc(k), str(v["declined"]), str(v["n"]), _pct(v["recall"])) for k, v in by_kind.items()],
+            numeric=(1, 2, 3),
+        )
+        if by_kind
+        else ""
+    )
     scope = (calibration.get("gating") or {}).get("decline_kinds")
     if scope and scope != "all":
-        kinds += (f"<p>The gap check holds the kinds {esc(', '.join(scope))} to the gap; the others are "
-                  f"reported here and held to their accepted decline recall.</p>")
-    return (head + kinds + f'<div class="card"><h3>Wrongly declined (should-answer below the threshold)</h3>{wd}'
-            f"<h3>Wrongly answered (should-decline at or above the threshold)</h3>{wa}{unscored}</div>")
+        kinds += (
+            f"<p>The gap check holds the kinds {esc(', '.join(scope))} to the gap; the others are "
+            f"reported here and held to their accepted decline recall.</p>"
+        )
+    return (
+        head + kinds + f'<div class="card"><h3>Wrongly declined (should-answer below the threshold)</h3>{wd}'
+        f"<h3>Wrongly answered (should-decline at or above the threshold)</h3>{wa}{unscored}</div>"
+    )
 
 
 def _precision_section(precision: Mapping | None) -> str:
@@ -436,24 +535,37 @@ def _precision_section(precision: Mapping | None) -> str:
         for m in metrics:
             d = stats["delta"][m]
             cls = "bad" if d < -1e-12 else ("good" if d > 1e-12 else "muted")
-            out.append(f'{stats["fused"][m]:.3f} → {stats["reranked"][m]:.3f} '
-                       f'<span class="{cls}">({d:+.3f})</span>')
+            out.append(f'{stats["fused"][m]:.3f} → {stats["reranked"][m]:.3f} <span class="{cls}">({d:+.3f})</span>')
         return out
 
     groups = [("overall", precision["overall"])] + list(precision["by_kind"].items())
     table = _table(["kind", "n", *metrics], [(esc(k), str(s["n"]), *cells(s)) for k, s in groups], numeric=(1,))
     charts = bar_chart(precision, "p@1") + bar_chart(precision, "mrr")
-    losses = _table(["id", "kind", "question", "fused rank of first relevant", "reranked rank"],
-                    [(esc(l["id"]), esc(l["kind"]), esc(l.get("question", "")),
-                      esc(l["fused_rank_of_first_relevant"] or "none"),
-                      esc(l["reranked_rank_of_first_relevant"] or "none")) for l in precision["losses"]],
-                    limit=MAX_ROWS) \
-        if precision["losses"] else '<p class="good">None.</p>'
-    return (f"<h2>Reranker precision (n={precision['n']})</h2><div class=\"card\">{table}"
-            f'<div class="row">{charts}</div>'
-            f"<p>Reranking moved the first relevant passage up for {precision['wins']} questions, "
-            f"down for {len(precision['losses'])}, and left {precision['ties']} unchanged.</p>"
-            f"<h3>Where the reranker lost</h3>{losses}</div>")
+    losses = (
+        _table(
+            ["id", "kind", "question", "fused rank of first relevant", "reranked rank"],
+            [
+                (
+                    esc(loss["id"]),
+                    esc(loss["kind"]),
+                    esc(loss.get("question", "")),
+                    esc(loss["fused_rank_of_first_relevant"] or "none"),
+                    esc(loss["reranked_rank_of_first_relevant"] or "none"),
+                )
+                for loss in precision["losses"]
+            ],
+            limit=MAX_ROWS,
+        )
+        if precision["losses"]
+        else '<p class="good">None.</p>'
+    )
+    return (
+        f'<h2>Reranker precision (n={precision["n"]})</h2><div class="card">{table}'
+        f'<div class="row">{charts}</div>'
+        f"<p>Reranking moved the first relevant passage up for {precision['wins']} questions, "
+        f"down for {len(precision['losses'])}, and left {precision['ties']} unchanged.</p>"
+        f"<h3>Where the reranker lost</h3>{losses}</div>"
+    )
 
 
 def _run_info(run_info: Mapping) -> str:
@@ -463,11 +575,11 @@ def _run_info(run_info: Mapping) -> str:
         if isinstance(value, (list, tuple)):
             return esc(", ".join(map(str, value)))
         return esc(_num(value, 4) if isinstance(value, float) else value)
+
     return "<h2>Run</h2>" + _table(["", ""], [(esc(k), show(v)) for k, v in run_info.items()])
 
 
-def render_report(calibration: Mapping, precision: Mapping | None, gate: Mapping,
-                  run_info: Mapping) -> str:
+def render_report(calibration: Mapping, precision: Mapping | None, gate: Mapping, run_info: Mapping) -> str:
     """The whole report as one HTML string."""
     run_id = run_info.get("run_id", "")
     n = calibration.get("n", {})
@@ -484,10 +596,12 @@ def render_report(calibration: Mapping, precision: Mapping | None, gate: Mapping
         f"<h2>Signals</h2>{_signal_summary(calibration)}{cards}"
         f"{_pair_section(calibration)}{_shipped_section(calibration)}"
         f"{_precision_section(precision)}{_run_info(run_info)}"
-        "</main></body></html>\n")
+        "</main></body></html>\n"
+    )
 
 
-def write_report(calibration: Mapping, precision: Mapping | None, gate: Mapping, run_info: Mapping,
-                 path: str | os.PathLike) -> Path:
+def write_report(
+    calibration: Mapping, precision: Mapping | None, gate: Mapping, run_info: Mapping, path: str | os.PathLike
+) -> Path:
     """Render and write report.html atomically."""
     return write_text(render_report(calibration, precision, gate, run_info), path)

@@ -5,6 +5,7 @@ adjacent : signal >= answer.adjacent
 decline  : otherwise (or `open`, if configured) — with the three closest candidates and
            their scores, so a refusal can be checked.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ Documents are chunked like any corpus; a document's rank is that of its best chu
 (first occurrence in the chunk ranking). The index is cached under the output folder,
 keyed by the corpus and config, so reruns skip straight to the queries.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,8 +47,9 @@ def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> Path:
     """Build (or reuse) the embedded index of the dataset; returns its run folder."""
     corpus = dataset / "corpus.jsonl"
     content = hashlib.sha256(corpus.read_bytes()).hexdigest()  # not mtime: a fresh copy is the same corpus
-    key = hashlib.sha256(json.dumps([content, cfg["embedding"], cfg["chunking"]],
-                                    sort_keys=True).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([content, cfg["embedding"], cfg["chunking"]], sort_keys=True).encode()).hexdigest()[
+        :12
+    ]
     run_id = f"beir-{key}"
     bcfg = copy.deepcopy(cfg)
     bcfg["artifacts"] = str(out / "cache")
@@ -61,15 +63,25 @@ def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> Path:
 def evaluate_systems(runs: dict[str, dict[str, list[str]]], qrels, ks=(1, 3, 5, 10)) -> dict:
     out = {}
     for name, run in runs.items():
-        m = {"ndcg@10": ndcg_at(run, qrels, 10)["mean"], "recall@100": recall_at(run, qrels, 100)["mean"],
-             "mrr": mrr(run, qrels)["mean"]}
+        m = {
+            "ndcg@10": ndcg_at(run, qrels, 10)["mean"],
+            "recall@100": recall_at(run, qrels, 100)["mean"],
+            "mrr": mrr(run, qrels)["mean"],
+        }
         m.update({f"p@{k}": precision_at(run, qrels, k)["mean"] for k in ks})
         out[name] = {k: round(v, 4) for k, v in m.items()}
     return out
 
 
-def run_beir(cfg: dict, dataset: Path, out: Path, *, decline: str | None = None,
-             rerank_depth: int | None = None, progress: bool = False) -> dict:
+def run_beir(
+    cfg: dict,
+    dataset: Path,
+    out: Path,
+    *,
+    decline: str | None = None,
+    rerank_depth: int | None = None,
+    progress: bool = False,
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     folder = index_dataset(cfg, dataset, out, progress)
@@ -86,19 +98,31 @@ def run_beir(cfg: dict, dataset: Path, out: Path, *, decline: str | None = None,
     items = list(queries.items())
     if progress:
         from tqdm import tqdm
+
         items = tqdm(items, desc="beir queries", unit="q")
     for qid, text in items:
         t = time.perf_counter()
         vector = embedder.encode_query(text)
         t_embed = time.perf_counter() - t
-        t = time.perf_counter(); bm25 = searcher.bm25(text, DEPTH); latency["bm25"].append(time.perf_counter() - t)
-        t = time.perf_counter(); knn = searcher.knn(vector, DEPTH); latency["dense"].append(time.perf_counter() - t + t_embed)
-        t = time.perf_counter(); fused = rrf([bm25, knn], cfg["retrieval"]["rrf_k"])
+        t = time.perf_counter()
+        bm25 = searcher.bm25(text, DEPTH)
+        latency["bm25"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        knn = searcher.knn(vector, DEPTH)
+        latency["dense"].append(time.perf_counter() - t + t_embed)
+        t = time.perf_counter()
+        fused = rrf([bm25, knn], cfg["retrieval"]["rrf_k"])
         latency["hybrid"].append(time.perf_counter() - t + latency["bm25"][-1] + latency["dense"][-1])
         t = time.perf_counter()
         head = fused[:depth]
-        _, order = rerank_head(scorer, text, [r["text"] for r in searcher.chunks([c for c, _ in head])],
-                               [s for _, s in head], weight, cfg["reranker"]["timeout_s"])
+        _, order = rerank_head(
+            scorer,
+            text,
+            [r["text"] for r in searcher.chunks([c for c, _ in head])],
+            [s for _, s in head],
+            weight,
+            cfg["reranker"]["timeout_s"],
+        )
         final = [head[i][0] for i in order] + [c for c, _ in fused[depth:]]
         latency["hybrid+rerank"].append(time.perf_counter() - t + latency["hybrid"][-1])
         runs["bm25"][qid] = doc_ranking([h.chunk_id for h in bm25], doc_of)
@@ -108,11 +132,19 @@ def run_beir(cfg: dict, dataset: Path, out: Path, *, decline: str | None = None,
     systems = evaluate_systems(runs, qrels)
     for name in systems:
         systems[name]["p50_ms"] = round(float(np.median(latency[name])) * 1000, 2)
-    result = {"dataset": str(dataset), "queries": len(queries), "chunks": len(doc_of),
-              "documents": len(set(doc_of.values())), "rerank_depth": depth, "candidate_depth": DEPTH,
-              "rrf_k": cfg["retrieval"]["rrf_k"], "rerank_weight": weight,
-              "reranker": getattr(scorer, "model_id", None), "index_seconds": round(t_index, 1),
-              "systems": systems}
+    result = {
+        "dataset": str(dataset),
+        "queries": len(queries),
+        "chunks": len(doc_of),
+        "documents": len(set(doc_of.values())),
+        "rerank_depth": depth,
+        "candidate_depth": DEPTH,
+        "rrf_k": cfg["retrieval"]["rrf_k"],
+        "rerank_weight": weight,
+        "reranker": getattr(scorer, "model_id", None),
+        "index_seconds": round(t_index, 1),
+        "systems": systems,
+    }
     if decline:
         result["calibration"] = str(calibrate_beir(cfg, retriever, queries, decline, out))
     write_json(result, out / "beir.json")
@@ -124,8 +156,11 @@ def calibrate_beir(cfg: dict, retriever, queries: dict[str, str], decline: str, 
     from evals.calibration import calibrate
     from evals.evalset import load_evalset
     from evals.evaluate import run_questions
-    items = [{"id": f"q-{qid}", "question": text, "label": "answer", "kind": "beir", "context": [],
-              "expected": []} for qid, text in queries.items()]
+
+    items = [
+        {"id": f"q-{qid}", "question": text, "label": "answer", "kind": "beir", "context": [], "expected": []}
+        for qid, text in queries.items()
+    ]
     items += [{**it, "label": "decline"} for it in load_evalset(decline)]
     calibration = calibrate(run_questions(retriever, items), steps.calibration_config(cfg))
     return write_json(calibration, out / "calibration.json")

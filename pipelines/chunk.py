@@ -9,13 +9,13 @@ A document's chunks are a pure function of the document, the settings, the token
 this module's code, so a nightly run re-chunks only what changed: `chunker_key` fingerprints
 all but the document, and rows of an unchanged document (same content hash) are reused.
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 _HEADING = re.compile(r"(?m)^(#{2,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
@@ -32,7 +32,7 @@ def split_sections(body: str, fmt: str) -> list[tuple[str, str]]:
         return [("", body.strip())]
     sections, heading, start = [], "", 0
     for m in _HEADING.finditer(body):
-        sections.append((heading, body[start:m.start()].strip()))
+        sections.append((heading, body[start : m.start()].strip()))
         heading, start = m.group(2).strip(), m.end()
     sections.append((heading, body[start:].strip()))
     return [(h, b) for h, b in sections if re.search(r"\w", b)]
@@ -63,7 +63,7 @@ def windows(body: str, tok, budget: int, overlap: int) -> list[str]:
         end = min(start + budget, n)
         while start + 1 < end < n and inside_word(end):
             end -= 1  # never cut a word in two
-        pieces.append(body[offsets[start][0]:offsets[end - 1][1]])
+        pieces.append(body[offsets[start][0] : offsets[end - 1][1]])
         if end >= n:
             return pieces
         start = max(end - overlap, start + 1)
@@ -78,12 +78,19 @@ def chunk_document(doc: dict, tok, max_tokens: int, overlap: int) -> list[dict]:
         budget = max_tokens - 2 - len(tok.encode(header + "\n", add_special_tokens=False).ids)
         for ordinal, piece in enumerate(windows(body, tok, max(budget, 16), overlap)):
             text = f"{header}\n{piece}" if header else piece
-            rows.append({
-                "chunk_id": chunk_id(doc["doc_id"], section, ordinal, text),
-                "doc_id": doc["doc_id"], "title": doc["title"], "section": section,
-                "section_id": slug(section), "body": piece, "text": text,
-                "text_hash": text_hash(text), "ordinal": ordinal,
-            })
+            rows.append(
+                {
+                    "chunk_id": chunk_id(doc["doc_id"], section, ordinal, text),
+                    "doc_id": doc["doc_id"],
+                    "title": doc["title"],
+                    "section": section,
+                    "section_id": slug(section),
+                    "body": piece,
+                    "text": text,
+                    "text_hash": text_hash(text),
+                    "ordinal": ordinal,
+                }
+            )
     return rows
 
 
@@ -95,8 +102,14 @@ def chunker_key(tokenizer_file: str | Path, max_tokens: int, overlap: int) -> st
     return h.hexdigest()[:24]
 
 
-def chunk_documents(documents_parquet: str | Path, tok, *, max_tokens: int = 256, overlap: int = 32,
-                    reuse: dict[str, list[dict]] | None = None) -> list[dict]:
+def chunk_documents(
+    documents_parquet: str | Path,
+    tok,
+    *,
+    max_tokens: int = 256,
+    overlap: int = 32,
+    reuse: dict[str, list[dict]] | None = None,
+) -> list[dict]:
     """Chunk rows of every document, in document order.
 
     `reuse` maps a content hash to that document's rows from a run with the same `chunker_key`;
@@ -104,8 +117,9 @@ def chunk_documents(documents_parquet: str | Path, tok, *, max_tokens: int = 256
     """
     docs = pq.read_table(documents_parquet).to_pylist()
     reuse = reuse or {}
-    return [row for doc in docs
-            for row in (reuse.get(doc["content_hash"]) or chunk_document(doc, tok, max_tokens, overlap))]
+    return [
+        row for doc in docs for row in (reuse.get(doc["content_hash"]) or chunk_document(doc, tok, max_tokens, overlap))
+    ]
 
 
 def rows_by_document(documents_parquet: str | Path, chunks_parquet: str | Path) -> dict[str, list[dict]]:
@@ -114,5 +128,4 @@ def rows_by_document(documents_parquet: str | Path, chunks_parquet: str | Path) 
     by_doc: dict[str, list[dict]] = {}
     for row in pq.read_table(chunks_parquet).to_pylist():
         by_doc.setdefault(row["doc_id"], []).append(row)
-    return {h: by_doc[d] for d, h in zip(docs["doc_id"].to_pylist(), docs["content_hash"].to_pylist())
-            if d in by_doc}
+    return {h: by_doc[d] for d, h in zip(docs["doc_id"].to_pylist(), docs["content_hash"].to_pylist()) if d in by_doc}

@@ -1,4 +1,5 @@
 """`sourcegate` command line: run, query, calibrate, beir, accept."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,13 @@ DEFAULT_CONFIG = "config/pipeline.yaml"
 
 def load_config(args) -> dict:
     overrides = {}
-    for attr, key in (("backend", "backend.kind"), ("artifacts", "artifacts"), ("corpus", "corpus.path"),
-                      ("format", "corpus.format"), ("reranker", "reranker.kind")):
+    for attr, key in (
+        ("backend", "backend.kind"),
+        ("artifacts", "artifacts"),
+        ("corpus", "corpus.path"),
+        ("format", "corpus.format"),
+        ("reranker", "reranker.kind"),
+    ):
         if getattr(args, attr, None):
             overrides[key] = getattr(args, attr)
     for item in getattr(args, "set", None) or []:
@@ -31,6 +37,7 @@ def load_config(args) -> dict:
 
 def cmd_run(args) -> int:
     from pipelines.run import run_pipeline
+
     cfg = load_config(args)
     result = run_pipeline(cfg, run_id=args.run_id, progress=not args.quiet)
     print(f"\nrun {result['run_id']}: {result['summary']}")
@@ -46,9 +53,11 @@ def cmd_run(args) -> int:
 def cmd_query(args) -> int:
     from pipelines.answer import decide
     from pipelines.steps import open_store, retriever_for
+
     cfg = load_config(args)
     if args.index:
         from pipelines.search.embedded import EmbeddedSearcher
+
         searcher = EmbeddedSearcher(Path(args.index) / "index")
     else:
         searcher = open_store(cfg).open()
@@ -56,10 +65,17 @@ def cmd_query(args) -> int:
     retrieval = retriever.retrieve(args.question, args.context or [])
     answer = decide(retrieval, cfg["answer"])
     payload = {
-        "question": args.question, "context": args.context or [], "query": retrieval.query,
-        "mode": answer.mode, "signal": answer.signal, "value": answer.value, "threshold": answer.threshold,
-        "calibrated_by": cfg["answer"]["calibrated_by"], "reranked": retrieval.reranked,
-        "signals": retrieval.signals, "dropped_as_noise": answer.dropped_as_noise,
+        "question": args.question,
+        "context": args.context or [],
+        "query": retrieval.query,
+        "mode": answer.mode,
+        "signal": answer.signal,
+        "value": answer.value,
+        "threshold": answer.threshold,
+        "calibrated_by": cfg["answer"]["calibrated_by"],
+        "reranked": retrieval.reranked,
+        "signals": retrieval.signals,
+        "dropped_as_noise": answer.dropped_as_noise,
         "passages": [c.to_dict() for c in answer.passages],
     }
     if args.json:
@@ -71,8 +87,10 @@ def cmd_query(args) -> int:
     print(header + "\n" + "-" * len(header))
     for i, c in enumerate(answer.passages, 1):
         where = f"{c.doc_id}#{c.section_id}" if c.section_id else c.doc_id
-        print(f"{i:>2}  {_fmt(c.bm25_rank, 'd'):>4}  {_fmt(c.knn_rank, 'd'):>4}  {c.fused_score:7.4f}  "
-              f"{_fmt(c.rerank_probability):>7}  {where}")
+        print(
+            f"{i:>2}  {_fmt(c.bm25_rank, 'd'):>4}  {_fmt(c.knn_rank, 'd'):>4}  {c.fused_score:7.4f}  "
+            f"{_fmt(c.rerank_probability):>7}  {where}"
+        )
     if answer.mode in ("decline", "open"):
         print("(declined: the closest candidates are shown so the refusal can be checked)")
     return 0
@@ -85,13 +103,21 @@ def _fmt(value, spec: str = ".4f") -> str:
 def cmd_calibrate(args) -> int:
     from pipelines.search.embedded import EmbeddedSearcher
     from pipelines.steps import evaluate, gate_for_dir, retriever_for
+
     cfg = load_config(args)
     index = Path(args.index)
     retriever, _ = retriever_for(cfg, EmbeddedSearcher(index / "index"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    evaluate(retriever, index / "chunks.parquet", cfg, out, calibration_set=args.questions,
-             precision_set=args.questions, progress=not args.quiet)
+    evaluate(
+        retriever,
+        index / "chunks.parquet",
+        cfg,
+        out,
+        calibration_set=args.questions,
+        precision_set=args.questions,
+        progress=not args.quiet,
+    )
     gate = gate_for_dir(cfg, out, run_info={"index": str(index), "questions": args.questions})
     print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")
     for reason in gate["reasons"]:
@@ -102,9 +128,16 @@ def cmd_calibrate(args) -> int:
 
 def cmd_beir(args) -> int:
     from pipelines.beir import run_beir
+
     cfg = load_config(args)
-    result = run_beir(cfg, Path(args.dataset), Path(args.out), decline=args.decline,
-                      rerank_depth=args.rerank_depth, progress=not args.quiet)
+    result = run_beir(
+        cfg,
+        Path(args.dataset),
+        Path(args.out),
+        decline=args.decline,
+        rerank_depth=args.rerank_depth,
+        progress=not args.quiet,
+    )
     print(json.dumps(result["systems"], indent=2))
     print(f"results: {Path(args.out) / 'beir.json'}")
     return 0
@@ -113,18 +146,21 @@ def cmd_beir(args) -> int:
 def cmd_accept(args) -> int:
     """Accept a run's reranked precision and decline recall as the new baseline."""
     from pipelines.io import read_json, write_json
+
     cfg = load_config(args)
     run = Path(args.run)
     precision, calibration = read_json(run / "precision.json"), read_json(run / "calibration.json")
+
     def gated(metrics: dict) -> dict:  # the gate holds precision@k; nDCG, recall and MRR are reported
         return {m: v for m, v in metrics.items() if m.startswith("p@")}
 
     baseline = {
         "accepted_from": str(run / "precision.json"),
-        "reranked": {"overall": gated(precision["overall"]["reranked"]),
-                     "by_kind": {k: gated(v["reranked"]) for k, v in sorted(precision["by_kind"].items())}},
-        "decline_recall_by_kind": {k: v["recall"] for k, v in
-                                   calibration["shipped"]["decline_recall_by_kind"].items()},
+        "reranked": {
+            "overall": gated(precision["overall"]["reranked"]),
+            "by_kind": {k: gated(v["reranked"]) for k, v in sorted(precision["by_kind"].items())},
+        },
+        "decline_recall_by_kind": {k: v["recall"] for k, v in calibration["shipped"]["decline_recall_by_kind"].items()},
     }
     out = Path(args.out or cfg["evals"]["baseline"])
     write_json(baseline, out)
@@ -136,8 +172,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
     parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override one config value by dotted key (repeatable), e.g. --set retrieval.rerank_weight=0.6")
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override one config value by dotted key (repeatable), e.g. --set retrieval.rerank_weight=0.6",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="build or refresh the index, evaluate, gate, promote if passed")
@@ -162,7 +202,11 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("beir", help="index a BEIR dataset and evaluate bm25, dense, hybrid, hybrid+rerank")
     p.add_argument("dataset"), p.add_argument("--out", required=True), p.add_argument("--decline")
-    p.add_argument("--rerank-depth", type=int), p.add_argument("--artifacts"), p.add_argument("--quiet", action="store_true")
+    (
+        p.add_argument("--rerank-depth", type=int),
+        p.add_argument("--artifacts"),
+        p.add_argument("--quiet", action="store_true"),
+    )
     p.set_defaults(func=cmd_beir)
 
     p = sub.add_parser("accept", help="accept a run's precision and decline recall as the baseline")
@@ -170,8 +214,9 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_accept)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except (config_mod.ConfigError, FileNotFoundError, ValueError, RuntimeError) as exc:

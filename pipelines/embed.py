@@ -3,6 +3,7 @@
 A chunk whose text and model are unchanged since the previous run reuses its vector, so
 a nightly run costs in proportion to what changed. Changing the model id re-embeds all.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,20 +24,28 @@ class Embedder:
 
     def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32):
         from sentence_transformers import SentenceTransformer
+
         self.model_id = model_id
         self.path = models.embedding_model_path(model_path)
         self.batch_size = batch_size
         self.model = SentenceTransformer(str(self.path), device="cpu")
-        self.dimension = int(self.model.get_embedding_dimension()
-                             if hasattr(self.model, "get_embedding_dimension")
-                             else self.model.get_sentence_embedding_dimension())
+        self.dimension = int(
+            self.model.get_embedding_dimension()
+            if hasattr(self.model, "get_embedding_dimension")
+            else self.model.get_sentence_embedding_dimension()
+        )
         self.max_tokens = int(self.model.max_seq_length)
 
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        vectors = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-                                    convert_to_numpy=True, show_progress_bar=progress)
+        vectors = self.model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=progress,
+        )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def encode_query(self, text: str) -> np.ndarray:
@@ -63,8 +72,9 @@ def load_cache(chunks_parquet: str | Path | None, model_id: str) -> dict[str, np
     return {h: vectors[i] for i, (h, m) in enumerate(zip(hashes, ids)) if m == model_id}
 
 
-def embed_chunks(rows: list[dict], embedder, cache: dict[str, np.ndarray],
-                 progress: bool = False) -> tuple[np.ndarray, EmbedStats]:
+def embed_chunks(
+    rows: list[dict], embedder, cache: dict[str, np.ndarray], progress: bool = False
+) -> tuple[np.ndarray, EmbedStats]:
     """Vectors for `rows` in order; only texts missing from the cache are encoded (each once)."""
     todo = sorted({r["text_hash"]: r["text"] for r in rows if r["text_hash"] not in cache}.items())
     fresh = embedder.encode([text for _, text in todo], progress=progress)
@@ -81,8 +91,7 @@ CHUNK_FIELDS = ["chunk_id", "doc_id", "title", "section", "section_id", "body", 
 def chunks_table(rows: list[dict], vectors: np.ndarray, model_id: str) -> pa.Table:
     dim = vectors.shape[1]
     cols = {f: [r[f] for r in rows] for f in CHUNK_FIELDS}
-    table = pa.table({**cols, "ordinal": pa.array(cols["ordinal"], pa.int32()),
-                      "model_id": [model_id] * len(rows)})
+    table = pa.table({**cols, "ordinal": pa.array(cols["ordinal"], pa.int32()), "model_id": [model_id] * len(rows)})
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
     return table.append_column("embedding", pa.FixedSizeListArray.from_arrays(flat, dim))
 

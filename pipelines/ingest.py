@@ -4,6 +4,7 @@ Two sources: a folder of Markdown articles (optional YAML front matter) and a BE
 corpus.jsonl. Bad input never crashes the run and is never dropped silently: each bad
 document goes to the quarantine file with a reason, and the counts land in run.json.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,17 +19,23 @@ import yaml
 
 from pipelines.io import write_parquet, write_text
 
-DOCUMENT_SCHEMA = pa.schema([
-    ("doc_id", pa.string()),
-    ("title", pa.string()),
-    ("body", pa.string()),          # Markdown without front matter and title line, or plain text
-    ("format", pa.string()),        # markdown | plain
-    ("source", pa.string()),        # file path or file:line, relative to the corpus root
-    ("content_hash", pa.string()),
-])
-MANIFEST_SCHEMA = pa.schema([
-    ("doc_id", pa.string()), ("content_hash", pa.string()), ("status", pa.string()),
-])
+DOCUMENT_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("title", pa.string()),
+        ("body", pa.string()),  # Markdown without front matter and title line, or plain text
+        ("format", pa.string()),  # markdown | plain
+        ("source", pa.string()),  # file path or file:line, relative to the corpus root
+        ("content_hash", pa.string()),
+    ]
+)
+MANIFEST_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("content_hash", pa.string()),
+        ("status", pa.string()),
+    ]
+)
 MARKDOWN_SUFFIXES = {".md", ".markdown"}
 
 
@@ -44,8 +51,14 @@ class Rejected(Exception):
     """A document that goes to quarantine; the message is the reason."""
 
 
-def ingest(source: str | Path, out_dir: str | Path, *, fmt: str = "markdown",
-           max_doc_bytes: int = 200_000, previous_documents: str | Path | None = None) -> IngestResult:
+def ingest(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    fmt: str = "markdown",
+    max_doc_bytes: int = 200_000,
+    previous_documents: str | Path | None = None,
+) -> IngestResult:
     """Read `source`, write documents/quarantine/manifest into `out_dir`."""
     source, out_dir = Path(source), Path(out_dir)
     if not source.exists():
@@ -58,8 +71,13 @@ def ingest(source: str | Path, out_dir: str | Path, *, fmt: str = "markdown",
             rejected.append({"source": origin, "reason": str(parsed)})
             continue
         if parsed["doc_id"] in seen:
-            rejected.append({"source": origin, "doc_id": parsed["doc_id"],
-                             "reason": f"duplicate id {parsed['doc_id']!r} (first occurrence kept)"})
+            rejected.append(
+                {
+                    "source": origin,
+                    "doc_id": parsed["doc_id"],
+                    "reason": f"duplicate id {parsed['doc_id']!r} (first occurrence kept)",
+                }
+            )
             continue
         seen.add(parsed["doc_id"])
         parsed["source"] = origin
@@ -68,13 +86,13 @@ def ingest(source: str | Path, out_dir: str | Path, *, fmt: str = "markdown",
     docs.sort(key=lambda d: d["doc_id"])
 
     documents = write_parquet(pa.Table.from_pylist(docs, schema=DOCUMENT_SCHEMA), out_dir / "documents.parquet")
-    quarantine = write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected),
-                            out_dir / "quarantine.jsonl")
+    quarantine = write_text(
+        "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected), out_dir / "quarantine.jsonl"
+    )
     manifest_rows = diff_manifest(docs, previous_documents)
     manifest = write_parquet(pa.Table.from_pylist(manifest_rows, schema=MANIFEST_SCHEMA), out_dir / "manifest.parquet")
     counts = {s: sum(r["status"] == s for r in manifest_rows) for s in ("added", "changed", "deleted", "unchanged")}
-    counts.update(documents=len(docs), quarantined=len(rejected),
-                  quarantine_reasons=_reason_counts(rejected))
+    counts.update(documents=len(docs), quarantined=len(rejected), quarantine_reasons=_reason_counts(rejected))
     return IngestResult(documents, quarantine, manifest, counts)
 
 
@@ -149,12 +167,12 @@ def parse_markdown(path: Path, root: Path, max_doc_bytes: int) -> dict:
             raise Rejected(f"malformed front matter: {str(exc).splitlines()[0]}") from None
         if not isinstance(meta, dict):
             raise Rejected("malformed front matter: not a mapping")
-        text = text[m.end():]
+        text = text[m.end() :]
     title = str(meta.get("title") or "").strip()
     m = _TITLE_LINE.match(text)
     if m:
         title = title or m.group(1).strip()
-        text = text[m.end():]
+        text = text[m.end() :]
     if not title:
         raise Rejected("missing title: no front-matter title and no '# ' heading")
     body = text.strip()
@@ -169,6 +187,7 @@ def _hidden(path: Path, root: Path) -> bool:
 
 
 # --- BEIR corpus.jsonl ------------------------------------------------------------
+
 
 def read_beir_corpus(source: Path, max_doc_bytes: int):
     """Yield (corpus.jsonl:line, document | Rejected). `source` is the dataset folder or the file."""

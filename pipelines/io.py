@@ -4,14 +4,16 @@ Every write goes to a temp file beside the target and is moved into place with
 os.replace, so the gate, a maintainer's browser or the Airflow plugin sees either the
 old file or the whole new one.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,13 +66,15 @@ def write_text(text: str, path: str | os.PathLike) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+
     return atomic_write(path, write)
 
 
 def write_json(obj: Any, path: str | os.PathLike) -> Path:
     """Indented, key-sorted, strict JSON (no NaN tokens)."""
-    return write_text(json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False,
-                                 ensure_ascii=False) + "\n", path)
+    return write_text(
+        json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n", path
+    )
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:

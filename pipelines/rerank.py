@@ -8,16 +8,18 @@ caller keeps the fused order exactly as it was.
 A scorer answers `score(query, passages) -> [(index, logit), ...]`, the shape hosted
 rerank APIs use, which is why indexes are validated at all.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -34,9 +36,9 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class Reranked:
-    order: list[int]            # indexes into the candidates, best first
+    order: list[int]  # indexes into the candidates, best first
     probabilities: list[float]  # sigmoid(logit), aligned with the candidates (not the order)
-    logits: list[float]         # the scorer's raw scores, aligned with the candidates
+    logits: list[float]  # the scorer's raw scores, aligned with the candidates
 
 
 def sigmoid(x: float) -> float:
@@ -56,6 +58,7 @@ class OnnxCrossEncoder:
     def __init__(self, model_dir: str | Path | None = None, max_length: int = 512):
         import onnxruntime as ort
         from tokenizers import Tokenizer
+
         folder = models.cross_encoder_dir(str(model_dir) if model_dir else None)
         if not (folder / "model.onnx").exists() or not (folder / "tokenizer.json").exists():
             raise FileNotFoundError(f"cross-encoder files missing in {folder}")
@@ -93,6 +96,7 @@ class SentenceTransformersCrossEncoder:
 
     def __init__(self, model_dir: str | Path):
         from sentence_transformers import CrossEncoder
+
         if not Path(model_dir).is_dir():
             raise FileNotFoundError(f"cross-encoder model directory not found: {model_dir}")
         self.model = CrossEncoder(str(model_dir), device="cpu")
@@ -135,8 +139,7 @@ def call_with_timeout(fn, timeout_s: float, *args):
     return future.result(timeout=timeout_s)
 
 
-def safe_rerank(scorer: Scorer | None, query: str, passages: Sequence[str],
-                timeout_s: float = 30.0) -> Reranked | None:
+def safe_rerank(scorer: Scorer | None, query: str, passages: Sequence[str], timeout_s: float = 30.0) -> Reranked | None:
     """Order `passages` by cross-encoder score (ties: fused rank), or None on any failure."""
     if scorer is None:
         log.info("reranker: not configured; fused order is kept")

@@ -4,20 +4,95 @@ and the per-question signals that both answer modes and the calibration sweep us
 `Retriever.retrieve` is the only place signals are computed, so runtime decisions and
 calibration numbers can never disagree.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 from pipelines.rerank import Reranked, safe_rerank
 from pipelines.search.base import Hit, SearchBackend
 from pipelines.search.bm25 import tokenize
 
 # Function words do not make a question "covered"; content words do.
-STOPWORDS = frozenset("""a about after all also am an and any are as at be been before but by can could
-did do does doing for from had has have how i if in into is it its me my no not of on or our so than that
-the their them then there these they this to too up us was we were what when where which who whom why
-will with would you your""".split())
+STOPWORDS = frozenset(
+    [
+        "a",
+        "about",
+        "after",
+        "all",
+        "also",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "before",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "for",
+        "from",
+        "had",
+        "has",
+        "have",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "me",
+        "my",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "our",
+        "so",
+        "than",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "to",
+        "too",
+        "up",
+        "us",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+    ]
+)
 
 
 @dataclass
@@ -42,9 +117,9 @@ class Candidate:
 
 @dataclass
 class Retrieval:
-    query: str                      # what was searched: prior turns prepended
-    fused: list[Candidate]          # fusion order
-    ranked: list[Candidate]         # final order: reranked top-M then the rest, or fused
+    query: str  # what was searched: prior turns prepended
+    fused: list[Candidate]  # fusion order
+    ranked: list[Candidate]  # final order: reranked top-M then the rest, or fused
     reranked: bool
     signals: dict = field(default_factory=dict)
 
@@ -77,8 +152,9 @@ def blend(logits: Sequence[float], fused_scores: Sequence[float], weight: float)
     return sorted(range(len(combined)), key=lambda i: (-combined[i], i))
 
 
-def rerank_head(scorer, query: str, texts: Sequence[str], fused_scores: Sequence[float], weight: float,
-                timeout_s: float) -> tuple[Reranked | None, list[int]]:
+def rerank_head(
+    scorer, query: str, texts: Sequence[str], fused_scores: Sequence[float], weight: float, timeout_s: float
+) -> tuple[Reranked | None, list[int]]:
     """Rerank the fused head: the scorer's result (None on any failure) and the head's final order."""
     result = safe_rerank(scorer, query, texts, timeout_s)
     order = blend(result.logits, fused_scores, weight) if result is not None else list(range(len(texts)))
@@ -108,28 +184,51 @@ def margin(scores: Sequence[float]) -> float:
 
 
 class Retriever:
-    def __init__(self, searcher: SearchBackend, embedder, scorer=None, *, bm25_top_n: int = 18,
-                 knn_top_n: int = 18, rrf_k: int = 5, rerank_depth: int = 12, rerank_weight: float = 1.0,
-                 rerank_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        searcher: SearchBackend,
+        embedder,
+        scorer=None,
+        *,
+        bm25_top_n: int = 18,
+        knn_top_n: int = 18,
+        rrf_k: int = 5,
+        rerank_depth: int = 12,
+        rerank_weight: float = 1.0,
+        rerank_timeout_s: float = 30.0,
+    ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
         self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
         self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
 
     @classmethod
-    def from_config(cls, searcher, embedder, scorer, cfg: dict) -> "Retriever":
+    def from_config(cls, searcher, embedder, scorer, cfg: dict) -> Retriever:
         r = cfg["retrieval"]
-        return cls(searcher, embedder, scorer, bm25_top_n=r["bm25_top_n"], knn_top_n=r["knn_top_n"],
-                   rrf_k=r["rrf_k"], rerank_depth=r["rerank_depth"], rerank_weight=r["rerank_weight"],
-                   rerank_timeout_s=cfg["reranker"]["timeout_s"])
+        return cls(
+            searcher,
+            embedder,
+            scorer,
+            bm25_top_n=r["bm25_top_n"],
+            knn_top_n=r["knn_top_n"],
+            rrf_k=r["rrf_k"],
+            rerank_depth=r["rerank_depth"],
+            rerank_weight=r["rerank_weight"],
+            rerank_timeout_s=cfg["reranker"]["timeout_s"],
+        )
 
     def fuse(self, query: str, vector) -> list[Candidate]:
         bm25 = self.searcher.bm25(query, self.bm25_top_n)
         knn = self.searcher.knn(vector, self.knn_top_n)
         fused = rrf([bm25, knn], self.rrf_k)
         stored = self.searcher.chunks([cid for cid, _ in fused])
-        out = [Candidate(**{f: s[f] for f in ("chunk_id", "doc_id", "title", "section", "section_id", "text")},
-                         fused_rank=rank, fused_score=score)
-               for rank, ((cid, score), s) in enumerate(zip(fused, stored), 1)]
+        out = [
+            Candidate(
+                **{f: s[f] for f in ("chunk_id", "doc_id", "title", "section", "section_id", "text")},
+                fused_rank=rank,
+                fused_score=score,
+            )
+            for rank, ((cid, score), s) in enumerate(zip(fused, stored), 1)
+        ]
         by_id = {c.chunk_id: c for c in out}
         for rank, h in enumerate(bm25, 1):
             by_id[h.chunk_id].bm25_rank, by_id[h.chunk_id].bm25_score = rank, h.score
@@ -142,16 +241,25 @@ class Retriever:
         vector = self.embedder.encode_query(query)
         fused = self.fuse(query, vector)
         head = fused[: self.rerank_depth]
-        result, order = rerank_head(self.scorer, query, [c.text for c in head], [c.fused_score for c in head],
-                                    self.rerank_weight, self.rerank_timeout_s)
+        result, order = rerank_head(
+            self.scorer,
+            query,
+            [c.text for c in head],
+            [c.fused_score for c in head],
+            self.rerank_weight,
+            self.rerank_timeout_s,
+        )
         if result is not None:
             for c, p in zip(head, result.probabilities):
                 c.rerank_probability = p
-        ranked = [head[i] for i in order] + fused[self.rerank_depth:]
+        ranked = [head[i] for i in order] + fused[self.rerank_depth :]
         dist = self.searcher.bm25_distribution(query)
         bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
-        top_scores = (sorted(result.probabilities, reverse=True)[:2] if result is not None
-                      else [c.fused_score for c in ranked[:2]])
+        top_scores = (
+            sorted(result.probabilities, reverse=True)[:2]
+            if result is not None
+            else [c.fused_score for c in ranked[:2]]
+        )
         signals = {
             "cosine_top": self.searcher.best_cosine(vector),
             "rerank_top": max(result.probabilities) if result and result.probabilities else None,

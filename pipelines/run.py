@@ -3,6 +3,7 @@
 build (ingest -> chunk -> embed -> validate -> load a new version) -> evaluate -> gate ->
 promote only if the gate passed -> retention. A failed night leaves the live index alone.
 """
+
 from __future__ import annotations
 
 from pipelines import steps
@@ -27,9 +28,17 @@ def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False) -
         steps.promote_step(cfg, run_id)
         steps.cleanup_step(cfg)
     c = built["ingest"]
-    summary = (f"{c['documents']} documents ({c['added']} added, {c['changed']} changed, {c['deleted']} deleted, "
-               f"{c['unchanged']} unchanged, {c['quarantined']} quarantined); {built['indexed']} chunks, "
-               f"{built['encoded']} texts encoded")
-    return {"run_id": run_id, "run_dir": str(steps.run_dir(cfg, run_id)), "passed": gate["passed"],
-            "reasons": gate["reasons"], "summary": summary, "live": steps.open_store(cfg).live(),
-            "built": built}
+    summary = (
+        f"{c['documents']} documents ({c['added']} added, {c['changed']} changed, {c['deleted']} deleted, "
+        f"{c['unchanged']} unchanged, {c['quarantined']} quarantined); {built['indexed']} chunks, "
+        f"{built['encoded']} texts encoded"
+    )
+    return {
+        "run_id": run_id,
+        "run_dir": str(steps.run_dir(cfg, run_id)),
+        "passed": gate["passed"],
+        "reasons": gate["reasons"],
+        "summary": summary,
+        "live": steps.open_store(cfg).live(),
+        "built": built,
+    }

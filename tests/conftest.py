@@ -1,4 +1,5 @@
 """Shared fixtures. The real embedding model and cross-encoder are loaded once per session."""
+
 from __future__ import annotations
 
 import os
@@ -31,6 +32,7 @@ def make_cfg(tmp_path):
         base = {"artifacts": str(tmp_path / "artifacts")}
         base.update(overrides)
         return config.load(ROOT / "config" / "pipeline.yaml", base)
+
     return make
 
 
@@ -47,12 +49,14 @@ def small_corpus(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def embedder():
     from pipelines.steps import embedder_for
+
     return embedder_for("sentence-transformers/all-MiniLM-L6-v2", None, 32)
 
 
 @pytest.fixture(scope="session")
 def cross_encoder():
     from pipelines.rerank import OnnxCrossEncoder
+
     return OnnxCrossEncoder()
 
 
@@ -61,9 +65,9 @@ def demo_index(tmp_path_factory, embedder):
     """The demo corpus built once into an embedded index: (cfg, run id, searcher)."""
     from pipelines import config, steps
     from pipelines.search.embedded import EmbeddedSearcher
+
     artifacts = tmp_path_factory.mktemp("demo") / "artifacts"
-    cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": str(artifacts),
-                                                          "corpus.path": str(DEMO)})
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": str(artifacts), "corpus.path": str(DEMO)})
     run_id = "20260101-000000"
     steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)

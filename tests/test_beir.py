@@ -1,4 +1,5 @@
 """`sourcegate beir` end to end on a small slice of SciFact, with the real models."""
+
 import csv
 import json
 
@@ -23,7 +24,9 @@ def slice_of_scifact(folder, n_queries=6, n_other=24):
     queries = [json.loads(x) for x in (SCIFACT / "queries.jsonl").read_text().splitlines() if x.strip()]
     (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries if str(q["_id"]) in qids))
     with (folder / "qrels" / "test.tsv").open("w") as fh:
-        fh.write("query-id\tcorpus-id\tscore\n" + "".join(f"{r['query-id']}\t{r['corpus-id']}\t{r['score']}\n" for r in rows))
+        fh.write(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{r['query-id']}\t{r['corpus-id']}\t{r['score']}\n" for r in rows)
+        )
     return len(qids), len(keep)
 
 

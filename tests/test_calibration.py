@@ -1,12 +1,12 @@
 """evals.calibration: hand-computed cases, bootstrap, 2-D sweep, shipped check."""
+
 import itertools
 import json
 
 import numpy as np
 import pytest
 
-from evals.calibration import (_bootstrap_min_rank, calibrate, calibrate_pair, calibrate_signal,
-                               check_shipped, sweep)
+from evals.calibration import _bootstrap_min_rank, calibrate, calibrate_pair, calibrate_signal, check_shipped, sweep
 
 A, D = "answer", "decline"
 
@@ -16,6 +16,7 @@ def labelled(answer, decline):
 
 
 # --------------------------------------------------------------------------- one signal
+
 
 def test_separating_signal_hand_computed():
     scores, labels = labelled([0.6, 0.7, 0.9], [0.1, 0.3, 0.5])
@@ -94,6 +95,7 @@ def test_bad_labels_rejected():
 
 # --------------------------------------------------------------------------- bootstrap
 
+
 def test_bootstrap_is_seeded():
     rng = np.random.default_rng(0)
     scores, labels = labelled(rng.normal(1, 1, 300), rng.normal(0, 1, 300))
@@ -136,6 +138,7 @@ def test_artifact_sweep_is_downsampled_but_numbers_exact():
 
 # --------------------------------------------------------------------------- 2-D
 
+
 def brute_force_pair(x, y, is_answer):
     """Best decline recall over all threshold pairs that keep every answer."""
     best = -1.0
@@ -151,7 +154,7 @@ def test_pair_matches_brute_force(seed):
     rng = np.random.default_rng(seed)
     n = 40
     is_answer = rng.random(n) < 0.5
-    x = np.round(rng.normal(is_answer * 0.8, 1), 2)      # rounded: ties on purpose
+    x = np.round(rng.normal(is_answer * 0.8, 1), 2)  # rounded: ties on purpose
     y = np.round(rng.normal(is_answer * 0.5, 1), 2)
     labels = np.where(is_answer, A, D).tolist()
     r = calibrate_pair("x", x.tolist(), "y", y.tolist(), labels)
@@ -178,11 +181,16 @@ def test_pair_separating_perfectly():
 
 # --------------------------------------------------------------------------- shipped and artifact
 
+
 def records(answer_scores, decline_scores, signal="rerank_top"):
-    out = [{"id": f"a-{i:03d}", "question": f"answerable {i}", "label": A, "kind": "fact",
-            "signals": {signal: s}} for i, s in enumerate(answer_scores)]
-    out += [{"id": f"d-{i:03d}", "question": f"unanswerable {i}", "label": D, "kind": "offtopic",
-             "signals": {signal: s}} for i, s in enumerate(decline_scores)]
+    out = [
+        {"id": f"a-{i:03d}", "question": f"answerable {i}", "label": A, "kind": "fact", "signals": {signal: s}}
+        for i, s in enumerate(answer_scores)
+    ]
+    out += [
+        {"id": f"d-{i:03d}", "question": f"unanswerable {i}", "label": D, "kind": "offtopic", "signals": {signal: s}}
+        for i, s in enumerate(decline_scores)
+    ]
     return out
 
 
@@ -190,8 +198,12 @@ def test_check_shipped_lists_exactly_the_wrongly_declined():
     recs = records([0.3, 0.45, 0.5, 0.9], [0.1, 0.55, 0.2])
     r = check_shipped(recs, "rerank_top", 0.5)
     assert [q["id"] for q in r["wrongly_declined"]] == ["a-000", "a-001"]
-    assert r["wrongly_declined"][0] == {"id": "a-000", "question": "answerable 0", "score": 0.3,
-                                        "fix": "threshold <= 0.3"}
+    assert r["wrongly_declined"][0] == {
+        "id": "a-000",
+        "question": "answerable 0",
+        "score": 0.3,
+        "fix": "threshold <= 0.3",
+    }
     assert [q["id"] for q in r["wrongly_answered"]] == ["d-001"]
     assert r["coverage"] == 0.5 and r["decline_recall"] == pytest.approx(2 / 3)
     assert r["max_threshold_for_full_coverage"] == 0.3
@@ -203,10 +215,15 @@ def test_check_shipped_counts_unscored_answers_as_not_kept():
     assert r["coverage"] == 0.5 and r["unscored"] == ["a-001"] and r["wrongly_declined"] == []
 
 
-CONFIG = {"signals": ["cosine_top", "rerank_top", "bm25_z", "term_coverage"],
-          "pair": ["bm25_z", "term_coverage"], "placement": "tightest", "bootstrap_samples": 200,
-          "seed": 13, "min_per_label": 20,
-          "gating": {"signal": "cosine_top", "adjacent": 0.4, "strong": 0.6}}
+CONFIG = {
+    "signals": ["cosine_top", "rerank_top", "bm25_z", "term_coverage"],
+    "pair": ["bm25_z", "term_coverage"],
+    "placement": "tightest",
+    "bootstrap_samples": 200,
+    "seed": 13,
+    "min_per_label": 20,
+    "gating": {"signal": "cosine_top", "adjacent": 0.4, "strong": 0.6},
+}
 
 
 def synthetic_records(n, seed=0, rerank=True):
@@ -214,12 +231,22 @@ def synthetic_records(n, seed=0, rerank=True):
     out = []
     for i in range(n):
         answer = i % 2 == 0
-        out.append({"id": f"q-{i}", "question": f"q {i}", "label": A if answer else D, "kind": "k",
-                    "signals": {"cosine_top": float(rng.uniform(0.45, 0.9) if answer else rng.uniform(0.1, 0.4)),
-                                "rerank_top": float(rng.uniform()) if rerank else None,
-                                "bm25_z": float(rng.normal(2 if answer else 4, 1)),
-                                "bm25_top": float(rng.normal()), "margin": float(rng.uniform()),
-                                "term_coverage": float(rng.uniform(0.3, 1) if answer else rng.uniform(0, 0.7))}})
+        out.append(
+            {
+                "id": f"q-{i}",
+                "question": f"q {i}",
+                "label": A if answer else D,
+                "kind": "k",
+                "signals": {
+                    "cosine_top": float(rng.uniform(0.45, 0.9) if answer else rng.uniform(0.1, 0.4)),
+                    "rerank_top": float(rng.uniform()) if rerank else None,
+                    "bm25_z": float(rng.normal(2 if answer else 4, 1)),
+                    "bm25_top": float(rng.normal()),
+                    "margin": float(rng.uniform()),
+                    "term_coverage": float(rng.uniform(0.3, 1) if answer else rng.uniform(0, 0.7)),
+                },
+            }
+        )
     return out
 
 
@@ -248,8 +275,11 @@ def test_reranker_off_skips_signal_with_note():
 
 
 def test_ten_thousand_questions_complete():
-    config = dict(CONFIG, signals=["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"],
-                  bootstrap_samples=1000)
+    config = dict(
+        CONFIG,
+        signals=["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"],
+        bootstrap_samples=1000,
+    )
     out = calibrate(synthetic_records(10_000, seed=1), config)
     assert out["n"] == {"answer": 5000, "decline": 5000}
     assert all(len(s["sweep"]["thresholds"]) <= 200 for s in out["signals"].values())

@@ -17,8 +17,11 @@ def test_slug_rule():
 
 def test_sections_are_split_on_headings_with_the_lead_first():
     body = "Summary paragraph.\n\n## Fares\nTwo dollars.\n\n## Passes\nMonthly pass.\n\n## Empty\n"
-    assert split_sections(body, "markdown") == [("", "Summary paragraph."), ("Fares", "Two dollars."),
-                                                ("Passes", "Monthly pass.")]
+    assert split_sections(body, "markdown") == [
+        ("", "Summary paragraph."),
+        ("Fares", "Two dollars."),
+        ("Passes", "Monthly pass."),
+    ]
     assert split_sections("plain text", "plain") == [("", "plain text")]
 
 
@@ -44,7 +47,7 @@ def test_long_sections_split_within_budget_with_overlap():
     assert len(pieces) > 5
     assert all(len(t.encode(p, add_special_tokens=False).ids) <= 60 for p in pieces)
     for a, b in zip(pieces, pieces[1:]):
-        assert a.split()[-1].strip('.') in [w.strip('.') for w in b.split()[:15]]  # consecutive windows overlap
+        assert a.split()[-1].strip(".") in [w.strip(".") for w in b.split()[:15]]  # consecutive windows overlap
     assert pieces[0].split()[0] == "word0" and pieces[-1].endswith("more words.")
 
 

@@ -3,6 +3,7 @@
 Needs the `docker-compose` executable (Debian: apt-get install -y docker-compose); the test FAILS
 without it rather than skipping, so CI cannot silently stop checking the deployment file.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,9 @@ def compose() -> dict:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail("docker-compose not found: install it (Debian: apt-get install -y docker-compose)")
-    proc = subprocess.run([exe, "-f", "docker-compose.yml", "config"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [exe, "-f", "docker-compose.yml", "config"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, f"docker-compose config failed:\n{proc.stderr}"
     return yaml.safe_load(proc.stdout)
 

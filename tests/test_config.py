@@ -6,8 +6,7 @@ from pipelines import config
 def test_shipped_config_loads_with_every_key(tmp_path):
     cfg = config.load("config/pipeline.yaml")
     assert cfg["backend"]["kind"] == "embedded"
-    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 5, "rerank_depth": 12,
-                                "rerank_weight": 1.0}
+    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 5, "rerank_depth": 12, "rerank_weight": 1.0}
 
 
 def test_defaults_fill_missing_keys(tmp_path):
@@ -17,15 +16,18 @@ def test_defaults_fill_missing_keys(tmp_path):
     assert cfg["backend"]["kind"] == "opensearch" and cfg["backend"]["retention"] == 3
 
 
-@pytest.mark.parametrize("text, message", [
-    ("retrieval:\n  bm25_topn: 5\n", "unknown key retrieval.bm25_topn"),
-    ("retrieval:\n  rrf_k: sixty\n", "retrieval.rrf_k: expected int, got str"),
-    ("retrieval:\n  rrf_k: true\n", "retrieval.rrf_k: expected int, got bool"),
-    ("backend: opensearch\n", "backend: expected a mapping"),
-    ("backend:\n  kind: elastic\n", "backend.kind: 'elastic' is not one of"),
-    ("answer:\n  strong: 0.1\n  adjacent: 0.5\n", "answer.adjacent must be <= answer.strong"),
-    ("colour: blue\n", "unknown key colour"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("retrieval:\n  bm25_topn: 5\n", "unknown key retrieval.bm25_topn"),
+        ("retrieval:\n  rrf_k: sixty\n", "retrieval.rrf_k: expected int, got str"),
+        ("retrieval:\n  rrf_k: true\n", "retrieval.rrf_k: expected int, got bool"),
+        ("backend: opensearch\n", "backend: expected a mapping"),
+        ("backend:\n  kind: elastic\n", "backend.kind: 'elastic' is not one of"),
+        ("answer:\n  strong: 0.1\n  adjacent: 0.5\n", "answer.adjacent must be <= answer.strong"),
+        ("colour: blue\n", "unknown key colour"),
+    ],
+)
 def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):
     path = tmp_path / "p.yaml"
     path.write_text(text)
@@ -47,12 +49,19 @@ def test_cli_set_overrides_by_dotted_key_with_yaml_types():
     import argparse
 
     from pipelines.cli import load_config
-    args = argparse.Namespace(config="config/pipeline.yaml", set=["retrieval.rerank_weight=0.6",
-                                                                   "retrieval.rrf_k=10", "reranker.model_path=null"])
+
+    args = argparse.Namespace(
+        config="config/pipeline.yaml",
+        set=["retrieval.rerank_weight=0.6", "retrieval.rrf_k=10", "reranker.model_path=null"],
+    )
     cfg = load_config(args)
     assert cfg["retrieval"]["rerank_weight"] == 0.6 and cfg["retrieval"]["rrf_k"] == 10
     assert cfg["reranker"]["model_path"] is None
-    for bad, message in [("retrieval.rrf_k", "KEY=VALUE"), ("retrieval.rrf_k=ten", "retrieval.rrf_k"),
-                         ("retrieval.nope=1", "unknown key"), ("artifacts.x=1", "not a section")]:
+    for bad, message in [
+        ("retrieval.rrf_k", "KEY=VALUE"),
+        ("retrieval.rrf_k=ten", "retrieval.rrf_k"),
+        ("retrieval.nope=1", "unknown key"),
+        ("artifacts.x=1", "not a section"),
+    ]:
         with pytest.raises(config.ConfigError, match=message):
             load_config(argparse.Namespace(config="config/pipeline.yaml", set=[bad]))

@@ -6,6 +6,7 @@ that declines everything) and must leave the live pointer alone; a recalibration
 and, against the real OpenSearch node, a nightly run with backend=opensearch.
 A full nightly run embeds ~300 chunks and evaluates ~150 questions: minutes on 2 cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,17 @@ FIRST_NIGHT = "2025-01-02T02:00:00+00:00"
 FAILED_NIGHT = "2025-01-03T02:00:00+00:00"
 RECAL_DAY = "2025-01-04T09:30:00+00:00"
 OPENSEARCH_NIGHT = "2025-01-05T02:00:00+00:00"
-ARTIFACT_FILES = ("documents.parquet", "chunks.parquet", "quality.json", "calibration.json", "precision.json",
-                  "gate.json", "junit.xml", "report.html", "run.json")
+ARTIFACT_FILES = (
+    "documents.parquet",
+    "chunks.parquet",
+    "quality.json",
+    "calibration.json",
+    "precision.json",
+    "gate.json",
+    "junit.xml",
+    "report.html",
+    "run.json",
+)
 
 # Runs in the subprocess: Airflow reads its environment when first imported, so every test run
 # gets a fresh interpreter with AIRFLOW_HOME etc. set before `import airflow`.
@@ -84,8 +94,14 @@ class Airflow:
         self.runs = 0
 
     def migrate(self) -> None:
-        out = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env, cwd=self.home,
-                             capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            env=self.env,
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
     def test_dag(self, dag_id: str, logical_date: str, conf: dict, mark_success: str | None = None) -> dict:
@@ -96,15 +112,28 @@ class Airflow:
         log = self.home / f"run-{self.runs}-{dag_id}.log"
         cwd = self.home / "cwd"
         cwd.mkdir(exist_ok=True)
-        args = json.dumps({"dags": str(DAGS), "dag_id": dag_id, "logical_date": logical_date, "conf": conf,
-                           "mark_success": mark_success})
+        args = json.dumps(
+            {
+                "dags": str(DAGS),
+                "dag_id": dag_id,
+                "logical_date": logical_date,
+                "conf": conf,
+                "mark_success": mark_success,
+            }
+        )
         with log.open("w") as fh:  # dag.test logs every task's output to stdout
-            out = subprocess.run([sys.executable, "-c", RUNNER, args], env=self.env, cwd=cwd, stdout=fh,
-                                 stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+            out = subprocess.run(
+                [sys.executable, "-c", RUNNER, args],
+                env=self.env,
+                cwd=cwd,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                timeout=RUN_TIMEOUT_S,
+            )
         text = log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.startswith("SUMMARY ")]
         assert out.returncode == 0 and lines, f"dag.test of {dag_id} crashed (log {log}):\n{text[-6000:]}"
-        summary = json.loads(lines[-1][len("SUMMARY "):])
+        summary = json.loads(lines[-1][len("SUMMARY ") :])
         summary["log"] = str(log)
         return summary
 
@@ -136,6 +165,7 @@ def failed_tasks(summary: dict) -> str:
 
 # --- the embedded backend: pass, fail, recalibrate ---------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory) -> Airflow:
     af = Airflow(tmp_path_factory.mktemp("airflow_home"))
@@ -164,8 +194,19 @@ def first_night(airflow, workspace) -> dict:
 def test_nightly_run_passes_and_promotes(first_night, workspace):
     run_id = "20250102-020000"
     assert first_night["state"] == "success", failed_tasks(first_night)
-    expected = {"ingest", "chunk", "embed[0]", "embed[1]", "merge", "validate", "load", "evaluate", "gate",
-                "promote", "cleanup"}
+    expected = {
+        "ingest",
+        "chunk",
+        "embed[0]",
+        "embed[1]",
+        "merge",
+        "validate",
+        "load",
+        "evaluate",
+        "gate",
+        "promote",
+        "cleanup",
+    }
     assert set(first_night["tasks"]) == expected
     assert all(state == "success" for state in first_night["tasks"].values()), failed_tasks(first_night)
     folder = workspace["artifacts"] / "runs" / run_id
@@ -235,6 +276,7 @@ def test_rerunning_a_night_reuses_its_run_folder(airflow, workspace, first_night
     assert rerun["state"] == "success", failed_tasks(rerun)
     assert sorted(p.name for p in runs.iterdir()) == before
     from pipelines.search.embedded import EmbeddedStore
+
     versions = EmbeddedStore(runs, workspace["artifacts"] / "LIVE").versions()
     assert versions == ["20250102-020000", "20250103-020000"]
     assert read_json(runs / "20250103-020000" / "run.json")["run_id"] == "20250103-020000"
@@ -243,22 +285,26 @@ def test_rerunning_a_night_reuses_its_run_folder(airflow, workspace, first_night
 
 # --- the OpenSearch backend -----------------------------------------------------------------------------
 
+
 @pytest.mark.opensearch
 def test_nightly_run_on_opensearch(airflow, tmp_path):
     """backend=opensearch against the real node (OPENSEARCH_URL, default http://127.0.0.1:9200;
     `scripts/opensearch start`). A private index prefix keeps the node's own alias untouched."""
     prefix = f"sgtest-{uuid.uuid4().hex[:8]}"
     artifacts = tmp_path / "artifacts"
-    config = write_config(tmp_path / "opensearch.yaml", artifacts,
-                          backend={"kind": "opensearch", "opensearch": {"index_prefix": prefix}})
+    config = write_config(
+        tmp_path / "opensearch.yaml", artifacts, backend={"kind": "opensearch", "opensearch": {"index_prefix": prefix}}
+    )
     conf = {"config": config, "corpus": "corpus/demo", "backend": "opensearch", "shards": 2}
     from pipelines.search.opensearch_client import client_from_env, config_from_env, redact_url
+
     client = client_from_env()
     try:
         client.info()
     except Exception as exc:  # fail, not skip: the node is part of the test environment
-        pytest.fail(f"OpenSearch at {redact_url(config_from_env().url)} is not reachable ({exc}); "
-                    "run scripts/opensearch start")
+        pytest.fail(
+            f"OpenSearch at {redact_url(config_from_env().url)} is not reachable ({exc}); run scripts/opensearch start"
+        )
     try:
         night = airflow.test_dag("sourcegate_nightly", OPENSEARCH_NIGHT, conf)
         assert night["state"] == "success", failed_tasks(night)

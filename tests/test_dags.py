@@ -1,4 +1,5 @@
 """DAG structure: both DAGs import cleanly, with the tasks, dependencies and settings specified."""
+
 from __future__ import annotations
 
 import logging
@@ -33,6 +34,7 @@ RECAL_UPSTREAM = {"live_version": set(), "evaluate": {"live_version"}, "gate": {
 @pytest.fixture(scope="module")
 def dagbag():
     from airflow.dag_processing.dagbag import DagBag
+
     return DagBag(str(DAGS))
 
 
@@ -41,6 +43,7 @@ def common():
     sys.path.insert(0, str(DAGS))
     try:
         import _common
+
         yield _common
     finally:
         sys.path.remove(str(DAGS))
@@ -147,8 +150,10 @@ def test_run_id_is_the_logical_date(common):
     when = pendulum.datetime(2025, 3, 4, 2, 0, 7, tz="UTC")
     assert common.run_id(context={"logical_date": when}) == "20250304-020007"
     assert common.run_id(context={"logical_date": when}) == common.run_id(context={"logical_date": when})
-    assert common.run_id(context={"logical_date": pendulum.datetime(2025, 3, 4, 3, 0, 7, tz="Europe/Berlin")}) \
-        == "20250304-020007"  # UTC, whatever the zone
+    assert (
+        common.run_id(context={"logical_date": pendulum.datetime(2025, 3, 4, 3, 0, 7, tz="Europe/Berlin")})
+        == "20250304-020007"
+    )  # UTC, whatever the zone
 
     class DagRun:
         run_after = pendulum.datetime(2025, 3, 5, 9, 30, tz="UTC")
@@ -181,6 +186,8 @@ def test_failed_gate_fails_the_task_with_every_reason(common, caplog):
     with caplog.at_level(logging.INFO), pytest.raises(AirflowFailException) as err:
         common.enforce_gate(verdict)
     assert "no threshold gap for rerank_top" in str(err.value) and "coverage 0.93 < 1.0" in str(err.value)
-    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("gate: ")] == \
-        ["gate: no threshold gap for rerank_top", "gate: coverage 0.93 < 1.0"]
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("gate: ")] == [
+        "gate: no threshold gap for rerank_top",
+        "gate: coverage 0.93 < 1.0",
+    ]
     assert common.enforce_gate({"passed": True, "reasons": []}) == {"passed": True, "reasons": []}

@@ -1,4 +1,5 @@
 """Embedding with the real packaged model, and the cache that makes reruns cheap."""
+
 import numpy as np
 import pyarrow.parquet as pq
 

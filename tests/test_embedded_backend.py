@@ -1,5 +1,4 @@
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from pipelines.embed import chunks_table
@@ -16,8 +15,19 @@ def synthetic_chunks(path, n=50, dim=8, seed=0):
     rows = []
     for i in range(n):
         text = " ".join(rng.choice(words, size=6))
-        rows.append({"chunk_id": f"c{i:03d}", "doc_id": f"d{i // 3}", "title": "T", "section": "S",
-                     "section_id": "s", "body": text, "text": text, "text_hash": str(i), "ordinal": 0})
+        rows.append(
+            {
+                "chunk_id": f"c{i:03d}",
+                "doc_id": f"d{i // 3}",
+                "title": "T",
+                "section": "S",
+                "section_id": "s",
+                "body": text,
+                "text": text,
+                "text_hash": str(i),
+                "ordinal": 0,
+            }
+        )
     write_parquet(chunks_table(rows, vectors, "m"), path)
     return rows, vectors
 

@@ -1,4 +1,5 @@
 """evals.gate: each check fails for its reason, and the JUnit XML says so."""
+
 import json
 import xml.etree.ElementTree as ET
 
@@ -13,31 +14,63 @@ SIGNAL = "rerank_top"
 
 
 def eval_records(answer_scores, decline_scores):
-    recs = [{"id": f"a-{i:03d}", "question": f"how do I {i}?", "label": "answer", "kind": "howto",
-             "signals": {SIGNAL: float(s)}} for i, s in enumerate(answer_scores)]
-    recs += [{"id": f"d-{i:03d}", "question": f"off topic {i}", "label": "decline", "kind": "offtopic",
-              "signals": {SIGNAL: float(s)}} for i, s in enumerate(decline_scores)]
+    recs = [
+        {
+            "id": f"a-{i:03d}",
+            "question": f"how do I {i}?",
+            "label": "answer",
+            "kind": "howto",
+            "signals": {SIGNAL: float(s)},
+        }
+        for i, s in enumerate(answer_scores)
+    ]
+    recs += [
+        {
+            "id": f"d-{i:03d}",
+            "question": f"off topic {i}",
+            "label": "decline",
+            "kind": "offtopic",
+            "signals": {SIGNAL: float(s)},
+        }
+        for i, s in enumerate(decline_scores)
+    ]
     return recs
 
 
 def calibration_for(answer_scores, decline_scores, shipped):
-    config = {"signals": [SIGNAL], "bootstrap_samples": 100, "seed": 1,
-              "gating": {"signal": SIGNAL, "adjacent": shipped, "strong": max(shipped, 0.6)}}
+    config = {
+        "signals": [SIGNAL],
+        "bootstrap_samples": 100,
+        "seed": 1,
+        "gating": {"signal": SIGNAL, "adjacent": shipped, "strong": max(shipped, 0.6)},
+    }
     return calibrate(eval_records(answer_scores, decline_scores), config)
 
 
 def precision_for(p1_by_kind):
     """A precision.json shape with given reranked p@1 per kind."""
+
     def stats(p1):
         metrics = {"p@1": p1, "p@3": 0.5, "p@5": 0.4, "ndcg@10": 0.7, "recall@5": 0.8, "mrr": 0.75}
         return {"n": 10, "fused": metrics, "reranked": metrics, "delta": {k: 0.0 for k in metrics}}
+
     mean = sum(p1_by_kind.values()) / len(p1_by_kind)
-    return {"ks": [1, 3, 5], "overall": stats(mean), "by_kind": {k: stats(v) for k, v in p1_by_kind.items()},
-            "losses": [], "wins": 0, "ties": 20}
+    return {
+        "ks": [1, 3, 5],
+        "overall": stats(mean),
+        "by_kind": {k: stats(v) for k, v in p1_by_kind.items()},
+        "losses": [],
+        "wins": 0,
+        "ties": 20,
+    }
 
 
-BASELINE = {"reranked": {"overall": {"p@1": 0.7, "p@3": 0.5},
-                         "by_kind": {"howto": {"p@1": 0.7}, "fact": {"p@1": 0.7, "mrr": 0.7}}}}
+BASELINE = {
+    "reranked": {
+        "overall": {"p@1": 0.7, "p@3": 0.5},
+        "by_kind": {"howto": {"p@1": 0.7}, "fact": {"p@1": 0.7, "mrr": 0.7}},
+    }
+}
 GOOD_CALIBRATION = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.25)
 GOOD_PRECISION = precision_for({"howto": 0.7, "fact": 0.7})
 
@@ -53,9 +86,13 @@ def run_gate(calibration=GOOD_CALIBRATION, precision=GOOD_PRECISION, baseline=BA
 def test_all_good_passes():
     gate = run_gate()
     assert gate["passed"] is True and gate["reasons"] == [] and failed(gate) == set()
-    assert [c["name"] for c in gate["checks"]] == ["threshold_gap", "answer_coverage",
-                                                  "precision_regression", "decline_regression",
-                                                  "eval_sets_valid"]
+    assert [c["name"] for c in gate["checks"]] == [
+        "threshold_gap",
+        "answer_coverage",
+        "precision_regression",
+        "decline_regression",
+        "eval_sets_valid",
+    ]
     assert gate["thresholds"]["shipped"] == 0.25
     assert gate["thresholds"]["max_for_full_coverage"] == pytest.approx(0.3)
     json.dumps(gate, allow_nan=False)
@@ -148,14 +185,26 @@ def test_junit_all_passing_has_no_failure():
 def mixed_records():
     """Off-topic declines separate; near-topic ones overlap the should-answer band."""
     recs = eval_records(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.1, 20))
-    recs += [{"id": f"n-{i:03d}", "question": f"near {i}", "label": "decline", "kind": "near_topic",
-              "signals": {SIGNAL: float(s)}} for i, s in enumerate(np.linspace(0.1, 0.95, 10))]
+    recs += [
+        {
+            "id": f"n-{i:03d}",
+            "question": f"near {i}",
+            "label": "decline",
+            "kind": "near_topic",
+            "signals": {SIGNAL: float(s)},
+        }
+        for i, s in enumerate(np.linspace(0.1, 0.95, 10))
+    ]
     return recs
 
 
 def test_gap_scope_holds_only_the_listed_decline_kinds_to_the_gap():
-    base = {"signals": [SIGNAL], "bootstrap_samples": 100, "seed": 1,
-            "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6}}
+    base = {
+        "signals": [SIGNAL],
+        "bootstrap_samples": 100,
+        "seed": 1,
+        "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6},
+    }
     everything = calibrate(mixed_records(), base)
     assert failed(run_gate(everything, baseline={})) == {"threshold_gap"}
     scoped = calibrate(mixed_records(), {**base, "gate_decline_kinds": ["offtopic"]})
@@ -168,9 +217,16 @@ def test_gap_scope_holds_only_the_listed_decline_kinds_to_the_gap():
 
 
 def test_decline_recall_regression_per_kind_fails_the_gate():
-    scoped = calibrate(mixed_records(), {"signals": [SIGNAL], "bootstrap_samples": 100, "seed": 1,
-                                         "gate_decline_kinds": ["offtopic"],
-                                         "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6}})
+    scoped = calibrate(
+        mixed_records(),
+        {
+            "signals": [SIGNAL],
+            "bootstrap_samples": 100,
+            "seed": 1,
+            "gate_decline_kinds": ["offtopic"],
+            "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6},
+        },
+    )
     ok = run_gate(scoped, baseline={"decline_recall_by_kind": {"near_topic": 0.2, "offtopic": 1.0}})
     assert ok["passed"], ok["reasons"]
     gate = run_gate(scoped, baseline={"decline_recall_by_kind": {"near_topic": 0.5}})

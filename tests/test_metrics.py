@@ -1,4 +1,5 @@
 """evals.metrics against ranx on random runs and qrels (seeded)."""
+
 import math
 
 import numpy as np
@@ -20,10 +21,10 @@ def random_case(seed: int, graded: bool):
         qid = f"q{q}"
         judged = rng.choice(docs, size=rng.integers(1, 12), replace=False)
         rels = rng.integers(1, 4, size=len(judged)) if graded else np.ones(len(judged), int)
-        rels[rng.random(len(judged)) < 0.2] = 0          # judged non-relevant
-        rels[0] = max(rels[0], 1)                        # ranx needs a relevant doc per query
+        rels[rng.random(len(judged)) < 0.2] = 0  # judged non-relevant
+        rels[0] = max(rels[0], 1)  # ranx needs a relevant doc per query
         qrels[qid] = {str(d): int(r) for d, r in zip(judged, rels)}
-        depth = int(rng.integers(1, 25))                 # often shorter than k
+        depth = int(rng.integers(1, 25))  # often shorter than k
         pool = docs if q % 4 else [d for d in docs if d not in qrels[qid]]  # some: nothing relevant retrieved
         run[qid] = [str(d) for d in rng.choice(pool, size=min(depth, len(pool)), replace=False)]
     return qrels, run
@@ -54,7 +55,7 @@ def test_metrics_match_ranx(seed, graded):
 
 def test_query_missing_from_run_scores_zero():
     qrels = {"q1": {"a": 1}, "q2": {"b": 2}}
-    run = {"q1": ["a"], "q3": ["b"]}                    # q2 not run, q3 not judged
+    run = {"q1": ["a"], "q3": ["b"]}  # q2 not run, q3 not judged
     assert precision_at(run, qrels, 1)["per_query"] == {"q1": 1.0, "q2": 0.0}
     assert mrr(run, qrels)["mean"] == 0.5
     expected = ranx_scores(qrels, {"q1": ["a"]}, ["precision@1", "mrr"])
@@ -65,7 +66,7 @@ def test_hand_computed():
     qrels = {"q": {"a": 3, "b": 0, "c": 1}}
     run = {"q": ["x", "c", "b", "a"]}
     assert precision_at(run, qrels, 3)["mean"] == pytest.approx(1 / 3)
-    assert precision_at(run, qrels, 10)["mean"] == pytest.approx(2 / 10)   # short run divides by k
+    assert precision_at(run, qrels, 10)["mean"] == pytest.approx(2 / 10)  # short run divides by k
     assert recall_at(run, qrels, 2)["mean"] == pytest.approx(1 / 2)
     assert mrr(run, qrels)["mean"] == pytest.approx(1 / 2)
     assert mrr(run, qrels, k=1)["mean"] == 0.0
@@ -87,19 +88,35 @@ from evals.precision import precision_eval  # noqa: E402
 
 
 def test_precision_eval_lists_losses_honestly():
-    items = [{"id": "q1", "kind": "fact", "question": "won"}, {"id": "q2", "kind": "fact", "question": "lost"},
-             {"id": "q3", "kind": "howto"}, {"id": "q4", "kind": "howto"}, {"id": "q5", "kind": "howto"}]
+    items = [
+        {"id": "q1", "kind": "fact", "question": "won"},
+        {"id": "q2", "kind": "fact", "question": "lost"},
+        {"id": "q3", "kind": "howto"},
+        {"id": "q4", "kind": "howto"},
+        {"id": "q5", "kind": "howto"},
+    ]
     qrels = {"q1": {"r": 1}, "q2": {"r": 2}, "q3": {"r": 1}, "q4": {"r": 0}, "q5": {"r": 1}}
     fused = {"q1": ["x", "r"], "q2": ["r", "x"], "q3": ["r"], "q4": ["r"], "q5": ["r", "x"]}
     reranked = {"q1": ["r", "x"], "q2": ["x", "r"], "q3": ["r"], "q4": ["r"], "q5": ["x"]}
     out = precision_eval(items, fused, reranked, qrels)
-    assert out["skipped"] == ["q4"] and out["n"] == 4            # nothing relevant to find
+    assert out["skipped"] == ["q4"] and out["n"] == 4  # nothing relevant to find
     assert out["wins"] == 1 and out["ties"] == 1
     assert out["losses"] == [
-        {"id": "q2", "kind": "fact", "question": "lost", "fused_rank_of_first_relevant": 1,
-         "reranked_rank_of_first_relevant": 2},
-        {"id": "q5", "kind": "howto", "question": "", "fused_rank_of_first_relevant": 1,
-         "reranked_rank_of_first_relevant": None}]
+        {
+            "id": "q2",
+            "kind": "fact",
+            "question": "lost",
+            "fused_rank_of_first_relevant": 1,
+            "reranked_rank_of_first_relevant": 2,
+        },
+        {
+            "id": "q5",
+            "kind": "howto",
+            "question": "",
+            "fused_rank_of_first_relevant": 1,
+            "reranked_rank_of_first_relevant": None,
+        },
+    ]
     overall = out["overall"]
     assert overall["fused"]["p@1"] == 0.75 and overall["reranked"]["p@1"] == 0.5
     assert overall["delta"]["p@1"] == -0.25

@@ -3,6 +3,7 @@
 Tests marked `opensearch` FAIL (they do not skip) when no node answers at OPENSEARCH_URL:
 `make test` starts one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,11 +26,34 @@ from pipelines.search.opensearch_client import client_from_env, config_from_env
 DIM = 384
 N_CHUNKS = 300
 RARE = "zyxoquartz"
-WORDS = ("river stone forest light cloud ember quiet signal harbor meadow copper lantern "
-         "orbit thistle granite echo willow summit canyon prairie beacon falcon").split()
+WORDS = [
+    "river",
+    "stone",
+    "forest",
+    "light",
+    "cloud",
+    "ember",
+    "quiet",
+    "signal",
+    "harbor",
+    "meadow",
+    "copper",
+    "lantern",
+    "orbit",
+    "thistle",
+    "granite",
+    "echo",
+    "willow",
+    "summit",
+    "canyon",
+    "prairie",
+    "beacon",
+    "falcon",
+]
 
 
 # --- fixtures -------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def os_client():
@@ -39,8 +63,10 @@ def os_client():
     try:
         info = client.info()
     except Exception as e:  # noqa: BLE001 - any failure means no usable node
-        pytest.fail(f"no OpenSearch node answers at {os.environ.get('OPENSEARCH_URL', 'http://127.0.0.1:9200')}"
-                    f" ({e}); start one with `scripts/opensearch start`")
+        pytest.fail(
+            f"no OpenSearch node answers at {os.environ.get('OPENSEARCH_URL', 'http://127.0.0.1:9200')}"
+            f" ({e}); start one with `scripts/opensearch start`"
+        )
     assert isinstance(client, OpenSearch)
     assert info["version"]["number"].startswith("2."), info["version"]
     return client
@@ -67,17 +93,19 @@ def write_chunks(path: Path, n: int = N_CHUNKS, seed: int = 7) -> tuple[Path, np
         if i % 10 == 3:
             words[int(rng.integers(len(words)))] = RARE
         texts.append(" ".join(words))
-    table = pa.table({
-        "chunk_id": pa.array(ids),
-        "doc_id": pa.array([f"d{i // 3:03d}" for i in range(n)]),
-        "title": pa.array([f"Document {i // 3}" for i in range(n)]),
-        "section": pa.array([f"Section {i % 3}" for i in range(n)]),
-        "text": pa.array(texts),
-        "text_hash": pa.array([f"h{i}" for i in range(n)]),
-        "ordinal": pa.array([i % 3 for i in range(n)], pa.int32()),
-        "model_id": pa.array(["test-model"] * n),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), DIM),
-    })
+    table = pa.table(
+        {
+            "chunk_id": pa.array(ids),
+            "doc_id": pa.array([f"d{i // 3:03d}" for i in range(n)]),
+            "title": pa.array([f"Document {i // 3}" for i in range(n)]),
+            "section": pa.array([f"Section {i % 3}" for i in range(n)]),
+            "text": pa.array(texts),
+            "text_hash": pa.array([f"h{i}" for i in range(n)]),
+            "ordinal": pa.array([i % 3 for i in range(n)], pa.int32()),
+            "model_id": pa.array(["test-model"] * n),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), DIM),
+        }
+    )
     pq.write_table(table, path)
     return path, vectors, ids, texts
 
@@ -93,6 +121,7 @@ def small_parquet(tmp_path_factory):
 
 
 # --- mapping (no node) ----------------------------------------------------------------------------
+
 
 def _knn_vectors(node, path="$"):
     if isinstance(node, dict):
@@ -122,6 +151,7 @@ def test_every_knn_vector_uses_the_lucene_engine():
 
 
 # --- against the real node ------------------------------------------------------------------------
+
 
 @pytest.mark.opensearch
 def test_load_counts_and_marks_complete(store, chunks_parquet, os_client):
@@ -224,8 +254,10 @@ def test_promote_moves_alias_atomically(store, small_parquet, os_client, monkeyp
     store.promote("v2")
     monkeypatch.undo()
     assert len(calls) == 1
-    assert calls[0]["actions"] == [{"remove": {"index": store.index_name("v1"), "alias": store.alias}},
-                                   {"add": {"index": store.index_name("v2"), "alias": store.alias}}]
+    assert calls[0]["actions"] == [
+        {"remove": {"index": store.index_name("v1"), "alias": store.alias}},
+        {"add": {"index": store.index_name("v2"), "alias": store.alias}},
+    ]
     assert store.live() == "v2"
     assert list(os_client.indices.get_alias(name=store.alias)) == [store.index_name("v2")]
 
@@ -260,7 +292,7 @@ def test_retention_keeps_n_and_never_the_live_one(store, small_parquet):
     store.promote("20260104")
     assert retain(store, 1) == ["20260101", "20260103"]
     assert store.versions() == ["20260104"]
-    assert retain(store, 0) == []          # the live one survives even keep=0
+    assert retain(store, 0) == []  # the live one survives even keep=0
     assert store.versions() == ["20260104"]
 
 
@@ -272,7 +304,7 @@ def test_drop_refuses_live(store, small_parquet):
         store.drop("v1")
     assert store.versions() == ["v1"]
     with pytest.raises(RuntimeError, match="live"):
-        store.load("v1", str(small_parquet))   # never rebuild what is being served
+        store.load("v1", str(small_parquet))  # never rebuild what is being served
 
 
 @pytest.mark.opensearch
@@ -295,8 +327,9 @@ def test_bulk_retries_429_and_5xx(store, chunks_parquet, monkeypatch):
 
     path = chunks_parquet[0]
     real = store.client.bulk
-    failures = iter([TransportError(429, "simulated too many requests", {}),
-                     TransportError(503, "simulated unavailable", {})])
+    failures = iter(
+        [TransportError(429, "simulated too many requests", {}), TransportError(503, "simulated unavailable", {})]
+    )
     calls = []
 
     def flaky_bulk(*args, **kwargs):
@@ -342,7 +375,7 @@ def test_connection_lost_mid_load_raises_and_never_promotes(store, chunks_parque
 def test_count_mismatch_is_a_clear_error(store, tmp_path):
     path, _, _, _ = write_chunks(tmp_path / "dup.parquet", n=10)
     table = pq.read_table(path)
-    pq.write_table(pa.concat_tables([table, table.slice(0, 2)]), path)   # two duplicate chunk ids
+    pq.write_table(pa.concat_tables([table, table.slice(0, 2)]), path)  # two duplicate chunk ids
     with pytest.raises(RuntimeError, match=r"_count is 10 .* has 12 rows"):
         store.load("dup", str(path))
     with pytest.raises(RuntimeError, match="refusing to promote"):
@@ -364,7 +397,12 @@ def test_client_from_env_reads_the_variables(caplog):
     }
     cfg = config_from_env(env)
     assert cfg.url == "https://search.example.org:9243"
-    assert (cfg.user, cfg.password, cfg.verify_certs, cfg.ca_certs) == ("indexer", SECRET, False, "/etc/ssl/certs/ca.pem")
+    assert (cfg.user, cfg.password, cfg.verify_certs, cfg.ca_certs) == (
+        "indexer",
+        SECRET,
+        False,
+        "/etc/ssl/certs/ca.pem",
+    )
     kwargs = cfg.client_kwargs()
     assert kwargs["http_auth"] == ("indexer", SECRET)
     assert kwargs["use_ssl"] is True and kwargs["verify_certs"] is False
@@ -395,8 +433,10 @@ def test_client_from_env_defaults_and_errors():
 
 
 def test_airflow_is_imported_only_when_asked_for():
-    code = ("import sys, pipelines.search.opensearch_client, pipelines.search.opensearch; "
-            "sys.exit(any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules))")
+    code = (
+        "import sys, pipelines.search.opensearch_client, pipelines.search.opensearch; "
+        "sys.exit(any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules))"
+    )
     root = Path(__file__).resolve().parents[1]
     assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
 
@@ -411,11 +451,13 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
         "conn = c.transport.connection_pool.connections[0]\n"
         "print(conn.host, repr(c))\n"
     )
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path),
-           "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://indexer:{SECRET}@search.internal:9201"}
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path),
+        "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://indexer:{SECRET}@search.internal:9201",
+    }
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "http://search.internal:9201" in proc.stdout
     assert SECRET not in proc.stdout and SECRET not in proc.stderr

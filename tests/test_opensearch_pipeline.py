@@ -3,6 +3,7 @@
 Parity with the embedded backend on the demo corpus, two nights with promotion and
 retention, a failed gate that leaves the alias alone, and a node that dies mid-load.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ import time
 import uuid
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from pipelines.cli import main
@@ -77,7 +77,9 @@ def test_two_nights_promote_and_retention_keeps_two(os_config, prefix, client, c
 def test_failed_gate_leaves_the_alias_on_the_previous_version(os_config, prefix, client, tmp_path):
     config, artifacts = os_config
     strict = tmp_path / "strict.yaml"
-    strict.write_text(config.read_text().replace("strong: 0.5", "strong: 0.99").replace("adjacent: 0.14", "adjacent: 0.99"))
+    strict.write_text(
+        config.read_text().replace("strong: 0.5", "strong: 0.99").replace("adjacent: 0.14", "adjacent: 0.99")
+    )
     assert run(strict, artifacts, "20261104-020000") == 1
     store = OpenSearchStore(client, prefix)
     assert store.live() == "20261103-020000"
@@ -87,6 +89,7 @@ def test_failed_gate_leaves_the_alias_on_the_previous_version(os_config, prefix,
 def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, client, prefix, embedder):
     from evals.evalset import load_evalset
     from pipelines.search.embedded import EmbeddedSearcher
+
     _, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"
     embedded = EmbeddedSearcher(_build_embedded(run_dir))
@@ -100,8 +103,10 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, client, 
         cos.append(abs(embedded.best_cosine(v) - remote.best_cosine(v)))
         a, b = embedded.bm25(q, 10), remote.bm25(q, 10)
         bm25.append(len({h.chunk_id for h in a} & {h.chunk_id for h in b}) / max(len(a), 1))
-    print(f"\nparity over {len(questions)} questions: knn@10 overlap {np.mean(knn):.3f} (min {min(knn):.1f}), "
-          f"bm25@10 overlap {np.mean(bm25):.3f} (min {min(bm25):.1f}), best-cosine max diff {max(cos):.2e}")
+    print(
+        f"\nparity over {len(questions)} questions: knn@10 overlap {np.mean(knn):.3f} (min {min(knn):.1f}), "
+        f"bm25@10 overlap {np.mean(bm25):.3f} (min {min(bm25):.1f}), best-cosine max diff {max(cos):.2e}"
+    )
     assert np.mean(knn) >= 0.99 and max(cos) < 1e-4  # HNSW on 231 chunks is as good as exact
     # Same k1/b, but Lucene's idf (log(1 + (N-n+.5)/(n+.5))) and standard analyser differ from
     # BM25Okapi's floored idf and \w+ tokens; 0.80 was measured on the demo set (README).
@@ -111,6 +116,7 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, client, 
 def _build_embedded(run_dir):
     """The embedded index of the same chunks.parquet the OpenSearch version was loaded from."""
     from pipelines.search.embedded import EmbeddedStore
+
     store = EmbeddedStore(run_dir.parent, run_dir.parent.parent / "LIVE-parity")
     store.load(run_dir.name, str(run_dir / "chunks.parquet"))
     return store.folder(run_dir.name)
@@ -124,9 +130,20 @@ def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, client, prefi
     n, dim = 30_000, 384
     vectors = rng.normal(size=(n, dim)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    rows = [{"chunk_id": f"c{i}", "doc_id": f"d{i}", "title": "t", "section": "s", "section_id": "s",
-             "body": f"word{i % 97} text", "text": f"t s word{i % 97} text", "text_hash": str(i), "ordinal": 0}
-            for i in range(n)]
+    rows = [
+        {
+            "chunk_id": f"c{i}",
+            "doc_id": f"d{i}",
+            "title": "t",
+            "section": "s",
+            "section_id": "s",
+            "body": f"word{i % 97} text",
+            "text": f"t s word{i % 97} text",
+            "text_hash": str(i),
+            "ordinal": 0,
+        }
+        for i in range(n)
+    ]
     write_parquet(chunks_table(rows, vectors, "m"), big)
 
     errors = []
@@ -143,8 +160,9 @@ def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, client, prefi
         assert isinstance(errors[0], RuntimeError) and str(errors[0]), errors[0]
         print("\nerror the run saw:", errors[0])
     finally:
-        subprocess.run([str(ROOT / "scripts" / "opensearch"), "start"], check=True, timeout=300,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [str(ROOT / "scripts" / "opensearch"), "start"], check=True, timeout=300, stdout=subprocess.DEVNULL
+        )
     client.cluster.health(wait_for_status="yellow", request_timeout=60)
     assert store.live() == live_before  # the alias never moved
     with pytest.raises(Exception):

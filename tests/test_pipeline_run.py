@@ -1,4 +1,5 @@
 """`sourcegate run` end to end on the demo corpus, embedded backend, real models."""
+
 import json
 
 import pyarrow.parquet as pq
@@ -23,8 +24,19 @@ def test_first_night_builds_passes_the_gate_and_promotes(artifacts, capsys):
     out = capsys.readouterr().out
     assert "gate: PASSED" in out and "report.html" in out
     run = artifacts / "runs" / "20261101-020000"
-    for name in ["documents.parquet", "chunks.parquet", "manifest.parquet", "quarantine.jsonl", "quality.json",
-                 "calibration.json", "precision.json", "gate.json", "junit.xml", "report.html", "run.json"]:
+    for name in [
+        "documents.parquet",
+        "chunks.parquet",
+        "manifest.parquet",
+        "quarantine.jsonl",
+        "quality.json",
+        "calibration.json",
+        "precision.json",
+        "gate.json",
+        "junit.xml",
+        "report.html",
+        "run.json",
+    ]:
         assert (run / name).exists(), name
     gate = read(run / "gate.json")
     assert gate["passed"] and gate["reasons"] == []
@@ -35,8 +47,14 @@ def test_first_night_builds_passes_the_gate_and_promotes(artifacts, capsys):
     calibration = read(run / "calibration.json")
     for signal in ["cosine_top", "rerank_top", "bm25_z", "term_coverage", "margin", "bm25_top"]:
         s = calibration["signals"][signal]
-        for key in ["answer_band", "decline_band", "gap", "auc", "recommended_threshold",
-                    "decline_recall_at_recommended"]:
+        for key in [
+            "answer_band",
+            "decline_band",
+            "gap",
+            "auc",
+            "recommended_threshold",
+            "decline_recall_at_recommended",
+        ]:
             assert key in s, (signal, key)
     assert calibration["shortlist_recall"]["recall"] >= 0.9
     print("shortlist recall@12:", calibration["shortlist_recall"]["recall"])
@@ -60,10 +78,13 @@ def test_second_night_with_no_change_encodes_nothing(artifacts, capsys):
 
 def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifacts, tmp_path, capsys):
     config = tmp_path / "strict.yaml"
-    config.write_text("answer:\n  signal: rerank_top\n  strong: 0.99\n  adjacent: 0.99\n"
-                      "calibration:\n  gate_decline_kinds: [off_topic]\n")
-    code = main(["--config", str(config), "run", "--artifacts", str(artifacts), "--run-id", "20261103-020000",
-                 "--quiet"])
+    config.write_text(
+        "answer:\n  signal: rerank_top\n  strong: 0.99\n  adjacent: 0.99\n"
+        "calibration:\n  gate_decline_kinds: [off_topic]\n"
+    )
+    code = main(
+        ["--config", str(config), "run", "--artifacts", str(artifacts), "--run-id", "20261103-020000", "--quiet"]
+    )
     assert code == 1
     out = capsys.readouterr().out
     assert "gate: FAILED" in out and "declines" in out
@@ -81,15 +102,36 @@ def test_query_cli_prints_mode_and_passages(artifacts, capsys):
     assert main(["query", "What is the capital of Australia?", "--artifacts", str(artifacts), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["mode"] == "decline" and len(payload["passages"]) == 3
-    assert main(["query", "does that apply on Sundays too?", "--context", "Is the Night Owl bus free?",
-                 "--artifacts", str(artifacts)]) == 0
+    assert (
+        main(
+            [
+                "query",
+                "does that apply on Sundays too?",
+                "--context",
+                "Is the Night Owl bus free?",
+                "--artifacts",
+                str(artifacts),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("mode: ") and "Night Owl" in out and "rerank" in out
 
 
 def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
     out = tmp_path / "cal"
-    code = main(["calibrate", "--index", str(artifacts / "runs" / "20261102-020000"),
-                 "--questions", "config/evals/calibration.jsonl", "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "calibrate",
+            "--index",
+            str(artifacts / "runs" / "20261102-020000"),
+            "--questions",
+            "config/evals/calibration.jsonl",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert (out / "calibration.json").exists() and (out / "gate.json").exists() and (out / "report.html").exists()
     assert code in (0, 1) and ("gate: PASSED" if code == 0 else "gate: FAILED") in capsys.readouterr().out

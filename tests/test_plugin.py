@@ -1,4 +1,5 @@
 """The sourcegate_reports Airflow plugin: serves a run's report and gate verdict, nothing else."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,6 +31,7 @@ def plugin_module():
     sys.path.insert(0, str(PLUGINS))
     try:
         import sourcegate_reports
+
         yield sourcegate_reports
     finally:
         sys.path.remove(str(PLUGINS))
@@ -69,10 +71,20 @@ def client(plugin_module, artifacts) -> TestClient:
 def raw_get(app, raw_path: str) -> tuple[int, bytes]:
     """GET with the path exactly as given: HTTP clients (httpx too) normalise `..` away before sending."""
     messages: list[dict] = []
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-             "scheme": "http", "path": unquote(raw_path), "raw_path": raw_path.encode(), "root_path": "",
-             "query_string": b"", "headers": [(b"host", b"testserver")], "server": ("testserver", 80),
-             "client": ("127.0.0.1", 1234)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": unquote(raw_path),
+        "raw_path": raw_path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver")],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 1234),
+    }
 
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -122,18 +134,21 @@ def test_missing_and_unknown_files(client):
     assert client.get("/sourcegate/runs/20991231-000000/report.html").status_code == 404
 
 
-@pytest.mark.parametrize("path", [
-    "/sourcegate/runs/..%2f..%2fetc/passwd",
-    "/sourcegate/runs/..%2f..%2fsecret",
-    "/sourcegate/runs/x/../../secret",
-    "/sourcegate/runs/../secret",
-    "/sourcegate/runs/%2e%2e/secret",
-    "/sourcegate/runs/%2e%2e/gate.json",
-    "/sourcegate/runs/%2e%2e%2f%2e%2e/gate.json",
-    "/sourcegate/runs/%2Fetc/passwd",
-    "/sourcegate/runs//etc/passwd/gate.json",
-    "/sourcegate/runs/../../outside/gate.json",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/sourcegate/runs/..%2f..%2fetc/passwd",
+        "/sourcegate/runs/..%2f..%2fsecret",
+        "/sourcegate/runs/x/../../secret",
+        "/sourcegate/runs/../secret",
+        "/sourcegate/runs/%2e%2e/secret",
+        "/sourcegate/runs/%2e%2e/gate.json",
+        "/sourcegate/runs/%2e%2e%2f%2e%2e/gate.json",
+        "/sourcegate/runs/%2Fetc/passwd",
+        "/sourcegate/runs//etc/passwd/gate.json",
+        "/sourcegate/runs/../../outside/gate.json",
+    ],
+)
 def test_rejects_traversal(plugin_module, artifacts, client, path):
     r = client.get(path)  # as a client sends it (normalised)
     assert r.status_code in (400, 404), (path, r.status_code)
@@ -185,11 +200,17 @@ print(json.dumps({
 
 
 def test_discovered_by_airflow_plugin_manager(tmp_path, artifacts):
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow_home"),
-           "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False", "SOURCEGATE_ARTIFACTS": str(artifacts)}
-    out = subprocess.run([sys.executable, "-c", PLUGIN_CHECK], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow_home"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
+        "SOURCEGATE_ARTIFACTS": str(artifacts),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PLUGIN_CHECK], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     info = json.loads(out.stdout.strip().splitlines()[-1])
     assert info["errors"] == {}

@@ -1,5 +1,6 @@
 """evals.report: content (escaping, one plot per signal, heatmap) and a real
 headless-Chromium screenshot of the rendered page."""
+
 import os
 import re
 import shutil
@@ -18,9 +19,15 @@ from evals.report import render_report, write_report
 
 XSS = "<script>alert(1)</script>"
 SIGNALS = ["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"]
-CONFIG = {"signals": SIGNALS, "pair": ["bm25_z", "term_coverage"], "placement": "tightest",
-          "bootstrap_samples": 200, "seed": 13, "min_per_label": 20,
-          "gating": {"signal": "rerank_top", "adjacent": 0.2, "strong": 0.6}}
+CONFIG = {
+    "signals": SIGNALS,
+    "pair": ["bm25_z", "term_coverage"],
+    "placement": "tightest",
+    "bootstrap_samples": 200,
+    "seed": 13,
+    "min_per_label": 20,
+    "gating": {"signal": "rerank_top", "adjacent": 0.2, "strong": 0.6},
+}
 
 
 def make_records(n=160, seed=0, rerank=True):
@@ -28,19 +35,25 @@ def make_records(n=160, seed=0, rerank=True):
     records = []
     for i in range(n):
         answer = i % 2 == 0
-        records.append({
-            "id": f"{'a' if answer else 'd'}-{i:03d}", "label": "answer" if answer else "decline",
-            "question": f"question {i} about <topic> & more", "kind": ["fact", "howto", "<b>odd</b>"][i % 3],
-            "signals": {"cosine_top": float(rng.normal(0.7 if answer else 0.45, 0.07)),
-                        "rerank_top": (float(rng.uniform(0.3, 1) if answer else rng.uniform(0, 0.25))
-                                       if rerank else None),
-                        "bm25_z": float(rng.normal(3 if answer else 5, 1)),
-                        "bm25_top": float(rng.normal(14 if answer else 8, 3)),
-                        "term_coverage": float(rng.uniform(0.3, 1) if answer else rng.uniform(0, 0.8)),
-                        "margin": float(rng.uniform())}})
+        records.append(
+            {
+                "id": f"{'a' if answer else 'd'}-{i:03d}",
+                "label": "answer" if answer else "decline",
+                "question": f"question {i} about <topic> & more",
+                "kind": ["fact", "howto", "<b>odd</b>"][i % 3],
+                "signals": {
+                    "cosine_top": float(rng.normal(0.7 if answer else 0.45, 0.07)),
+                    "rerank_top": (float(rng.uniform(0.3, 1) if answer else rng.uniform(0, 0.25)) if rerank else None),
+                    "bm25_z": float(rng.normal(3 if answer else 5, 1)),
+                    "bm25_top": float(rng.normal(14 if answer else 8, 3)),
+                    "term_coverage": float(rng.uniform(0.3, 1) if answer else rng.uniform(0, 0.8)),
+                    "margin": float(rng.uniform()),
+                },
+            }
+        )
     records[0]["question"] = XSS
     if rerank:
-        records[0]["signals"]["rerank_top"] = 0.1    # wrongly declined at the shipped 0.2
+        records[0]["signals"]["rerank_top"] = 0.1  # wrongly declined at the shipped 0.2
     return records
 
 
@@ -50,12 +63,17 @@ def make_artifacts(rerank=True):
     items = [r for r in records if r["label"] == "answer"]
     qrels = {it["id"]: {f"{it['id']}-rel": 1} for it in items}
     fused = {it["id"]: [f"x{j}" for j in range(i % 4)] + [f"{it['id']}-rel"] for i, it in enumerate(items)}
-    reranked = {it["id"]: ([f"{it['id']}-rel"] if i % 5 else ["y", "z", f"{it['id']}-rel"])
-                for i, it in enumerate(items)}
+    reranked = {
+        it["id"]: ([f"{it['id']}-rel"] if i % 5 else ["y", "z", f"{it['id']}-rel"]) for i, it in enumerate(items)
+    }
     precision = precision_eval(items, fused, reranked, qrels)
     gate = evaluate_gate(calibration, precision, None, gating_signal="rerank_top", tolerance=0.02)
-    run_info = {"run_id": "night-42", "models": {"embedder": "all-MiniLM-L6-v2", "reranker": XSS},
-                "counts": {"documents": 120, "chunks": 980}, "timings_s": {"calibration": 0.08}}
+    run_info = {
+        "run_id": "night-42",
+        "models": {"embedder": "all-MiniLM-L6-v2", "reranker": XSS},
+        "counts": {"documents": 120, "chunks": 980},
+        "timings_s": {"calibration": 0.08},
+    }
     return calibration, precision, gate, run_info
 
 
@@ -72,9 +90,9 @@ def page(artifacts):
 def test_text_is_escaped(page, artifacts):
     assert XSS not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "<script" not in page.lower()              # no script of ours either
+    assert "<script" not in page.lower()  # no script of ours either
     assert "<b>odd</b>" not in page and "&lt;b&gt;odd&lt;/b&gt;" in page
-    assert "question 10 about &lt;topic&gt; &amp; more" in page     # a reranker loss
+    assert "question 10 about &lt;topic&gt; &amp; more" in page  # a reranker loss
 
 
 def test_self_contained(page):
@@ -105,7 +123,7 @@ def test_verdict_banner_and_shipped_errors(page, artifacts):
     assert gate["passed"] is False
     assert 'class="banner fail"' in page and "FAILED" in page
     assert "The shipped rerank_top threshold 0.2 declines 1" in page
-    assert "threshold &lt;= 0.1" in page                 # the fix for the wrongly declined question
+    assert "threshold &lt;= 0.1" in page  # the fix for the wrongly declined question
 
 
 def test_skipped_signal_is_reported_not_hidden():
@@ -121,6 +139,7 @@ def test_write_report(tmp_path, artifacts):
 
 # --------------------------------------------------------------------------- real browser
 
+
 def png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     assert data[12:16] == b"IHDR"
@@ -135,15 +154,15 @@ def png_top_rows(data: bytes, n_rows: int) -> list[bytes]:
     bpp = 3 if color_type == 2 else 4
     pos, idat = 8, b""
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
         if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
+            idat += data[pos + 8 : pos + 8 + length]
         pos += 12 + length
     stride = width * bpp
     raw = zlib.decompressobj().decompress(idat, (stride + 1) * n_rows)
     rows, prev = [], bytearray(stride)
     for r in range(n_rows):
-        kind, line = raw[r * (stride + 1)], bytearray(raw[r * (stride + 1) + 1:(r + 1) * (stride + 1)])
+        kind, line = raw[r * (stride + 1)], bytearray(raw[r * (stride + 1) + 1 : (r + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)
@@ -167,18 +186,30 @@ def test_screenshot_in_headless_chromium(tmp_path, artifacts):
     assert browser, "chromium is required for the report test (apt-get install -y chromium)"
     report = write_report(*artifacts, tmp_path / "report.html")
     shot = tmp_path / "report.png"
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
-                           "--window-size=1280,4000", report.as_uri()],
-                          timeout=180, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1280,4000",
+            report.as_uri(),
+        ],
+        timeout=180,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
-    if os.environ.get("REPORT_SCREENSHOT"):               # keep it for a person to look at
+    if os.environ.get("REPORT_SCREENSHOT"):  # keep it for a person to look at
         shutil.copy(shot, os.environ["REPORT_SCREENSHOT"])
     data = shot.read_bytes()
     assert png_size(data) == (1280, 4000)
     assert len(data) > 100_000, "screenshot suspiciously small: blank page?"
-    rows = png_top_rows(data, 320)                      # title, banner, gate checks
-    pixels = Counter(row[i:i + 3] for row in rows for i in range(0, len(row), 3))
+    rows = png_top_rows(data, 320)  # title, banner, gate checks
+    pixels = Counter(row[i : i + 3] for row in rows for i in range(0, len(row), 3))
     assert len(pixels) > 50, "too few colours: the page did not render"
-    banner_red = bytes((0xc5, 0x30, 0x30))              # .banner.fail background
+    banner_red = bytes((0xC5, 0x30, 0x30))  # .banner.fail background
     assert pixels[banner_red] > 1000, "the FAILED banner is not visible"

@@ -1,11 +1,12 @@
 """The reranker is a preference, never a point of failure: one test per failure case."""
+
 import logging
 import math
 import time
 
 import pytest
 
-from pipelines.rerank import OnnxCrossEncoder, load_scorer, safe_rerank
+from pipelines.rerank import load_scorer, safe_rerank
 
 PASSAGES = ["croup is a viral infection of the airway", "the French revolution began in 1789", "bus fares"]
 
@@ -23,32 +24,38 @@ class Fake:
         return self.result
 
 
-@pytest.mark.parametrize("scorer, why", [
-    (None, "not configured"),
-    (Fake(error=RuntimeError("boom")), "inference failed"),
-    (Fake(delay=0.5, result=[(0, 1.0), (1, 0.0), (2, 0.0)]), "timed out"),
-    (Fake(result=[(0, float("nan")), (1, 0.0), (2, 0.0)]), "non-finite score"),
-    (Fake(result=[(0, float("inf")), (1, 0.0), (2, 0.0)]), "non-finite score"),
-    (Fake(result=[(0, "high"), (1, 0.0), (2, 0.0)]), "non-numeric score"),
-    (Fake(result=[(0, None), (1, 0.0), (2, 0.0)]), "non-numeric score"),
-    (Fake(result=[(0, 1.0), (1, 0.0)]), "2 scores for 3 candidates"),
-    (Fake(result=[(0, 1.0), (0, 0.0), (2, 0.0)]), "duplicate index 0"),
-    (Fake(result=[(0, 1.0), (1, 0.0), (3, 0.0)]), "out-of-range index 3"),
-    (Fake(result=[(0, 1.0), (1, 0.0), (-1, 0.0)]), "out-of-range index -1"),
-    (Fake(result=42), "result is not a list"),
-])
+@pytest.mark.parametrize(
+    "scorer, why",
+    [
+        (None, "not configured"),
+        (Fake(error=RuntimeError("boom")), "inference failed"),
+        (Fake(delay=0.5, result=[(0, 1.0), (1, 0.0), (2, 0.0)]), "timed out"),
+        (Fake(result=[(0, float("nan")), (1, 0.0), (2, 0.0)]), "non-finite score"),
+        (Fake(result=[(0, float("inf")), (1, 0.0), (2, 0.0)]), "non-finite score"),
+        (Fake(result=[(0, "high"), (1, 0.0), (2, 0.0)]), "non-numeric score"),
+        (Fake(result=[(0, None), (1, 0.0), (2, 0.0)]), "non-numeric score"),
+        (Fake(result=[(0, 1.0), (1, 0.0)]), "2 scores for 3 candidates"),
+        (Fake(result=[(0, 1.0), (0, 0.0), (2, 0.0)]), "duplicate index 0"),
+        (Fake(result=[(0, 1.0), (1, 0.0), (3, 0.0)]), "out-of-range index 3"),
+        (Fake(result=[(0, 1.0), (1, 0.0), (-1, 0.0)]), "out-of-range index -1"),
+        (Fake(result=42), "result is not a list"),
+    ],
+)
 def test_every_failure_returns_none_with_a_log_line(scorer, why, caplog):
     caplog.set_level(logging.INFO)
     assert safe_rerank(scorer, "what causes croup", PASSAGES, timeout_s=0.1) is None
     assert why in caplog.text
 
 
-@pytest.mark.parametrize("kind, path, why", [
-    ("none", None, "not configured"),
-    ("onnx", "/nonexistent/model", "could not load"),
-    ("sentence_transformers", None, "could not load"),
-    ("sentence_transformers", "/nonexistent/model", "could not load"),
-])
+@pytest.mark.parametrize(
+    "kind, path, why",
+    [
+        ("none", None, "not configured"),
+        ("onnx", "/nonexistent/model", "could not load"),
+        ("sentence_transformers", None, "could not load"),
+        ("sentence_transformers", "/nonexistent/model", "could not load"),
+    ],
+)
 def test_missing_or_unloadable_model_gives_no_scorer(kind, path, why, caplog):
     caplog.set_level(logging.INFO)
     assert load_scorer(kind, path) is None

@@ -13,8 +13,8 @@ def test_rrf_sums_reciprocal_ranks_over_the_union():
 
 
 def test_blend_weighs_cross_encoder_against_fusion():
-    logits = [0.0, 2.0, 1.9]          # the cross-encoder slightly prefers 1 over 2
-    fused = [0.05, 0.01, 0.04]        # fusion strongly prefers 2 over 1 (and 0 over both)
+    logits = [0.0, 2.0, 1.9]  # the cross-encoder slightly prefers 1 over 2
+    fused = [0.05, 0.01, 0.04]  # fusion strongly prefers 2 over 1 (and 0 over both)
     assert blend(logits, fused, 1.0) == [1, 2, 0]
     assert blend(logits, fused, 0.0) == [0, 2, 1]
     assert blend(logits, fused, 0.6) == [2, 1, 0]  # 0.6*0.95 + 0.4*0.75 = 0.87 beats 0.6*1 + 0.4*0 = 0.6
@@ -23,8 +23,10 @@ def test_blend_weighs_cross_encoder_against_fusion():
 
 
 def test_multi_turn_prepends_prior_turns():
-    assert effective_query("does that apply on Sundays?", ["Is the night bus free?"]) == \
-        "Is the night bus free? does that apply on Sundays?"
+    assert (
+        effective_query("does that apply on Sundays?", ["Is the night bus free?"])
+        == "Is the night bus free? does that apply on Sundays?"
+    )
 
 
 def test_term_coverage_and_margin():
@@ -36,11 +38,13 @@ def cand(i, p):
     return Candidate(f"c{i}", "d", "t", "s", "s", "x", fused_rank=i, fused_score=1 / (60 + i), rerank_probability=p)
 
 
-@pytest.mark.parametrize("value, mode", [(0.9, "sourced"), (0.5, "sourced"), (0.3, "adjacent"), (0.05, "decline"),
-                                         (None, "decline")])
+@pytest.mark.parametrize(
+    "value, mode", [(0.9, "sourced"), (0.5, "sourced"), (0.3, "adjacent"), (0.05, "decline"), (None, "decline")]
+)
 def test_answer_modes_from_thresholds(value, mode):
-    r = Retrieval("q", [], [cand(i, p) for i, p in enumerate([0.9, 0.6, 0.2, 0.1, 0.01], 1)], True,
-                  {"rerank_top": value})
+    r = Retrieval(
+        "q", [], [cand(i, p) for i, p in enumerate([0.9, 0.6, 0.2, 0.1, 0.01], 1)], True, {"rerank_top": value}
+    )
     a = decide(r, {"signal": "rerank_top", "strong": 0.5, "adjacent": 0.1, "below": "decline"})
     assert a.mode == mode
     if mode == "decline":
@@ -58,6 +62,7 @@ def test_open_mode_is_configurable():
 def test_labelled_article_is_in_the_rerank_shortlist(demo_index, embedder, cross_encoder):
     """The labelled article is among the reranker's 12 candidates for >= 90% of should-answer questions."""
     from evals.evalset import load_evalset
+
     cfg, _, searcher = demo_index
     retriever = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
     items = [it for it in load_evalset(cfg["evals"]["calibration_set"]) if it["label"] == "answer"]
@@ -97,8 +102,9 @@ def test_rerank_weight_zero_keeps_fused_order_and_signals(demo_index, embedder, 
     """The weight moves only the order; the cross-encoder's signals are the same at any weight."""
     cfg, _, searcher = demo_index
     full = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
-    none = Retriever.from_config(searcher, embedder, cross_encoder,
-                                 {**cfg, "retrieval": {**cfg["retrieval"], "rerank_weight": 0.0}})
+    none = Retriever.from_config(
+        searcher, embedder, cross_encoder, {**cfg, "retrieval": {**cfg["retrieval"], "rerank_weight": 0.0}}
+    )
     moved = 0
     for q in ["How much is a monthly pass?", "Can I bring my bike on the train?", "lost property office hours"]:
         a, b = full.retrieve(q), none.retrieve(q)

@@ -3,10 +3,12 @@
 Retrieval, evals and the gate only ever talk to a backend through this protocol, so
 the embedded default and OpenSearch are interchangeable.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -25,6 +27,7 @@ class ScoreDistribution:
     the top `size` for OpenSearch); `matched` counts every chunk with a score > 0 and
     `total` every chunk in the index. Non-matching chunks score 0.
     """
+
     scores: np.ndarray
     matched: int
     total: int
@@ -39,9 +42,9 @@ class ScoreDistribution:
         missing = max(self.matched - len(s), 0)
         floor = float(s.min()) if len(s) else 0.0
         total = s.sum() + missing * floor
-        total_sq = (s ** 2).sum() + missing * floor ** 2
+        total_sq = (s**2).sum() + missing * floor**2
         mean = total / n
-        var = max(total_sq / n - mean ** 2, 0.0)
+        var = max(total_sq / n - mean**2, 0.0)
         return 0.0 if var == 0 else float((value - mean) / np.sqrt(var))
 
 

@@ -3,6 +3,7 @@
 Precomputing each (term, chunk) weight turns a query into a sum of a few sparse rows,
 which is what makes corpus-wide score distributions cheap enough to compute per query.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,11 @@ def tokenize(text: str) -> list[str]:
 class BM25Index:
     def __init__(self, vocab: dict[str, int], weights: sparse.csr_matrix):
         self.vocab = vocab
-        self.weights = weights          # (terms, chunks)
+        self.weights = weights  # (terms, chunks)
         self.size = weights.shape[1]
 
     @classmethod
-    def build(cls, corpus: list[list[str]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25) -> "BM25Index":
+    def build(cls, corpus: list[list[str]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25) -> BM25Index:
         n = len(corpus)
         # Term ids in first-seen order; one (chunk, term) key per posting, counted by np.unique
         # (Python touches each token once; numpy does the counting and the weights).
@@ -68,6 +69,6 @@ class BM25Index:
         (folder / "bm25_vocab.json").write_text(json.dumps(terms), encoding="utf-8")
 
     @classmethod
-    def open(cls, folder: Path) -> "BM25Index":
+    def open(cls, folder: Path) -> BM25Index:
         terms = json.loads((folder / "bm25_vocab.json").read_text(encoding="utf-8"))
         return cls({t: i for i, t in enumerate(terms)}, sparse.load_npz(folder / "bm25.npz").tocsr())

@@ -3,11 +3,12 @@
 Each index version lives in `<runs>/<version>/index/`; the live version is named by a
 small pointer file, rewritten atomically (the embedded twin of an OpenSearch alias).
 """
+
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -12,12 +12,15 @@
 A version is promotable only after ``load`` has checked ``_count`` against the Parquet row
 count and marked the index complete in ``_meta``: a half-built index is never served.
 """
+
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,8 +36,12 @@ REQUIRED_COLUMNS = ("chunk_id", "doc_id", "title", "section", "text", "embedding
 # Optional parquet columns indexed when present (for inspection; not searched).
 OPTIONAL_COLUMNS = {"section_id": "keyword", "text_hash": "keyword", "ordinal": "long", "model_id": "keyword"}
 STORED_FIELDS = ("chunk_id", "doc_id", "title", "section", "section_id", "text")
-HNSW = {"name": "hnsw", "engine": "lucene", "space_type": "cosinesimil",
-        "parameters": {"ef_construction": 128, "m": 16}}
+HNSW = {
+    "name": "hnsw",
+    "engine": "lucene",
+    "space_type": "cosinesimil",
+    "parameters": {"ef_construction": 128, "m": 16},
+}
 
 _PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _FORBIDDEN_IN_INDEX = re.compile(r"[^a-z0-9._-]")
@@ -58,10 +65,16 @@ def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> 
     if meta is not None:
         mappings["_meta"] = {_META_KEY: meta}
     return {
-        "settings": {"index": {"knn": True, "number_of_shards": shards,
-                               "number_of_replicas": 0, "refresh_interval": "-1",
-                               # BM25Okapi's parameters (rank-bm25 defaults), as in the embedded backend
-                               "similarity": {"okapi": {"type": "BM25", "k1": 1.5, "b": 0.75}}}},
+        "settings": {
+            "index": {
+                "knn": True,
+                "number_of_shards": shards,
+                "number_of_replicas": 0,
+                "refresh_interval": "-1",
+                # BM25Okapi's parameters (rank-bm25 defaults), as in the embedded backend
+                "similarity": {"okapi": {"type": "BM25", "k1": 1.5, "b": 0.75}},
+            }
+        },
         "mappings": mappings,
     }
 
@@ -134,8 +147,9 @@ class OpenSearchSearcher:
         return hits[0].score if hits else 0.0
 
     def bm25_distribution(self, query: str) -> ScoreDistribution:
-        resp = self._search({"size": self.distribution_size, "_source": False,
-                             "track_total_hits": True, "query": self._match(query)})
+        resp = self._search(
+            {"size": self.distribution_size, "_source": False, "track_total_hits": True, "query": self._match(query)}
+        )
         scores = np.array([h["_score"] for h in resp["hits"]["hits"]], dtype=np.float64)
         matched = int(resp["hits"]["total"]["value"])
         total = int(self.client.count(index=self.index)["count"])
@@ -145,8 +159,7 @@ class OpenSearchSearcher:
         ids = list(chunk_ids)
         if not ids:
             return []
-        resp = self.client.mget(index=self.index, body={"ids": sorted(set(ids))},
-                                _source_includes=list(STORED_FIELDS))
+        resp = self.client.mget(index=self.index, body={"ids": sorted(set(ids))}, _source_includes=list(STORED_FIELDS))
         found = {d["_id"]: d["_source"] for d in resp["docs"] if d.get("found")}
         missing = [c for c in ids if c not in found]
         if missing:
@@ -176,6 +189,7 @@ class OpenSearchStore:
             raise ValueError(f"index prefix must be lower-case [a-z0-9._-] and start alphanumeric, got {prefix!r}")
         if client is None:
             from pipelines.search.opensearch_client import client_from_env
+
             client = client_from_env()
         self.client = client
         self.prefix = prefix
@@ -191,7 +205,7 @@ class OpenSearchStore:
         self.ef_search = ef_search
 
     @classmethod
-    def from_config(cls, cfg: dict, client=None, **kwargs: Any) -> "OpenSearchStore":
+    def from_config(cls, cfg: dict, client=None, **kwargs: Any) -> OpenSearchStore:
         """A store from the pipeline config's ``backend.opensearch`` section.
 
         ``client`` defaults to ``client_from_env()``; a DAG may pass ``client_from_airflow()``.
@@ -238,8 +252,11 @@ class OpenSearchStore:
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
             raise ValueError(f"{chunks_parquet}: missing column(s) {missing}")
-        columns = [c for c in REQUIRED_COLUMNS if c != "embedding"] + \
-                  [c for c in OPTIONAL_COLUMNS if c in names] + ["embedding"]
+        columns = (
+            [c for c in REQUIRED_COLUMNS if c != "embedding"]
+            + [c for c in OPTIONAL_COLUMNS if c in names]
+            + ["embedding"]
+        )
         rows = pf.metadata.num_rows
         dim = _embedding_dimension(pf)
 
@@ -249,45 +266,54 @@ class OpenSearchStore:
             existing = self._meta(index)
             if existing is not None:
                 if existing.get("version") not in (None, version):
-                    raise ValueError(f"index {index} already holds version {existing.get('version')!r}, "
-                                     f"not {version!r} (names collide after sanitising)")
+                    raise ValueError(
+                        f"index {index} already holds version {existing.get('version')!r}, "
+                        f"not {version!r} (names collide after sanitising)"
+                    )
                 log.warning("index %s exists (status %s); deleting it to rebuild", index, existing.get("status"))
                 self.client.indices.delete(index=index)
-            meta = {"prefix": self.prefix, "version": version, "status": "loading",
-                    "source": str(chunks_parquet), "rows": rows, "dimension": dim}
+            meta = {
+                "prefix": self.prefix,
+                "version": version,
+                "status": "loading",
+                "source": str(chunks_parquet),
+                "rows": rows,
+                "dimension": dim,
+            }
             self.client.indices.create(index=index, body=index_body(dim, shards=self.shards, meta=meta))
             log.info("loading %d chunks (dim %d) from %s into %s", rows, dim, chunks_parquet, index)
             try:
                 sent = self._bulk_load(index, pf, columns, dim, rows)
                 self.client.indices.put_settings(
-                    index=index, body={"index": {"refresh_interval": "1s", "number_of_replicas": self.replicas}})
+                    index=index, body={"index": {"refresh_interval": "1s", "number_of_replicas": self.replicas}}
+                )
                 self.client.indices.refresh(index=index)
                 count = int(self.client.count(index=index)["count"])
                 if count != rows:
                     raise RuntimeError(
                         f"index {index}: _count is {count} after loading {sent} chunk(s), but {chunks_parquet} "
-                        f"has {rows} rows (duplicate chunk_id?); not promotable")
+                        f"has {rows} rows (duplicate chunk_id?); not promotable"
+                    )
                 self._set_meta(index, {**meta, "status": "complete", "count": count})
             except OSConnectionError:
                 raise
             except Exception:
-                try:
+                # best effort; the index stays "loading", which is not promotable either
+                with contextlib.suppress(Exception):
                     self._set_meta(index, {**meta, "status": "failed"})
-                except Exception:  # best effort; the index stays "loading", which is not promotable either
-                    pass
                 raise
         except OSConnectionError as e:
             raise RuntimeError(
                 f"lost the connection to OpenSearch while loading {index} from {chunks_parquet}: {e}. "
-                f"The index is incomplete and will not be promoted; rerun the load.") from e
+                f"The index is incomplete and will not be promoted; rerun the load."
+            ) from e
         log.info("loaded %s: %d chunks", index, count)
         return count
 
     def _batches(self, pf: pq.ParquetFile, columns: list[str], dim: int) -> Iterator[list[dict]]:
         for batch in pf.iter_batches(batch_size=self.chunk_size, columns=columns):
             vectors = _vectors(batch.column(batch.schema.get_field_index("embedding")), dim)
-            fields = {c: batch.column(batch.schema.get_field_index(c)).to_pylist()
-                      for c in columns if c != "embedding"}
+            fields = {c: batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns if c != "embedding"}
             actions = []
             for i in range(batch.num_rows):
                 source = {c: fields[c][i] for c in fields}
@@ -302,8 +328,7 @@ class OpenSearchStore:
         from tqdm import tqdm
 
         sent = 0
-        with tqdm(total=rows, desc=f"load {index}", unit="chunk", disable=not self.progress,
-                  mininterval=2.0) as bar:
+        with tqdm(total=rows, desc=f"load {index}", unit="chunk", disable=not self.progress, mininterval=2.0) as bar:
             for actions in self._batches(pf, columns, dim):
                 for a in actions:
                     a["_index"] = index
@@ -324,14 +349,25 @@ class OpenSearchStore:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 delay = min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
-                log.warning("bulk: retrying %d chunk(s) in %.1fs (attempt %d/%d)",
-                            len(pending), delay, attempt, self.max_retries)
+                log.warning(
+                    "bulk: retrying %d chunk(s) in %.1fs (attempt %d/%d)",
+                    len(pending),
+                    delay,
+                    attempt,
+                    self.max_retries,
+                )
                 time.sleep(delay)
             retry, failed = [], []
             try:
-                for ok, item in streaming_bulk(self.client, pending, chunk_size=len(pending),
-                                               raise_on_error=False, raise_on_exception=True,
-                                               max_retries=0, yield_ok=True):
+                for ok, item in streaming_bulk(
+                    self.client,
+                    pending,
+                    chunk_size=len(pending),
+                    raise_on_error=False,
+                    raise_on_exception=True,
+                    max_retries=0,
+                    yield_ok=True,
+                ):
                     info = next(iter(item.values()))
                     if ok:
                         done += 1
@@ -348,8 +384,9 @@ class OpenSearchStore:
                 raise
             if failed:
                 first = failed[0]
-                raise RuntimeError(f"{len(failed)} chunk(s) rejected by OpenSearch, e.g. {first.get('_id')}: "
-                                   f"{first.get('error')}")
+                raise RuntimeError(
+                    f"{len(failed)} chunk(s) rejected by OpenSearch, e.g. {first.get('_id')}: {first.get('error')}"
+                )
             if not retry:
                 return done
             pending = retry
@@ -361,8 +398,9 @@ class OpenSearchStore:
         if meta is None:
             raise FileNotFoundError(f"no index version {version} ({index})")
         if meta.get("status") != "complete":
-            raise RuntimeError(f"refusing to promote {index}: its load is {meta.get('status', 'unknown')!r}, "
-                               f"not 'complete'")
+            raise RuntimeError(
+                f"refusing to promote {index}: its load is {meta.get('status', 'unknown')!r}, not 'complete'"
+            )
         current = self._alias_indices()
         actions: list[dict] = [{"remove": {"index": i, "alias": self.alias}} for i in current if i != index]
         actions.append({"add": {"index": index, "alias": self.alias}})
@@ -385,12 +423,12 @@ class OpenSearchStore:
         if len(indices) > 1:
             raise RuntimeError(f"alias {self.alias} points at several indices: {indices}")
         meta = self._meta(indices[0]) or {}
-        return meta.get("version") or indices[0][len(self.prefix) + 1:]
+        return meta.get("version") or indices[0][len(self.prefix) + 1 :]
 
     def versions(self) -> list[str]:
         resp = self.client.indices.get_mapping(index=f"{self.prefix}-*")
         found = []
-        for name, body in resp.items():
+        for _name, body in resp.items():
             meta = ((body.get("mappings") or {}).get("_meta") or {}).get(_META_KEY) or {}
             if meta.get("prefix") == self.prefix and meta.get("version"):
                 found.append(meta["version"])
@@ -416,5 +454,6 @@ class OpenSearchStore:
             index = self.index_name(version)
             if self._meta(index) is None:
                 raise FileNotFoundError(f"no index version {version} ({index})")
-        return OpenSearchSearcher(self.client, index, distribution_size=self.distribution_size,
-                                  ef_search=self.ef_search)
+        return OpenSearchSearcher(
+            self.client, index, distribution_size=self.distribution_size, ef_search=self.ef_search
+        )

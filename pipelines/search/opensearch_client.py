@@ -13,12 +13,14 @@ Airflow (``client_from_airflow``): the ``OpenSearchHook`` of
 ``apache-airflow-providers-opensearch``, imported only when called, so the library and its
 tests do not need Airflow.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,7 +98,7 @@ class OpenSearchConfig:
                 kwargs["ca_certs"] = self.ca_certs
         return kwargs
 
-    def client(self) -> "OpenSearch":
+    def client(self) -> OpenSearch:
         from opensearchpy import OpenSearch
 
         log.info("OpenSearch client for %s", self)
@@ -124,12 +126,12 @@ def config_from_env(env: Mapping[str, str] | None = None) -> OpenSearchConfig:
     )
 
 
-def client_from_env(env: Mapping[str, str] | None = None) -> "OpenSearch":
+def client_from_env(env: Mapping[str, str] | None = None) -> OpenSearch:
     """An ``OpenSearch`` client configured from the environment."""
     return config_from_env(env).client()
 
 
-def client_from_airflow(conn_id: str = "opensearch_default") -> "OpenSearch":
+def client_from_airflow(conn_id: str = "opensearch_default") -> OpenSearch:
     """An ``OpenSearch`` client from an Airflow connection (``OpenSearchHook``)."""
     from airflow.providers.opensearch.hooks.opensearch import OpenSearchHook
 
