@@ -1,7 +1,7 @@
 """Benchmark 5: the decline-calibration sweep on 10k labelled questions.
 
 `evals.calibration.calibrate` with the six signals of config/pipeline.yaml, the
-bm25_z x term_coverage pair, the gating check and 1000 bootstrap samples. Signals are
+bm25_z x term_coverage pair and the gating check. Signals are
 synthetic (seeded): should-answer questions score higher on average, with overlap.
 
     .venv/bin/python -m benchmarks.calibration [--questions 10000] [--repeats 5]
@@ -61,7 +61,6 @@ def main() -> None:
 
     cfg = config_mod.load("config/pipeline.yaml", {})
     ccfg = steps.calibration_config(cfg)
-    ccfg["bootstrap_samples"] = 1000
 
     res = Result("calibration", questions=args.questions, repeats=args.repeats, target_s=TARGET_S, config=ccfg)
     records = synthetic_records(args.questions)

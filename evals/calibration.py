@@ -50,6 +50,26 @@ def _split(scores: Sequence[float], labels: Iterable) -> tuple[np.ndarray, np.nd
     return np.sort(s[is_answer]), np.sort(s[~is_answer])
 
 
+def _split_ids(scores: Sequence[float], labels: Iterable, ids: Sequence[str] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Question ids in the order `_split` sorts the scores (positions when no ids are given)."""
+    s = np.asarray(scores, dtype=float)
+    is_answer = _is_answer(labels)
+    names = np.asarray([str(i) for i in ids] if ids is not None else [f"#{i}" for i in range(len(s))], dtype=object)
+    if names.shape != s.shape:
+        raise ValueError(f"{s.shape[0]} scores but {names.shape[0]} ids")
+    return (
+        names[is_answer][np.argsort(s[is_answer], kind="stable")],
+        names[~is_answer][np.argsort(s[~is_answer], kind="stable")],
+    )
+
+
+def _one_question_ids(fragile: Mapping[str, Any]) -> list[str]:
+    """The question(s) a one-question verdict turns on."""
+    if fragile["gap"] > 0:
+        return fragile["deciding"][ANSWER] + fragile["deciding"][DECLINE]
+    return fragile["opening"]
+
+
 def _signal_matrix(records: Sequence[Mapping], names: Sequence[str]) -> np.ndarray:
     """(n_records, n_names) float scores; a missing (None) score becomes NaN."""
     rows = [[r.get("signals", {}).get(name) for name in names] for r in records]
@@ -108,26 +128,95 @@ def _auc(answer: np.ndarray, decline: np.ndarray) -> float:
     return float((below.sum() + below_or_tied.sum()) / (2.0 * len(answer) * len(decline)))
 
 
-def _bootstrap_min_rank(n: int, samples: int, rng: np.random.Generator) -> np.ndarray:
-    """Rank (0-based, in sorted order) of the minimum of n draws with replacement.
+# No bootstrap interval for the gap: resampling can only raise a minimum and lower a
+# maximum, so every resampled gap is >= the observed one and its "interval" could never
+# show a fragile gap (the bootstrap of an extreme order statistic is inconsistent). The
+# statements below are exact for any n instead.
 
-    The minimum of n resampled items depends only on the minimum's rank, and
-    floor(n * min(U_1..U_n)) has exactly that law; min(U) = 1 - V**(1/n). Drawing
-    it directly is exact and O(samples) instead of O(samples * n).
+
+def needed_for(coverage: float, confidence: float) -> int:
+    """Should-answer questions, all kept, needed to claim a keep rate >= coverage at `confidence`.
+
+    If the true rate were below `coverage`, n kept out of n happens with probability
+    < coverage**n; that is <= alpha = 1 - confidence once n >= log(alpha) / log(coverage).
     """
-    v = 1.0 - rng.random(samples)  # in (0, 1]
-    smallest_uniform = -np.expm1(np.log(v) / n)  # 1 - v**(1/n), precise near 0
-    return np.minimum((n * smallest_uniform).astype(np.int64), n - 1)
+    if not (0 < coverage < 1 and 0 < confidence < 1):
+        raise ValueError("coverage and confidence must lie strictly between 0 and 1")
+    n = math.log(1.0 - confidence) / math.log(coverage)
+    return max(1, math.ceil(n - 1e-9))  # 1e-9: an exact integer quotient needs no extra question
 
 
-def _bootstrap_gap(answer: np.ndarray, decline: np.ndarray, samples: int, seed: int) -> np.ndarray:
-    """Gap (min answer - max decline) for `samples` resamples of the questions,
-    each label resampled within itself. Inputs sorted."""
-    rng = np.random.default_rng(seed)
-    answer_min = answer[_bootstrap_min_rank(len(answer), samples, rng)]
-    # The maximum is the minimum read from the other end of the sorted array.
-    decline_max = decline[len(decline) - 1 - _bootstrap_min_rank(len(decline), samples, rng)]
-    return answer_min - decline_max
+def promise(n_answer: int, n_decline: int, coverage: float = 0.99, confidence: float = 0.95) -> dict[str, Any]:
+    """What the bands promise about a new question of the same kinds, by exchangeability alone.
+
+    A new should-answer question is as likely to be any of the n + 1 positions in the sorted
+    scores, so a threshold at or below the lowest of n keeps it with probability >= n/(n+1);
+    likewise a new should-decline question scores at or below the highest of m with
+    probability >= m/(m+1). Nothing here says how wide the margin is.
+    """
+    return {
+        "keep_new_answer": n_answer / (n_answer + 1) if n_answer else None,
+        "decline_new_decline": n_decline / (n_decline + 1) if n_decline else None,
+        "coverage": coverage,
+        "confidence": confidence,
+        "n_needed": needed_for(coverage, confidence),
+        "n_answer": n_answer,
+    }
+
+
+def _ids_at(ids: np.ndarray, scores: np.ndarray, value: float) -> list[str]:
+    return sorted(str(i) for i in ids[scores == value])
+
+
+def fragility(
+    answer: np.ndarray, decline: np.ndarray, answer_ids: np.ndarray, decline_ids: np.ndarray, ks=(1, 2, 3)
+) -> dict[str, Any]:
+    """How much the gap rests on single questions. Inputs sorted by score (ids aligned).
+
+    - `gap_without`: the gap after removing the k lowest should-answer and the k highest
+      should-decline questions (None when a side has no more than k);
+    - `deciding`: the questions at the gap's edges (lowest should-answer, highest should-decline);
+    - with a gap, `to_close`: how many questions must be relabelled (or move across) to close it:
+      any one question past the other band's edge does, so it is 1 whenever it is not 0;
+      without one, `to_open`: the fewest questions whose removal opens a gap, and `opening`
+      their ids (at the best cut; removing them or relabelling them opens it);
+    - `one_question`: the verdict turns on one question: no gap but one removal opens it, or a
+      gap of which one question per side takes more than half (the gap without it is > 2x).
+    """
+    gap = float(answer[0] - decline[-1])
+    gap_without = {
+        str(k): float(answer[k] - decline[-1 - k]) if len(answer) > k and len(decline) > k else None for k in ks
+    }
+    deciding = {
+        ANSWER: _ids_at(answer_ids, answer, answer[0]),
+        DECLINE: _ids_at(decline_ids, decline, decline[-1]),
+    }
+    if gap > 0:
+        wider = gap_without[str(ks[0])]
+        one = wider is not None and wider > 2 * gap
+        return {
+            "gap": gap,
+            "gap_without": gap_without,
+            "deciding": deciding,
+            "to_close": 1,
+            "to_open": 0,
+            "opening": [],
+            "one_question": bool(one),
+        }
+    # Fewest removals: at each cut t, should-answer scores < t plus should-decline scores >= t.
+    # Cuts that leave both sides non-empty; without one, only dropping a whole side "opens" it.
+    cuts = np.unique(np.concatenate([answer, decline]))
+    answer_removed = np.searchsorted(answer, cuts, "left")
+    decline_kept = np.searchsorted(decline, cuts, "left")
+    valid = (answer_removed < len(answer)) & (decline_kept > 0)
+    result = {"gap": gap, "gap_without": gap_without, "deciding": deciding, "to_close": 0}
+    if not valid.any():
+        return {**result, "to_open": None, "opening": [], "one_question": False}
+    errors = np.where(valid, answer_removed + len(decline) - decline_kept, np.iinfo(np.int64).max)
+    best = int(np.argmin(errors))
+    t = cuts[best]
+    opening = sorted(str(i) for i in answer_ids[answer < t]) + sorted(str(i) for i in decline_ids[decline >= t])
+    return {**result, "to_open": int(errors[best]), "opening": opening, "one_question": bool(errors[best] == 1)}
 
 
 def _downsample(n: int, keep: Iterable[int], limit: int = SWEEP_POINTS) -> np.ndarray:
@@ -167,7 +256,8 @@ def _empty_signal(name: str, n_answer: int, n_decline: int, warnings: list[str])
         "recommended_threshold": None,
         "position_in_gap": None,
         "decline_recall_at_recommended": None,
-        "gap_ci": None,
+        "promise": None,
+        "fragility": None,
         "warnings": warnings,
         "discriminates": False,
         "verdict": f"cannot calibrate: no {missing} questions",
@@ -181,9 +271,10 @@ def calibrate_signal(
     labels: Iterable,
     *,
     placement: str = "tightest",
-    bootstrap_samples: int = 1000,
-    seed: int = 0,
     min_per_label: int = 20,
+    ids: Sequence[str] | None = None,
+    coverage: float = 0.99,
+    confidence: float = 0.95,
 ) -> dict[str, Any]:
     """Bands, gap, AUC, recommended threshold and verdict for one signal.
 
@@ -194,6 +285,7 @@ def calibrate_signal(
     if placement not in ("tightest", "midpoint"):
         raise ValueError(f"placement must be 'tightest' or 'midpoint', got {placement!r}")
     answer, decline = _split(scores, labels)
+    answer_ids, decline_ids = _split_ids(scores, labels, ids)
     warnings = [
         f"only {len(s)} {label} questions (< {min_per_label}): bands and gap are fragile"
         for label, s in (("should-answer", answer), ("should-decline", decline))
@@ -214,17 +306,15 @@ def calibrate_signal(
     declined_at = float(np.searchsorted(decline, threshold, "left") / len(decline))
     auc = _auc(answer, decline)
 
-    boot = _bootstrap_gap(answer, decline, bootstrap_samples, seed)
-    ci_lo, ci_hi = np.percentile(boot, [2.5, 97.5])
-    if ci_lo <= 0 < ci_hi:
-        warnings.append(
-            f"gap 95% CI [{_fmt(ci_lo)}, {_fmt(ci_hi)}] crosses 0: whether there is a gap rests on a few questions"
-        )
+    promised = promise(len(answer), len(decline), coverage, confidence)
+    fragile = fragility(answer, decline, answer_ids, decline_ids)
 
     full = _sweep_arrays(answer, decline)
     at = int(np.searchsorted(full["thresholds"], answer_min))  # the tightest threshold's index
     idx = _downsample(len(full["thresholds"]), [at])
     discriminates, verdict = _verdict(auc, gap, declined_at)
+    if fragile["one_question"]:
+        verdict += f" — decided by one question ({', '.join(_one_question_ids(fragile))})"
     return jsonable(
         {
             "name": name,
@@ -239,8 +329,8 @@ def calibrate_signal(
             "position_in_gap": (answer_min - threshold) / gap if has_gap else None,
             "coverage_at_recommended": 1.0,  # by construction: threshold <= min(answer)
             "decline_recall_at_recommended": declined_at,
-            "gap_ci": [ci_lo, ci_hi],
-            "bootstrap": {"samples": bootstrap_samples, "seed": seed},
+            "promise": promised,
+            "fragility": fragile,
             "warnings": warnings,
             "discriminates": discriminates,
             "verdict": verdict,
@@ -420,7 +510,14 @@ def gating_scope(
     scope = [r for r in records if r["label"] == ANSWER or not decline_kinds or r.get("kind") in decline_kinds]
     scores = np.array([np.nan if r["signals"].get(signal) is None else r["signals"][signal] for r in scope], float)
     scored = np.isfinite(scores)
-    result = calibrate_signal(signal, scores[scored], _answer_mask(scope)[scored], **options) if scored.any() else None
+    ids = [r["id"] for r in scope]
+    result = (
+        calibrate_signal(
+            signal, scores[scored], _answer_mask(scope)[scored], ids=[i for i, ok in zip(ids, scored) if ok], **options
+        )
+        if scored.any()
+        else None
+    )
     return {
         "signal": signal,
         "decline_kinds": list(decline_kinds) or "all",
@@ -450,9 +547,9 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
     """The whole calibration.json for one eval set and config."""
     options = {
         "placement": config.get("placement", "tightest"),
-        "bootstrap_samples": config.get("bootstrap_samples", 1000),
-        "seed": config.get("seed", 0),
         "min_per_label": config.get("min_per_label", 20),
+        "coverage": config.get("promise_coverage", 0.99),
+        "confidence": config.get("promise_confidence", 0.95),
     }
     names = _config_signals(config)
     matrix = _signal_matrix(records, names)
@@ -466,7 +563,8 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
             hint = " (reranker off?)" if name == "rerank_top" else ""
             signals[name] = {"name": name, "skipped": True, "note": f"skipped: no question has a {name} score{hint}"}
             continue
-        result = calibrate_signal(name, column[name][scored], is_answer[scored], **options)
+        ids = [r["id"] for r, ok in zip(records, scored) if ok]
+        result = calibrate_signal(name, column[name][scored], is_answer[scored], ids=ids, **options)
         if not scored.all():
             result["warnings"].append(f"{int((~scored).sum())} questions have no {name} score and were left out")
         signals[name] = result

@@ -50,22 +50,89 @@ def check_threshold_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
     if result.get("gap") is None:
         return _check("threshold_gap", False, f"The gating signal {signal}: {result['verdict']}.")
     answer_min, decline_max = result["answer_band"][0], result["decline_band"][1]
+    facts = {"gap": result["gap"], "promise": result.get("promise"), "fragility": result.get("fragility")}
     if result["has_gap"]:
         return _check(
             "threshold_gap",
             True,
             f"{signal} separates: gap {_n(result['gap'])} between the lowest should-answer "
-            f"score {_n(answer_min)} and the highest should-decline score {_n(decline_max)}{scope_note}.",
-            gap=result["gap"],
-            gap_ci=result.get("gap_ci"),
+            f"score {_n(answer_min)} and the highest should-decline score {_n(decline_max)}{scope_note}"
+            f"{gap_promise_text(result)}.",
+            **facts,
         )
     return _check(
         "threshold_gap",
         False,
         f"{signal} has no threshold gap: the lowest should-answer score {_n(answer_min)} is not "
         f"above the highest should-decline score {_n(decline_max)}{scope_note} (overlap {_n(abs(result['gap']))}; "
-        f"{result['verdict']}).",
-        gap=result["gap"],
+        f"{result['verdict']}){gap_promise_text(result)}.",
+        **facts,
+    )
+
+
+def gap_promise_text(result: Mapping) -> str:
+    """The bound and the fragility in words, for a gap check's detail (empty for old artifacts)."""
+    promised, fragile = result.get("promise"), result.get("fragility")
+    if not promised or not fragile:
+        return ""
+    text = (
+        f"; a new should-answer question is kept with probability >= {promised['keep_new_answer']:.3f} "
+        f"(n={promised['n_answer']}; {promised['coverage']:.0%} at {promised['confidence']:.0%} confidence "
+        f"needs n >= {promised['n_needed']})"
+    )
+    without = ", ".join(f"{_n(g)} without {k}" for k, g in fragile["gap_without"].items() if g is not None)
+    if without:
+        text += f"; gap {without} extreme question(s) per side"
+    deciding = fragile["deciding"]
+    if fragile["gap"] > 0:
+        text += f"; decided by {', '.join(deciding['answer'] + deciding['decline'])}"
+    elif fragile["to_open"] is not None:
+        text += f"; removing {fragile['to_open']} question(s) would open it ({', '.join(fragile['opening'][:10])})"
+    if fragile["one_question"]:
+        text += "; DECIDED BY ONE QUESTION"
+    return text
+
+
+def _gating_result(calibration: Mapping, signal: str) -> Mapping | None:
+    gating = calibration.get("gating") or {}
+    if gating.get("signal") == signal:
+        return gating.get("result")
+    return (calibration.get("signals") or {}).get(signal)
+
+
+def check_threshold_in_gap(calibration: Mapping, signal: str) -> dict[str, Any]:
+    """The shipped threshold must lie in the gating signal's gap: above the highest gated
+    should-decline score and at or below the lowest should-answer score."""
+    shipped = calibration.get("shipped") or {}
+    result = _gating_result(calibration, signal)
+    if not shipped or shipped.get("signal") != signal:
+        return _check("threshold_in_gap", False, f"No shipped {signal} threshold to place in the gap.")
+    if not result or result.get("skipped") or result.get("gap") is None:
+        return _check("threshold_in_gap", False, f"{signal} has no bands to place the shipped threshold in.")
+    threshold = shipped["threshold"]
+    answer_band, decline_band = result["answer_band"], result["decline_band"]
+    bands = (
+        f"should-answer band {_n(answer_band[0])} – {_n(answer_band[1])}, gated should-decline band "
+        f"{_n(decline_band[0])} – {_n(decline_band[1])}"
+    )
+    data = {"threshold": threshold, "answer_band": answer_band, "decline_band": decline_band}
+    if decline_band[1] < threshold <= answer_band[0]:
+        return _check(
+            "threshold_in_gap",
+            True,
+            f"The shipped {signal} threshold {_n(threshold)} lies in the gap ({bands}).",
+            **data,
+        )
+    where = (
+        "at or below the highest should-decline score"
+        if threshold <= decline_band[1]
+        else "above the lowest should-answer score"
+    )
+    return _check(
+        "threshold_in_gap",
+        False,
+        f"The shipped {signal} threshold {_n(threshold)} is not in the gap: it is {where} ({bands}).",
+        **data,
     )
 
 
@@ -198,6 +265,7 @@ def evaluate_gate(
     """gate.json: passed, the reasons it did not, and every check."""
     checks = [
         check_threshold_gap(calibration, gating_signal),
+        check_threshold_in_gap(calibration, gating_signal),
         check_answer_coverage(calibration, gating_signal),
         check_precision_regression(precision, baseline, tolerance),
         check_decline_regression(calibration, baseline, tolerance),
@@ -207,9 +275,12 @@ def evaluate_gate(
         (calibration.get("gating") or {}).get("result") or (calibration.get("signals") or {}).get(gating_signal) or {}
     )
     shipped = calibration.get("shipped") or {}
+    fragile = signal.get("fragility") or {}
     return jsonable(
         {
             "passed": all(c["passed"] for c in checks),
+            "gap_decided_by_one_question": bool(fragile.get("one_question")),
+            "gap_deciding_questions": fragile.get("deciding"),
             "reasons": [c["detail"] for c in checks if not c["passed"]],
             "checks": checks,
             "gating_signal": gating_signal,

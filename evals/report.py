@@ -388,7 +388,6 @@ def _signal_summary(calibration: Mapping) -> str:
             continue
         cls = "good" if r["has_gap"] else ("warn" if r["discriminates"] else "bad")
         band = lambda b: "n/a" if b is None else f"{_num(b[0])} – {_num(b[1])}"
-        ci = r.get("gap_ci")
         rows.append(
             (
                 esc(name),
@@ -397,15 +396,66 @@ def _signal_summary(calibration: Mapping) -> str:
                 band(r["answer_band"]),
                 band(r["decline_band"]),
                 _num(r["gap"]),
-                "n/a" if not ci else f"[{_num(ci[0])}, {_num(ci[1])}]",
+                _gap_without(r.get("fragility")),
+                _bound(r.get("promise")),
                 _num(r["recommended_threshold"]),
             )
         )
     return _table(
-        ["signal", "verdict", "AUC", "should-answer band", "should-decline band", "gap", "gap 95% CI", "recommended"],
+        [
+            "signal",
+            "verdict",
+            "AUC",
+            "should-answer band",
+            "should-decline band",
+            "gap",
+            "gap without 1 / 2 / 3 extremes per side",
+            "new should-answer kept ≥",
+            "recommended",
+        ],
         rows,
-        numeric=(2, 5, 7),
+        numeric=(2, 5, 6, 7, 8),
     )
+
+
+def _gap_without(fragile: Mapping | None) -> str:
+    if not fragile:
+        return "n/a"
+    return " / ".join(_num(g) for g in fragile["gap_without"].values())
+
+
+def _bound(promised: Mapping | None) -> str:
+    if not promised or promised.get("keep_new_answer") is None:
+        return "n/a"
+    return f"{promised['keep_new_answer']:.3f} (n={promised['n_answer']}; {promised['n_needed']} needed)"
+
+
+def _promise_text(r: Mapping) -> str:
+    """What the gap promises and how much it rests on single questions, in words."""
+    promised, fragile = r.get("promise"), r.get("fragility")
+    if not promised or not fragile:
+        return ""
+    text = (
+        f"By exchangeability alone, a new should-answer question of these kinds scores at or above the lowest of "
+        f"these {promised['n_answer']} with probability ≥ {promised['keep_new_answer']:.3f} (n/(n+1)); claiming "
+        f"{promised['coverage']:.0%} kept at {promised['confidence']:.0%} confidence needs "
+        f"{promised['n_needed']} should-answer questions, all kept — this set has {promised['n_answer']}. "
+        f"Gap after removing the 1, 2, 3 most extreme questions per side: {esc(_gap_without(fragile))}. "
+    )
+    deciding = fragile["deciding"]
+    if fragile["gap"] > 0:
+        text += (
+            f"The gap is set by {esc(', '.join(deciding['answer']))} (lowest should-answer) and "
+            f"{esc(', '.join(deciding['decline']))} (highest should-decline); one mislabelled question past "
+            "either edge would close it."
+        )
+    elif fragile["to_open"] is not None:
+        text += (
+            f"Removing {fragile['to_open']} question(s) would open a gap: "
+            f"{esc(', '.join(fragile['opening'][:20]))}{' …' if len(fragile['opening']) > 20 else ''}."
+        )
+    flag = '<p class="bad"><strong>Decided by one question.</strong></p>' if fragile["one_question"] else ""
+    return f'<p class="promise">{text}</p>{flag}'
 
 
 def _signal_card(calibration: Mapping, name: str, r: Mapping) -> str:
@@ -436,7 +486,7 @@ def _signal_card(calibration: Mapping, name: str, r: Mapping) -> str:
     return (
         f'<div class="card signal" id="signal-{esc(name)}"><h3>{esc(name)}'
         f"{' (gating signal)' if shipped is not None else ''}</h3>"
-        f'<p class="verdict {cls}">{esc(r["verdict"])}</p><p>{facts}</p>'
+        f'<p class="verdict {cls}">{esc(r["verdict"])}</p><p>{facts}</p>{_promise_text(r)}'
         f"{'<ul>' + warnings + '</ul>' if warnings else ''}"
         f'<div class="row">{strip_plot(name, r, answer, decline, shipped)}'
         f"{sweep_plot(name, r['sweep'], r['recommended_threshold'], shipped)}</div></div>"
@@ -513,7 +563,9 @@ def _shipped_section(calibration: Mapping) -> str:
         if by_kind
         else ""
     )
-    scope = (calibration.get("gating") or {}).get("decline_kinds")
+    gating = calibration.get("gating") or {}
+    scope = gating.get("decline_kinds")
+    kinds += _gating_gap(gating)
     if scope and scope != "all":
         kinds += (
             f"<p>The gap check holds the kinds {esc(', '.join(scope))} to the gap; the others are "
@@ -522,6 +574,24 @@ def _shipped_section(calibration: Mapping) -> str:
     return (
         head + kinds + f'<div class="card"><h3>Wrongly declined (should-answer below the threshold)</h3>{wd}'
         f"<h3>Wrongly answered (should-decline at or above the threshold)</h3>{wa}{unscored}</div>"
+    )
+
+
+def _gating_gap(gating: Mapping) -> str:
+    """The gap the gate holds the gating signal to, with what it promises."""
+    r = gating.get("result")
+    if not r or r.get("gap") is None:
+        return ""
+    scope = gating.get("decline_kinds")
+    kinds = "all should-decline kinds" if scope in (None, "all") else "should-decline kinds " + ", ".join(scope)
+    cls = "good" if r["has_gap"] else "bad"
+    return (
+        f'<div class="card gating"><h3>Gap the gate checks: {esc(r["name"])} on {esc(kinds)}</h3>'
+        f'<p class="verdict {cls}">{esc(r["verdict"])}</p>'
+        f"<p>should-answer band {_num(r['answer_band'][0], 4)} – {_num(r['answer_band'][1], 4)} "
+        f"(n={r['n']['answer']}) · should-decline band {_num(r['decline_band'][0], 4)} – "
+        f"{_num(r['decline_band'][1], 4)} (n={r['n']['decline']}) · gap {_num(r['gap'], 4)}</p>"
+        f"{_promise_text(r)}</div>"
     )
 
 

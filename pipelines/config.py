@@ -64,8 +64,8 @@ SCHEMA: dict[str, Any] = {
         "signals": (list, ["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"]),
         "pair": (list, ["bm25_z", "term_coverage"]),
         "placement": (str, "tightest"),  # tightest | midpoint
-        "bootstrap_samples": (int, 1000),
-        "seed": (int, 13),
+        "promise_coverage": (_NUM, 0.99),  # the keep rate the report says how many questions would need
+        "promise_confidence": (_NUM, 0.95),  # ... claimed at this confidence
         "min_per_label": (int, 20),
         "gate_decline_kinds": (list, []),  # should-decline kinds held to the gap; [] = all
     },
@@ -123,6 +123,9 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
             raise ConfigError(f"{dotted}: {value!r} is not one of {sorted(allowed)}")
     if not 0.0 <= cfg["retrieval"]["rerank_weight"] <= 1.0:
         raise ConfigError(f"retrieval.rerank_weight: {cfg['retrieval']['rerank_weight']!r} is not within [0, 1]")
+    for key in ("promise_coverage", "promise_confidence"):
+        if not 0.0 < cfg["calibration"][key] < 1.0:
+            raise ConfigError(f"calibration.{key}: {cfg['calibration'][key]!r} is not strictly within (0, 1)")
     if cfg["answer"]["adjacent"] > cfg["answer"]["strong"]:
         raise ConfigError("answer.adjacent must be <= answer.strong")
     return cfg

@@ -1,4 +1,4 @@
-"""evals.calibration: hand-computed cases, bootstrap, 2-D sweep, shipped check."""
+"""evals.calibration: hand-computed cases, what a gap promises, 2-D sweep, shipped check."""
 
 import itertools
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from evals.calibration import _bootstrap_min_rank, calibrate, calibrate_pair, calibrate_signal, check_shipped, sweep
+from evals.calibration import calibrate, calibrate_pair, calibrate_signal, check_shipped, needed_for, sweep
 
 A, D = "answer", "decline"
 
@@ -26,7 +26,8 @@ def test_separating_signal_hand_computed():
     assert r["auc"] == 1.0
     assert r["recommended_threshold"] == 0.6 and r["position_in_gap"] == 0.0
     assert r["decline_recall_at_recommended"] == 1.0
-    assert r["discriminates"] is True and r["verdict"] == "separates: gap 0.1"
+    # one question per side sets the gap: without them it is 0.7 - 0.3 = 0.4 > 2 x 0.1
+    assert r["discriminates"] is True and r["verdict"] == "separates: gap 0.1 — decided by one question (#0, #5)"
     assert r["warnings"] == []
 
     mid = calibrate_signal("s", scores, labels, placement="midpoint", min_per_label=3)
@@ -93,38 +94,65 @@ def test_bad_labels_rejected():
         calibrate_signal("s", [0.1, 0.2], [A, "maybe"])
 
 
-# --------------------------------------------------------------------------- bootstrap
+# --------------------------------------------------------------------------- what a gap promises
 
 
-def test_bootstrap_is_seeded():
-    rng = np.random.default_rng(0)
-    scores, labels = labelled(rng.normal(1, 1, 300), rng.normal(0, 1, 300))
-    # Few samples, so the percentiles visibly depend on the draws.
-    one = calibrate_signal("s", scores, labels, seed=7, bootstrap_samples=30)["gap_ci"]
-    two = calibrate_signal("s", scores, labels, seed=7, bootstrap_samples=30)["gap_ci"]
-    other = calibrate_signal("s", scores, labels, seed=8, bootstrap_samples=30)["gap_ci"]
-    assert one == two and one != other
-    assert one[0] <= one[1]
+def test_needed_for_coverage_hand_computed():
+    # 0.99**298 = 0.0500 > 0.05, 0.99**299 = 0.0495 <= 0.05
+    assert needed_for(0.99, 0.95) == 299
+    assert needed_for(0.95, 0.95) == 59  # log 0.05 / log 0.95 = 58.4
+    assert needed_for(0.5, 0.75) == 2  # exactly 2: no extra question for an integer quotient
+    with pytest.raises(ValueError):
+        needed_for(1.0, 0.95)
 
 
-def test_ci_crossing_zero_warns():
-    # The overlap rests on one should-decline question: resamples without it have a gap.
-    scores, labels = labelled(np.linspace(0.5, 1.0, 30), [*np.linspace(0.0, 0.4, 30), 0.6])
-    r = calibrate_signal("s", scores, labels)
-    assert r["has_gap"] is False
-    assert r["gap_ci"][0] < 0 < r["gap_ci"][1]
-    assert any("crosses 0" in w for w in r["warnings"])
+def test_promise_is_n_over_n_plus_one():
+    scores, labels = labelled([0.6, 0.7, 0.9], [0.1, 0.3, 0.5, 0.55])
+    r = calibrate_signal("s", scores, labels, min_per_label=3)
+    assert r["promise"]["keep_new_answer"] == pytest.approx(3 / 4)
+    assert r["promise"]["decline_new_decline"] == pytest.approx(4 / 5)
+    assert r["promise"]["n_needed"] == 299 and r["promise"]["n_answer"] == 3
+    assert "gap_ci" not in r and "bootstrap" not in r
 
 
-def test_sampled_minimum_rank_matches_literal_resampling():
-    # The O(samples) order-statistic draw must have the law of min(resample).
-    n, samples = 12, 200_000
-    fast = _bootstrap_min_rank(n, samples, np.random.default_rng(1))
-    literal = np.random.default_rng(2).integers(0, n, size=(samples, n)).min(axis=1)
-    for k in range(4):
-        assert np.mean(fast == k) == pytest.approx(np.mean(literal == k), abs=0.005)
-    exact_p0 = 1 - (1 - 1 / n) ** n
-    assert np.mean(fast == 0) == pytest.approx(exact_p0, abs=0.005)
+def test_gap_without_extremes_and_deciding_questions_hand_computed():
+    scores = [0.6, 0.7, 0.9, 0.95, 0.1, 0.3, 0.5]
+    labels = [A, A, A, A, D, D, D]
+    ids = ["a1", "a2", "a3", "a4", "d1", "d2", "d3"]
+    f = calibrate_signal("s", scores, labels, ids=ids, min_per_label=3)["fragility"]
+    # k=1: 0.7 - 0.3; k=2: 0.9 - 0.1; k=3: the decline side has only 3
+    assert f["gap"] == pytest.approx(0.1)
+    assert f["gap_without"]["1"] == pytest.approx(0.4) and f["gap_without"]["2"] == pytest.approx(0.8)
+    assert f["gap_without"]["3"] is None
+    assert f["deciding"] == {"answer": ["a1"], "decline": ["d3"]}
+    assert f["to_open"] == 0 and f["to_close"] == 1
+    # one question per side takes more than half: 0.4 > 2 x 0.1
+    assert f["one_question"] is True
+
+
+def test_gap_not_resting_on_one_question():
+    scores, labels = labelled([0.6, 0.65, 0.9], [0.1, 0.3, 0.35])
+    r = calibrate_signal("s", scores, labels, min_per_label=3)
+    # gap 0.25; without the extremes 0.65 - 0.3 = 0.35 < 2 x 0.25
+    assert r["fragility"]["one_question"] is False and "one question" not in r["verdict"]
+
+
+def test_overlap_opened_by_removing_one_question_is_flagged():
+    # One should-decline question (d-odd at 0.8) sits among the should-answer scores.
+    scores = [0.5, 0.7, 0.9, 0.1, 0.2, 0.8]
+    ids = ["a1", "a2", "a3", "d1", "d2", "d-odd"]
+    r = calibrate_signal("s", scores, [A, A, A, D, D, D], ids=ids, min_per_label=3)
+    f = r["fragility"]
+    assert r["has_gap"] is False and f["to_open"] == 1 and f["opening"] == ["d-odd"]
+    assert f["one_question"] is True and f["gap_without"]["1"] == pytest.approx(0.7 - 0.2)
+    assert r["verdict"].endswith("decided by one question (d-odd)")
+
+
+def test_overlap_needing_several_removals():
+    scores, labels = labelled([0.2, 0.5, 0.8], [0.1, 0.5, 0.6])
+    f = calibrate_signal("s", scores, labels, min_per_label=3)["fragility"]
+    # cut 0.2 removes the should-decline 0.5 and 0.6; cut 0.8 the should-answer 0.2 and 0.5: 2 either way
+    assert f["to_open"] == 2 and f["one_question"] is False
 
 
 def test_artifact_sweep_is_downsampled_but_numbers_exact():
@@ -219,8 +247,6 @@ CONFIG = {
     "signals": ["cosine_top", "rerank_top", "bm25_z", "term_coverage"],
     "pair": ["bm25_z", "term_coverage"],
     "placement": "tightest",
-    "bootstrap_samples": 200,
-    "seed": 13,
     "min_per_label": 20,
     "gating": {"signal": "cosine_top", "adjacent": 0.4, "strong": 0.6},
 }
@@ -278,7 +304,6 @@ def test_ten_thousand_questions_complete():
     config = dict(
         CONFIG,
         signals=["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"],
-        bootstrap_samples=1000,
     )
     out = calibrate(synthetic_records(10_000, seed=1), config)
     assert out["n"] == {"answer": 5000, "decline": 5000}

@@ -40,8 +40,6 @@ def eval_records(answer_scores, decline_scores):
 def calibration_for(answer_scores, decline_scores, shipped):
     config = {
         "signals": [SIGNAL],
-        "bootstrap_samples": 100,
-        "seed": 1,
         "gating": {"signal": SIGNAL, "adjacent": shipped, "strong": max(shipped, 0.6)},
     }
     return calibrate(eval_records(answer_scores, decline_scores), config)
@@ -88,6 +86,7 @@ def test_all_good_passes():
     assert gate["passed"] is True and gate["reasons"] == [] and failed(gate) == set()
     assert [c["name"] for c in gate["checks"]] == [
         "threshold_gap",
+        "threshold_in_gap",
         "answer_coverage",
         "precision_regression",
         "decline_regression",
@@ -101,17 +100,18 @@ def test_all_good_passes():
 def test_safe_looking_high_threshold_cannot_sneak_through():
     calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.99)
     gate = run_gate(calibration)
-    assert gate["passed"] is False and failed(gate) == {"answer_coverage"}
+    assert gate["passed"] is False and failed(gate) == {"threshold_in_gap", "answer_coverage"}
     check = next(c for c in gate["checks"] if c["name"] == "answer_coverage")
     assert len(check["data"]["wrongly_declined"]) == 30
     assert "a-000 (0.3)" in check["detail"] and "declines 30 of 30" in check["detail"]
-    assert len(gate["reasons"]) == 1 and "0.99" in gate["reasons"][0]
+    assert len(gate["reasons"]) == 2 and all("0.99" in r for r in gate["reasons"])
+    assert "above the lowest should-answer score" in gate["reasons"][0]
 
 
 def test_overlapping_bands_fail_threshold_gap():
     calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.5, 30), shipped=0.3)
     gate = run_gate(calibration)
-    assert failed(gate) == {"threshold_gap"}
+    assert failed(gate) == {"threshold_gap", "threshold_in_gap"}
     assert "no threshold gap" in gate["reasons"][0]
 
 
@@ -171,15 +171,15 @@ def test_junit_has_a_failure_exactly_for_failed_checks(tmp_path):
     cases = {c.get("name"): c for c in suites[0].iter("testcase")}
     assert set(cases) == {c["name"] for c in gate["checks"]}
     with_failure = {name for name, case in cases.items() if case.find("failure") is not None}
-    assert with_failure == failed(gate) == {"threshold_gap", "answer_coverage", "eval_sets_valid"}
-    assert suites[0].get("failures") == "3" and suites[0].get("tests") == "5"
+    assert with_failure == failed(gate) == {"threshold_gap", "threshold_in_gap", "answer_coverage", "eval_sets_valid"}
+    assert suites[0].get("failures") == "4" and suites[0].get("tests") == "6"
     message = cases["eval_sets_valid"].find("failure").get("message")
     assert 'bad <row> & "quote"' in message
 
 
 def test_junit_all_passing_has_no_failure():
     root = ET.fromstring(junit_xml(run_gate()).encode())
-    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 5
+    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 6
 
 
 def mixed_records():
@@ -201,12 +201,10 @@ def mixed_records():
 def test_gap_scope_holds_only_the_listed_decline_kinds_to_the_gap():
     base = {
         "signals": [SIGNAL],
-        "bootstrap_samples": 100,
-        "seed": 1,
         "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6},
     }
     everything = calibrate(mixed_records(), base)
-    assert failed(run_gate(everything, baseline={})) == {"threshold_gap"}
+    assert failed(run_gate(everything, baseline={})) == {"threshold_gap", "threshold_in_gap"}
     scoped = calibrate(mixed_records(), {**base, "gate_decline_kinds": ["offtopic"]})
     gate = run_gate(scoped, baseline={})
     assert gate["passed"], gate["reasons"]
@@ -221,8 +219,6 @@ def test_decline_recall_regression_per_kind_fails_the_gate():
         mixed_records(),
         {
             "signals": [SIGNAL],
-            "bootstrap_samples": 100,
-            "seed": 1,
             "gate_decline_kinds": ["offtopic"],
             "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6},
         },
@@ -232,3 +228,33 @@ def test_decline_recall_regression_per_kind_fails_the_gate():
     gate = run_gate(scoped, baseline={"decline_recall_by_kind": {"near_topic": 0.5}})
     assert failed(gate) == {"decline_regression"}
     assert "kind 'near_topic' declines 20%, below baseline 50%" in gate["reasons"][0]
+
+
+def test_threshold_below_the_off_topic_band_fails_naming_both_bands():
+    # Gap 0.2 .. 0.3, but the shipped threshold 0.15 would answer the should-decline 0.2.
+    calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.15)
+    gate = run_gate(calibration)
+    assert failed(gate) == {"threshold_in_gap"}
+    (reason,) = gate["reasons"]
+    assert "threshold 0.15 is not in the gap: it is at or below the highest should-decline score" in reason
+    assert "should-answer band 0.3 – 0.9" in reason and "should-decline band 0 – 0.2" in reason
+
+
+def test_threshold_at_the_lowest_answer_is_in_the_gap_and_at_the_highest_decline_is_not():
+    at_answer = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.3)
+    assert run_gate(at_answer)["passed"] is True
+    at_decline = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.2)
+    assert failed(run_gate(at_decline)) == {"threshold_in_gap"}
+
+
+def test_gap_check_states_the_bound_and_flags_a_gap_decided_by_one_question():
+    # One should-answer question (a-000 at 0.25) sits alone near the off-topic band.
+    calibration = calibration_for([0.25, *np.linspace(0.6, 0.9, 29)], np.linspace(0.0, 0.2, 30), shipped=0.22)
+    gate = run_gate(calibration)
+    assert gate["passed"] is True and gate["gap_decided_by_one_question"] is True
+    assert gate["gap_deciding_questions"] == {"answer": ["a-000"], "decline": ["d-029"]}
+    check = next(c for c in gate["checks"] if c["name"] == "threshold_gap")
+    assert "kept with probability >= 0.968 (n=30" in check["detail"]  # 30/31
+    assert "needs n >= 299" in check["detail"] and "DECIDED BY ONE QUESTION" in check["detail"]
+    assert check["data"]["fragility"]["gap_without"]["1"] == pytest.approx(0.6 - 0.2 * 28 / 29)
+    assert run_gate()["gap_decided_by_one_question"] is False

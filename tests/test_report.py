@@ -23,8 +23,6 @@ CONFIG = {
     "signals": SIGNALS,
     "pair": ["bm25_z", "term_coverage"],
     "placement": "tightest",
-    "bootstrap_samples": 200,
-    "seed": 13,
     "min_per_label": 20,
     "gating": {"signal": "rerank_top", "adjacent": 0.2, "strong": 0.6},
 }
@@ -124,6 +122,20 @@ def test_verdict_banner_and_shipped_errors(page, artifacts):
     assert 'class="banner fail"' in page and "FAILED" in page
     assert "The shipped rerank_top threshold 0.2 declines 1" in page
     assert "threshold &lt;= 0.1" in page  # the fix for the wrongly declined question
+
+
+def test_gap_shows_its_bound_fragility_and_deciding_questions(page, artifacts):
+    gating = artifacts[0]["gating"]["result"]
+    n = gating["n"]["answer"]
+    assert "Gap the gate checks: rerank_top" in page
+    assert f"with probability ≥ {n / (n + 1):.3f} (n/(n+1))" in page and "needs 299 should-answer" in page
+    assert "Gap after removing the 1, 2, 3 most extreme questions per side" in page
+    assert "new should-answer kept ≥" in page  # the summary table column
+    assert "gap 95% CI" not in page
+    deciding = gating["fragility"]["deciding"]
+    assert gating["has_gap"] is False  # record 0 (0.1) sits in the should-decline band
+    assert f"Removing {gating['fragility']['to_open']} question(s) would open a gap: a-000" in page
+    assert deciding["answer"] == ["a-000"]
 
 
 def test_skipped_signal_is_reported_not_hidden():
