@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from pipelines.io import write_parquet, write_text
+from pipelines import quarantine as quarantine_file
+from pipelines.io import write_parquet
 
 DOCUMENT_SCHEMA = pa.schema(
     [
@@ -86,13 +90,13 @@ def ingest(
     docs.sort(key=lambda d: d["doc_id"])
 
     documents = write_parquet(pa.Table.from_pylist(docs, schema=DOCUMENT_SCHEMA), out_dir / "documents.parquet")
-    quarantine = write_text(
-        "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected), out_dir / "quarantine.jsonl"
-    )
+    quarantine = quarantine_file.write_stage(out_dir, "ingest", rejected)
     manifest_rows = diff_manifest(docs, previous_documents)
     manifest = write_parquet(pa.Table.from_pylist(manifest_rows, schema=MANIFEST_SCHEMA), out_dir / "manifest.parquet")
     counts = {s: sum(r["status"] == s for r in manifest_rows) for s in ("added", "changed", "deleted", "unchanged")}
-    counts.update(documents=len(docs), quarantined=len(rejected), quarantine_reasons=_reason_counts(rejected))
+    counts.update(
+        documents=len(docs), quarantined=len(rejected), quarantine_reasons=quarantine_file.reason_counts(rejected)
+    )
     return IngestResult(documents, quarantine, manifest, counts)
 
 
@@ -119,14 +123,6 @@ def diff_manifest(docs: list[dict], previous_documents: str | Path | None) -> li
     return rows
 
 
-def _reason_counts(rejected: list[dict]) -> dict:
-    out: dict[str, int] = {}
-    for r in rejected:
-        key = r["reason"].split(" (")[0].split(":")[0]
-        out[key] = out.get(key, 0) + 1
-    return dict(sorted(out.items()))
-
-
 # --- Markdown folder -------------------------------------------------------------
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
@@ -134,19 +130,54 @@ _TITLE_LINE = re.compile(r"\A\s*#[ \t]+(.+?)[ \t]*#*[ \t]*(?:\r?\n|\Z)")
 
 
 def read_markdown_folder(root: Path, max_doc_bytes: int):
-    """Yield (relative path, document dict | Rejected) for every file under root, sorted."""
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not _hidden(p, root)):
+    """Yield (relative path, document dict | Rejected) for every entry under root, sorted.
+
+    Symlinks are never followed, so nothing outside the root is ever opened: one that
+    resolves outside the root is quarantined as such; one inside it is quarantined too,
+    its target being ingested once, under its own path.
+    """
+    root = root.resolve()  # a corpus root given as a link means its target
+    for path in corpus_entries(root):
         rel = path.relative_to(root).as_posix()
         try:
-            yield rel, parse_markdown(path, root, max_doc_bytes)
+            yield rel, parse_markdown(read_regular_file(path, root, max_doc_bytes), path, root)
         except Rejected as exc:
             yield rel, exc
 
 
-def parse_markdown(path: Path, root: Path, max_doc_bytes: int) -> dict:
-    data = path.read_bytes()
-    if len(data) > max_doc_bytes:
-        raise Rejected(f"over size cap: {len(data)} bytes > {max_doc_bytes}")
+def corpus_entries(root: Path) -> list[Path]:
+    """Every non-hidden file, symlink and special file under root, without descending into linked folders."""
+    found = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        here = Path(folder)
+        found += [here / d for d in dirs if (here / d).is_symlink()]  # judged, never walked
+        found += [here / f for f in files if not f.startswith(".")]
+    return sorted(found)
+
+
+def read_regular_file(path: Path, root: Path, max_doc_bytes: int) -> bytes:
+    """The file's bytes; a symlink or special file is rejected before anything is opened."""
+    if path.is_symlink():
+        target = os.path.realpath(path)
+        if not Path(target).is_relative_to(root):
+            raise Rejected(f"symlink outside the corpus root: not read (points to {target!r})")
+        raise Rejected(
+            f"symlink inside the corpus root: not followed (its target {Path(target).relative_to(root).as_posix()!r}"
+            " is ingested once, under its own path)"
+        )
+    if not stat.S_ISREG(path.lstat().st_mode):
+        raise Rejected("not a regular file: a fifo, socket or device")
+    # O_NOFOLLOW: a file swapped for a link after the check above is still never followed.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_doc_bytes:
+            raise Rejected(f"over size cap: {size} bytes > {max_doc_bytes}")
+        return fh.read(max_doc_bytes + 1)
+
+
+def parse_markdown(data: bytes, path: Path, root: Path) -> dict:
     if b"\x00" in data:
         raise Rejected("binary file: contains NUL bytes")
     if path.suffix.lower() not in MARKDOWN_SUFFIXES:
@@ -168,7 +199,7 @@ def parse_markdown(path: Path, root: Path, max_doc_bytes: int) -> dict:
         if not isinstance(meta, dict):
             raise Rejected("malformed front matter: not a mapping")
         text = text[m.end() :]
-    title = str(meta.get("title") or "").strip()
+    title = _front_matter_string(meta, "title")
     m = _TITLE_LINE.match(text)
     if m:
         title = title or m.group(1).strip()
@@ -178,12 +209,63 @@ def parse_markdown(path: Path, root: Path, max_doc_bytes: int) -> dict:
     body = text.strip()
     if not re.search(r"\w", re.sub(r"(?m)^#+.*$", "", body)):
         raise Rejected("empty body")
-    doc_id = str(meta.get("id") or path.relative_to(root).with_suffix("").as_posix())
-    return {"doc_id": doc_id, "title": title, "body": body, "format": "markdown"}
+    # Folders become ':' in a file-derived id: '/' is not in the id alphabet.
+    doc_id = _front_matter_string(meta, "id") or ":".join(path.relative_to(root).with_suffix("").parts)
+    return document(doc_id, title, body, "markdown")
 
 
-def _hidden(path: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in path.relative_to(root).parts)
+def _front_matter_string(meta: dict, key: str) -> str:
+    value = meta.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):  # a list or mapping must not become "['a', 'b']"
+        raise Rejected(f"{key} is not a string: YAML {type(value).__name__} {_short(value)} (quote it)")
+    return value.strip()
+
+
+# --- what every document must be, whatever its source ---------------------------------
+
+ID_PUNCTUATION = "_-.:+@(),'"
+MAX_ID_CHARS = 200
+# Lone surrogates (json.loads lets "\ud800" through), noncharacters and NUL are not text.
+_NOT_TEXT = re.compile(
+    "[\x00\ud800-\udfff\ufdd0-\ufdef" + "".join(chr(p << 16 | 0xFFFE) + chr(p << 16 | 0xFFFF) for p in range(17)) + "]"
+)
+
+
+def document(doc_id: str, title: str, body: str, fmt: str) -> dict:
+    """A checked document: valid Unicode, NFC-normalised (before any hash), a safe id."""
+    fields = {"id": doc_id, "title": title, "body": body}
+    for name, value in fields.items():
+        m = _NOT_TEXT.search(value)
+        if m:
+            kind = "lone surrogate" if "\ud800" <= m.group() <= "\udfff" else "noncharacter"
+            kind = "NUL" if m.group() == "\x00" else kind
+            raise Rejected(f"invalid Unicode: {kind} U+{ord(m.group()):04X} in {name} at character {m.start()}")
+    doc_id, title, body = (unicodedata.normalize("NFC", v) for v in fields.values())
+    return {"doc_id": safe_id(doc_id), "title": title, "body": body, "format": fmt}
+
+
+def safe_id(doc_id: str) -> str:
+    """`doc_id` if it is 1-200 letters, marks, digits and ID_PUNCTUATION, starting with a letter, digit or '_'.
+
+    No '#' (it separates a section in `doc#section` labels), no path separators, no spaces or
+    control characters, no leading '.' or '-'.
+    """
+    if len(doc_id) > MAX_ID_CHARS:
+        raise Rejected(f"unsafe id {_short(doc_id)}: longer than {MAX_ID_CHARS} characters ({len(doc_id)})")
+    for i, ch in enumerate(doc_id):
+        cat = unicodedata.category(ch)[0]
+        if not (cat in "LN" or (i and (cat == "M" or ch in ID_PUNCTUATION)) or ch == "_"):
+            raise Rejected(f"unsafe id {_short(doc_id)}: character {ch!r} at {i} is not allowed")
+    if not doc_id:
+        raise Rejected("unsafe id '': empty")
+    return doc_id
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- BEIR corpus.jsonl ------------------------------------------------------------
@@ -214,8 +296,14 @@ def parse_beir_line(raw: bytes, max_doc_bytes: int) -> dict:
         raise Rejected(f"malformed JSON: {exc.msg}") from None
     if not isinstance(obj, dict) or not str(obj.get("_id", "")).strip():
         raise Rejected("missing _id")
-    text = str(obj.get("text") or "").strip()
+    doc_id = obj["_id"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise Rejected(f"_id is not a string: JSON {type(doc_id).__name__} {_short(doc_id)}")
+    for key in ("title", "text"):
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise Rejected(f"{key} is not a string: JSON {type(obj[key]).__name__} {_short(obj[key])}")
+    text = (obj.get("text") or "").strip()
     if not text:
         raise Rejected("empty body")
     # BEIR titles are optional by format (many datasets have none), so no title is allowed here.
-    return {"doc_id": str(obj["_id"]), "title": str(obj.get("title") or "").strip(), "body": text, "format": "plain"}
+    return document(str(doc_id), (obj.get("title") or "").strip(), text, "plain")

@@ -1,9 +1,12 @@
+import builtins
 import json
+import os
 import shutil
 
 import pyarrow.parquet as pq
+import pytest
 
-from pipelines.ingest import ingest
+from pipelines.ingest import Rejected, ingest, safe_id
 from tests.conftest import DATA, DEMO, SCIFACT
 
 
@@ -28,7 +31,105 @@ def test_bad_markdown_is_quarantined_with_a_reason_and_counted(tmp_path):
     # nothing silently dropped: every file is either a document or quarantined
     files = sorted(p.name for p in (DATA / "bad_corpus").iterdir())
     assert len(files) == len(docs) + len(reasons)
-    assert result.counts["quarantined"] == 9 and result.counts["documents"] == 2
+    assert result.counts["quarantined"] == len(files) - 2 and result.counts["documents"] == 2
+    assert all(q["stage"] == "ingest" for q in _quarantine(result))
+
+
+def _bad_corpus_reasons(tmp_path):
+    return {q["source"]: q["reason"] for q in _quarantine(ingest(DATA / "bad_corpus", tmp_path, max_doc_bytes=2000))}
+
+
+def test_an_id_with_the_section_separator_is_quarantined_naming_it(tmp_path):
+    assert (
+        _bad_corpus_reasons(tmp_path)["hash-in-id.md"] == "unsafe id 'fares#night': character '#' at 5 is not allowed"
+    )
+
+
+def test_an_id_with_a_control_character_is_quarantined_escaped(tmp_path):
+    reason = _bad_corpus_reasons(tmp_path)["control-char-id.md"]
+    assert reason == "unsafe id 'bell\\x07id': character '\\x07' at 4 is not allowed"
+    assert "\x07" not in reason  # escaped, never the raw character
+
+
+def test_a_file_derived_id_outside_the_alphabet_is_quarantined(tmp_path):
+    assert _bad_corpus_reasons(tmp_path)["has space.md"] == "unsafe id 'has space': character ' ' at 3 is not allowed"
+
+
+def test_ids_with_path_separators_or_leading_dots_or_over_long_are_unsafe():
+    for bad in ("a/b", "a\\b", "..", ".hidden", "-x", "x" * 201, "tab\tid", ""):
+        with pytest.raises(Rejected, match="unsafe id"):
+            safe_id(bad)
+    for good in ("MED-10", "4983", "Washington,_D.C.", "Zürich_(city)", "guides:fares", "x" * 200):
+        assert safe_id(good) == good
+
+
+def test_nested_files_get_ids_without_path_separators(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "guides").mkdir(parents=True)
+    (corpus / "guides" / "fares.md").write_text("# Fares\n\nTwo dollars a ride.\n")
+    docs = pq.read_table(ingest(corpus, tmp_path / "out").documents).to_pylist()
+    assert [d["doc_id"] for d in docs] == ["guides:fares"]
+
+
+def test_a_title_that_is_not_a_string_is_quarantined_not_stringified(tmp_path):
+    reasons = _bad_corpus_reasons(tmp_path)
+    assert reasons["list-title.md"] == "title is not a string: YAML list ['Fares', 'Passes'] (quote it)"
+    assert reasons["mapping-title.md"] == "title is not a string: YAML dict {'name': 'Fares'} (quote it)"
+    assert reasons["number-title.md"] == "title is not a string: YAML int 2026 (quote it)"
+
+
+def test_invalid_unicode_in_markdown_is_quarantined(tmp_path):
+    reasons = _bad_corpus_reasons(tmp_path)
+    assert reasons["surrogate-title.md"] == "invalid Unicode: lone surrogate U+D800 in title at character 7"
+    assert reasons["noncharacter.md"].startswith("invalid Unicode: noncharacter U+FFFE in body")
+
+
+def test_text_is_nfc_normalised_before_hashing(tmp_path):
+    composed, decomposed = tmp_path / "nfc", tmp_path / "nfd"
+    for folder, word in ((composed, "caf\u00e9"), (decomposed, "cafe\u0301")):
+        folder.mkdir()
+        (folder / "menu.md").write_text(f"# {word}\n\nThe {word} opens at six.\n", encoding="utf-8")
+    a, b = (
+        pq.read_table(ingest(f, tmp_path / f"out-{f.name}").documents).to_pylist()[0] for f in (composed, decomposed)
+    )
+    assert b["title"] == "caf\u00e9" and "caf\u00e9 opens" in b["body"]
+    assert a["content_hash"] == b["content_hash"]
+
+
+def test_a_symlink_inside_the_root_is_quarantined_and_its_target_read_once(tmp_path):
+    reasons = _bad_corpus_reasons(tmp_path)
+    assert reasons["alias-of-good.md"].startswith("symlink inside the corpus root: not followed")
+    assert "good-article.md" not in reasons
+
+
+def test_symlinks_out_of_the_root_are_quarantined_and_never_opened(tmp_path, monkeypatch):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.md").write_text("# Secret\n\nTOPSECRET text that must never be indexed.\n")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "fine.md").write_text("# Fine\n\nAn ordinary article.\n")
+    (corpus / "passwd.md").symlink_to("/etc/passwd")
+    (corpus / "secret.md").symlink_to(outside / "secret.md")
+    (corpus / "folder").symlink_to(outside, target_is_directory=True)
+    (corpus / "up").symlink_to("..", target_is_directory=True)  # traversal through a folder link
+    opened = []
+    real_os_open, real_open = os.open, builtins.open
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: opened.append(str(p)) or real_os_open(p, *a, **k))
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
+    result = ingest(corpus, tmp_path / "out")
+    monkeypatch.undo()
+    reasons = {q["source"]: q["reason"] for q in _quarantine(result)}
+    assert reasons == {
+        "passwd.md": "symlink outside the corpus root: not read (points to '/etc/passwd')",
+        "secret.md": f"symlink outside the corpus root: not read (points to {str(outside / 'secret.md')!r})",
+        "folder": f"symlink outside the corpus root: not read (points to {str(outside)!r})",
+        "up": f"symlink outside the corpus root: not read (points to {str(tmp_path)!r})",
+    }
+    assert not [p for p in opened if "passwd" in p or str(outside) in p or p.startswith(str(corpus / "folder"))]
+    docs = pq.read_table(result.documents).to_pylist()
+    assert [d["doc_id"] for d in docs] == ["fine"]
+    assert result.counts["quarantine_reasons"] == {"symlink outside the corpus root": 4}
 
 
 def test_bad_beir_lines_are_quarantined(tmp_path):
@@ -41,6 +142,12 @@ def test_bad_beir_lines_are_quarantined(tmp_path):
         "corpus.jsonl:5": "empty body",
         "corpus.jsonl:6": "duplicate id 'd1' (first occurrence kept)",
         "corpus.jsonl:7": "invalid UTF-8: byte 48",
+        "corpus.jsonl:8": "invalid Unicode: lone surrogate U+D800 in body at character 7",
+        "corpus.jsonl:9": "unsafe id 'd7#methods': character '#' at 2 is not allowed",
+        "corpus.jsonl:10": "unsafe id '../d8': character '.' at 0 is not allowed",
+        "corpus.jsonl:11": "title is not a string: JSON list ['a', 'b']",
+        "corpus.jsonl:12": "invalid Unicode: NUL U+0000 in body at character 4",
+        "corpus.jsonl:13": "_id is not a string: JSON list ['d11']",
     }
 
 
