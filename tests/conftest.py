@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tier_guard import pytest_runtest_call, pytest_runtest_setup  # noqa: F401  (hooks: the tier guard)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

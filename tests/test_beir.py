@@ -9,6 +9,8 @@ from pipelines import config
 from pipelines.beir import run_beir
 from tests.conftest import ROOT, SCIFACT
 
+pytestmark = [pytest.mark.models, pytest.mark.dataset]
+
 
 def slice_of_scifact(folder, n_queries=6, n_other=24):
     """The first queries with judgements, their relevant abstracts, and some others."""
@@ -30,7 +32,6 @@ def slice_of_scifact(folder, n_queries=6, n_other=24):
     return len(qids), len(keep)
 
 
-@pytest.mark.models
 def test_beir_evaluates_four_systems_and_reuses_its_index(tmp_path):
     n_queries, n_docs = slice_of_scifact(tmp_path / "data")
     cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": str(tmp_path / "artifacts")})

@@ -42,12 +42,14 @@ def _healthcheck_cmd(service: dict) -> str:
     return " ".join(test) if isinstance(test, list) else str(test)
 
 
+@pytest.mark.system  # docker-compose
 def test_services_present(compose):
     services = compose["services"]
     for name in ("opensearch", "postgres", "airflow-init", *AIRFLOW_SERVICES):
         assert name in services, f"missing service {name}"
 
 
+@pytest.mark.system  # docker-compose
 def test_opensearch_service(compose):
     os_ = compose["services"]["opensearch"]
     assert os_["image"].startswith("opensearchproject/opensearch:2.19")
@@ -59,12 +61,14 @@ def test_opensearch_service(compose):
     assert "curl" in cmd and "_cluster/health" in cmd
 
 
+@pytest.mark.system  # docker-compose
 def test_postgres_service(compose):
     pg = compose["services"]["postgres"]
     assert pg["image"].startswith("postgres:16")
     assert "pg_isready" in _healthcheck_cmd(pg)
 
 
+@pytest.mark.system  # docker-compose
 def test_airflow_services_wired_to_opensearch(compose):
     services = compose["services"]
     for name in AIRFLOW_SERVICES:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.airflow
+pytestmark = [pytest.mark.airflow, pytest.mark.models]  # the runs embed and rerank in their subprocesses
 
 ROOT = Path(__file__).resolve().parents[1]
 DAGS = ROOT / "dags"

@@ -2,9 +2,12 @@
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from pipelines import steps
 from pipelines.embed import embedding_matrix
+
+pytestmark = pytest.mark.models
 
 
 def build(cfg, run_id, embedder):

@@ -151,6 +151,7 @@ def test_bad_beir_lines_are_quarantined(tmp_path):
     }
 
 
+@pytest.mark.dataset
 def test_scifact_ingests_as_is(tmp_path):
     result = ingest(SCIFACT, tmp_path, fmt="beir", max_doc_bytes=1_000_000)
     assert result.counts["documents"] == 5183 and result.counts["quarantined"] == 0

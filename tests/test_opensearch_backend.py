@@ -441,6 +441,7 @@ def test_airflow_is_imported_only_when_asked_for():
     assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
 
 
+@pytest.mark.airflow  # Airflow itself, in a fresh interpreter
 def test_client_from_airflow_uses_the_connection(tmp_path):
     """OpenSearchHook builds the client from AIRFLOW_CONN_OPENSEARCH_DEFAULT (no node contacted)."""
     code = (

@@ -199,6 +199,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.airflow  # Airflow itself, in a fresh interpreter
 def test_discovered_by_airflow_plugin_manager(tmp_path, artifacts):
     env = {
         **os.environ,

@@ -193,6 +193,7 @@ def png_top_rows(data: bytes, n_rows: int) -> list[bytes]:
     return [bytes(px for j, px in enumerate(row) if j % bpp < 3) for row in rows]  # drop alpha
 
 
+@pytest.mark.browser
 def test_screenshot_in_headless_chromium(tmp_path, artifacts):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     assert browser, "chromium is required for the report test (apt-get install -y chromium)"

@@ -74,6 +74,7 @@ def test_good_scores_order_by_probability_with_fused_rank_breaking_ties():
     assert r.order == [1, 0, 2] and r.probabilities[1] == pytest.approx(1 / (1 + math.exp(-3)))
 
 
+@pytest.mark.models
 def test_real_cross_encoder_scores_and_is_order_independent(cross_encoder):
     r = safe_rerank(cross_encoder, "what causes croup", PASSAGES)
     assert r.order[0] == 0 and r.probabilities[0] > 0.9 and r.probabilities[1] < 0.01
