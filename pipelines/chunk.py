@@ -3,7 +3,9 @@
 A chunk is article title + section heading + section body, so every chunk carries body
 text and the embedding measures what the section says, not just what it is called.
 Sections longer than the embedding model's token budget are split into overlapping
-windows on word boundaries. Chunk ids are stable: a hash of (doc id, section, ordinal, text).
+windows on word boundaries; a run with no word boundary inside the budget (one huge word
+or token) is hard-split, so no chunk exceeds the budget, and a document needing more than
+`chunking.max_split_pieces` such pieces is quarantined as degenerate. Chunk ids are stable: a hash of (doc id, section, ordinal, text).
 
 A document's chunks are a pure function of the document, the settings, the tokenizer and
 this module's code, so a nightly run re-chunks only what changed: `chunker_key` fingerprints
@@ -47,36 +49,94 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def windows(body: str, tok, budget: int, overlap: int) -> list[str]:
+# Characters a chunk may hold per token of budget. A token standing for more is text the
+# model cannot see (a 150 KB word is one [UNK]); the densest 256-token window of SciFact
+# holds 6.5 characters a token.
+MAX_CHARS_PER_TOKEN = 16
+MIN_BODY_TOKENS = 16  # a title and heading must leave at least this much room for body text
+
+
+class Degenerate(Exception):
+    """A document that cannot be chunked within the budget; the message is the quarantine reason."""
+
+
+def windows(body: str, tok, budget: int, overlap: int, max_chars: int | None = None) -> list[str]:
     """Split `body` into pieces of at most `budget` tokens, `overlap` tokens shared, on word boundaries."""
+    return [piece for piece, _ in cut(body, tok, budget, overlap, max_chars or budget * MAX_CHARS_PER_TOKEN)]
+
+
+def cut(body: str, tok, budget: int, overlap: int, max_chars: int) -> list[tuple[str, bool]]:
+    """[(piece, hard-split?)]: overlapping windows on word boundaries; a run of text with no boundary
+    within the budget (one over-long word or token) is hard-split, so every piece re-encodes to at
+    most `budget` tokens and `max_chars` characters."""
     enc = tok.encode(body, add_special_tokens=False)
     n = len(enc.ids)
+    soft: list[tuple[str, bool]] = []
     if n <= budget:
-        return [body]
-    words, offsets = enc.word_ids, enc.offsets
+        soft = [(body, False)]
+    else:
+        words, offsets = enc.word_ids, enc.offsets
 
-    def inside_word(i: int) -> bool:
-        return words[i] is not None and words[i] == words[i - 1]
+        def inside_word(i: int) -> bool:
+            return words[i] is not None and words[i] == words[i - 1]
 
-    pieces, start = [], 0
-    while True:
-        end = min(start + budget, n)
-        while start + 1 < end < n and inside_word(end):
-            end -= 1  # never cut a word in two
-        pieces.append(body[offsets[start][0] : offsets[end - 1][1]])
-        if end >= n:
-            return pieces
-        start = max(end - overlap, start + 1)
-        while start < end and inside_word(start):
-            start += 1
+        start = 0
+        while True:
+            end = min(start + budget, n)
+            while start + 1 < end < n and inside_word(end):
+                end -= 1  # never cut a word in two ...
+            hard = end < n and inside_word(end)
+            if hard:
+                end = min(start + budget, n)  # ... unless the word alone is longer than the budget
+            soft.append((body[offsets[start][0] : offsets[end - 1][1]], hard))
+            if end >= n:
+                break
+            start = max(end - overlap, start + 1)
+            while start < end and inside_word(start):
+                start += 1
+    pieces = []
+    for piece, hard in soft:
+        # A window cut on word boundaries re-encodes to its in-context count (WordPiece tokenises
+        # word by word), so only hard cuts and character-heavy windows are re-encoded.
+        parts = fit(piece, tok, budget, max_chars) if hard or len(piece) > max_chars else [piece]
+        pieces += [(p, hard or len(parts) > 1) for p in parts]
+    return pieces
 
 
-def chunk_document(doc: dict, tok, max_tokens: int, overlap: int) -> list[dict]:
-    rows = []
+def fit(text: str, tok, budget: int, max_chars: int) -> list[str]:
+    """`text` if it re-encodes within the budget, else its halves (cut at the space nearest the middle,
+    or mid-run when the middle half has none), recursively."""
+    if len(text) <= max_chars and len(tok.encode(text, add_special_tokens=False).ids) <= budget:
+        return [text]
+    if len(text) < 2:
+        return [text]
+    mid = _middle(text)
+    return [p for half in (text[:mid], text[mid:]) if half.strip() for p in fit(half.strip(), tok, budget, max_chars)]
+
+
+def _middle(text: str) -> int:
+    mid, reach = len(text) // 2, len(text) // 4
+    for d in range(reach + 1):
+        for i in (mid - d, mid + d):
+            if 0 < i < len(text) and text[i].isspace():
+                return i
+    return mid
+
+
+def chunk_document(doc: dict, tok, max_tokens: int, overlap: int, max_split_pieces: int = 32) -> list[dict]:
+    """The document's chunk rows; raises Degenerate when it cannot be chunked sanely within the budget."""
+    rows, hard_pieces, max_chars = [], 0, max_tokens * MAX_CHARS_PER_TOKEN
     for section, body in split_sections(doc["body"], doc["format"]):
         header = "\n".join(x for x in (doc["title"], section) if x)
-        budget = max_tokens - 2 - len(tok.encode(header + "\n", add_special_tokens=False).ids)
-        for ordinal, piece in enumerate(windows(body, tok, max(budget, 16), overlap)):
+        header_tokens = len(tok.encode(header + "\n", add_special_tokens=False).ids)
+        budget = max_tokens - 2 - header_tokens
+        if budget < MIN_BODY_TOKENS or len(header) > max_chars // 2:
+            raise Degenerate(
+                f"degenerate document: title and heading take {header_tokens} tokens and {len(header)} characters"
+                f" of the {max_tokens}-token chunk (section {section[:40]!r})"
+            )
+        for ordinal, (piece, hard) in enumerate(cut(body, tok, budget, overlap, max_chars - len(header) - 1)):
+            hard_pieces += hard
             text = f"{header}\n{piece}" if header else piece
             rows.append(
                 {
@@ -91,12 +151,17 @@ def chunk_document(doc: dict, tok, max_tokens: int, overlap: int) -> list[dict]:
                     "ordinal": ordinal,
                 }
             )
+    if hard_pieces > max_split_pieces:
+        raise Degenerate(
+            f"degenerate document: over-long token runs need {hard_pieces} hard-split pieces"
+            f" (chunking.max_split_pieces is {max_split_pieces})"
+        )
     return rows
 
 
-def chunker_key(tokenizer_file: str | Path, max_tokens: int, overlap: int) -> str:
+def chunker_key(tokenizer_file: str | Path, max_tokens: int, overlap: int, max_split_pieces: int = 32) -> str:
     """Everything besides the document that its chunks depend on."""
-    h = hashlib.sha256(f"{max_tokens}\x1f{overlap}\x1f".encode())
+    h = hashlib.sha256(f"{max_tokens}\x1f{overlap}\x1f{max_split_pieces}\x1f".encode())
     h.update(Path(tokenizer_file).read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:24]
@@ -108,18 +173,27 @@ def chunk_documents(
     *,
     max_tokens: int = 256,
     overlap: int = 32,
+    max_split_pieces: int = 32,
     reuse: dict[str, list[dict]] | None = None,
+    rejected: list[dict] | None = None,
 ) -> list[dict]:
     """Chunk rows of every document, in document order.
 
     `reuse` maps a content hash to that document's rows from a run with the same `chunker_key`;
     those documents are not re-tokenised (the rows are exactly what chunking would give).
+    A degenerate document is appended to `rejected` ({source, doc_id, reason}), or raises
+    Degenerate when no `rejected` list is given.
     """
-    docs = pq.read_table(documents_parquet).to_pylist()
     reuse = reuse or {}
-    return [
-        row for doc in docs for row in (reuse.get(doc["content_hash"]) or chunk_document(doc, tok, max_tokens, overlap))
-    ]
+    rows = []
+    for doc in pq.read_table(documents_parquet).to_pylist():
+        try:
+            rows += reuse.get(doc["content_hash"]) or chunk_document(doc, tok, max_tokens, overlap, max_split_pieces)
+        except Degenerate as exc:
+            if rejected is None:
+                raise
+            rejected.append({"source": doc["source"], "doc_id": doc["doc_id"], "reason": str(exc)})
+    return rows
 
 
 def rows_by_document(documents_parquet: str | Path, chunks_parquet: str | Path) -> dict[str, list[dict]]:

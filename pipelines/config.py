@@ -40,6 +40,7 @@ SCHEMA: dict[str, Any] = {
     "chunking": {
         "max_tokens": (int, 256),  # the embedding model's sequence budget
         "overlap_tokens": (int, 32),
+        "max_split_pieces": (int, 32),  # hard-split pieces per document; more: quarantined as degenerate
     },
     "retrieval": {
         "bm25_top_n": (int, 18),

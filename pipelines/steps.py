@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import models
+from pipelines import models, quarantine
 from pipelines.chunk import chunk_documents, chunker_key, rows_by_document
 from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
 from pipelines.ingest import ingest
@@ -144,6 +144,7 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
         code_version=code_version(),
         versions=versions(),
         counts={"ingest": result.counts},
+        quarantine=quarantine.summary(folder),
     )
     return result.counts
 
@@ -152,7 +153,7 @@ def chunk_step(cfg: dict, run_id: str) -> int:
     """Chunk the run's documents, re-using the previous run's rows for unchanged documents."""
     folder = run_dir(cfg, run_id)
     model_dir = str(models.embedding_model_path(cfg["embedding"]["model_path"]))
-    settings = cfg["chunking"]["max_tokens"], cfg["chunking"]["overlap_tokens"]
+    settings = cfg["chunking"]["max_tokens"], cfg["chunking"]["overlap_tokens"], cfg["chunking"]["max_split_pieces"]
     key = chunker_key(Path(model_dir) / "tokenizer.json", *settings)
     prev = previous_run(cfg, run_id)
     with timed(folder, "chunk"):
@@ -164,12 +165,18 @@ def chunk_step(cfg: dict, run_id: str) -> int:
             models.tokenizer(model_dir),
             max_tokens=settings[0],
             overlap=settings[1],
+            max_split_pieces=settings[2],
             reuse=reuse,
+            rejected=(degenerate := []),
         )
         write_parquet(pa.Table.from_pylist(rows), folder / "chunks.text.parquet")
+        quarantine.write_stage(folder, "chunk", degenerate)
     hashes = pq.read_table(folder / "documents.parquet", columns=["content_hash"])["content_hash"].to_pylist()
     update_run_info(
-        folder, chunker=key, counts={"chunks": len(rows), "documents_rechunked": sum(h not in reuse for h in hashes)}
+        folder,
+        chunker=key,
+        counts={"chunks": len(rows), "documents_rechunked": sum(h not in reuse for h in hashes)},
+        quarantine=quarantine.summary(folder),
     )
     return len(rows)
 

@@ -1,9 +1,13 @@
+import json
+import shutil
+
 import pyarrow.parquet as pq
+import pytest
 
 from pipelines import models
-from pipelines.chunk import chunk_documents, slug, split_sections, windows
+from pipelines.chunk import MAX_CHARS_PER_TOKEN, Degenerate, chunk_documents, cut, slug, split_sections, windows
 from pipelines.ingest import ingest
-from tests.conftest import DEMO
+from tests.conftest import DATA, DEMO
 
 
 def tok():
@@ -86,3 +90,77 @@ def test_nightly_chunking_redoes_only_changed_documents(make_cfg, small_corpus):
     smaller["artifacts"] = cfg["artifacts"]
     _, third = night(smaller, "r3")
     assert third["documents_rechunked"] == 6  # new settings: nothing is reused
+
+
+def test_a_word_longer_than_the_budget_is_hard_split_within_it():
+    t = tok()
+    body = "Before the run. " + "ab" * 50 + " after the run."  # one 100-character word of 50 tokens
+    pieces = windows(body, t, budget=20, overlap=5)
+    assert all(len(t.encode(p, add_special_tokens=False).ids) <= 20 for p in pieces)
+    assert "".join(p.replace(" ", "") for p in pieces).count("ab") >= 50  # nothing of the word is lost
+    assert len(pieces) < 12  # cut into budget-sized runs, not slid one token at a time
+
+
+def test_a_single_over_long_token_is_hard_split_by_characters():
+    t = tok()
+    body = "x" * 10_000  # WordPiece makes any word over 100 characters one [UNK]: 1 token, 10,000 characters
+    assert len(t.encode(body, add_special_tokens=False).ids) == 1
+    pieces = cut(body, t, 64, 8, 1000)
+    assert all(len(p) <= 1000 and hard for p, hard in pieces)
+    assert "".join(p for p, _ in pieces) == body
+
+
+def _bad_corpus_chunks(tmp_path, **settings):
+    result = ingest(DATA / "bad_corpus", tmp_path)
+    rejected = []
+    rows = chunk_documents(result.documents, tok(), rejected=rejected, **settings)
+    return rows, {r["source"]: r for r in rejected}
+
+
+def test_a_150kb_single_token_document_is_quarantined_as_degenerate(tmp_path):
+    rows, rejected = _bad_corpus_chunks(tmp_path)
+    assert rejected["one-long-token.md"] == {
+        "source": "one-long-token.md",
+        "doc_id": "one-long-token",
+        "reason": "degenerate document: over-long token runs need 64 hard-split pieces (chunking.max_split_pieces is 32)",
+    }
+    assert not [r for r in rows if r["doc_id"] == "one-long-token"]
+    with pytest.raises(Degenerate):  # without a list to put it in, a degenerate document is an error, not a drop
+        chunk_documents(ingest(DATA / "bad_corpus", tmp_path / "again").documents, tok())
+
+
+def test_a_long_token_run_within_the_piece_bound_is_chunked_within_the_budget(tmp_path):
+    rows, rejected = _bad_corpus_chunks(tmp_path, max_split_pieces=100)
+    long = [r for r in rows if r["doc_id"] == "one-long-token"]
+    assert "one-long-token.md" not in rejected and len(long) == 64
+    assert max(len(r["text"]) for r in rows) <= 256 * MAX_CHARS_PER_TOKEN
+    assert all(len(tok().encode(r["text"]).ids) <= 256 for r in rows)
+    again, _ = _bad_corpus_chunks(tmp_path / "again", max_split_pieces=100)
+    assert [r["chunk_id"] for r in again] == [r["chunk_id"] for r in rows]  # still deterministic
+    assert len({r["chunk_id"] for r in rows}) == len(rows)
+
+
+def test_a_title_longer_than_the_budget_is_quarantined_as_degenerate(tmp_path):
+    _, rejected = _bad_corpus_chunks(tmp_path)
+    assert rejected["huge-title.md"]["reason"].startswith("degenerate document: title and heading take 500 tokens")
+
+
+def test_chunk_step_quarantines_degenerate_documents_and_counts_them(make_cfg, small_corpus):
+    from pipelines import steps
+    from pipelines.io import read_json
+
+    shutil.copy(DATA / "bad_corpus" / "one-long-token.md", small_corpus)
+    cfg = make_cfg(**{"corpus.path": str(small_corpus)})
+    steps.ingest_step(cfg, "r1")
+    steps.chunk_step(cfg, "r1")
+    steps.chunk_step(cfg, "r1")  # a retried step rewrites its own quarantine rows, never duplicates them
+    folder = steps.run_dir(cfg, "r1")
+    rows = [json.loads(line) for line in (folder / "quarantine.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["doc_id"]) for r in rows] == [("chunk", "one-long-token")]
+    assert read_json(folder / "run.json")["quarantine"] == {
+        "total": 1,
+        "by_stage": {"chunk": 1},
+        "by_reason": {"degenerate document": 1},
+    }
+    chunked = pq.read_table(folder / "chunks.text.parquet", columns=["doc_id"])["doc_id"].to_pylist()
+    assert "one-long-token" not in chunked and len(set(chunked)) == 6
