@@ -7,6 +7,7 @@ promote only if the gate passed -> retention. A failed night leaves the live ind
 from __future__ import annotations
 
 from pipelines import steps
+from pipelines.io import read_json
 
 
 def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> dict:
@@ -16,7 +17,8 @@ def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> di
     encoded = steps.merge_step(cfg, run_id, stats)
     steps.validate_step(cfg, run_id)
     indexed = steps.load_step(cfg, run_id)
-    return {"ingest": counts, "encoded": encoded, "indexed": indexed}
+    quarantined = read_json(steps.run_dir(cfg, run_id) / "run.json")["quarantine"]["total"]  # every step's
+    return {"ingest": counts, "encoded": encoded, "indexed": indexed, "quarantined": quarantined}
 
 
 def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False) -> dict:
@@ -30,7 +32,7 @@ def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False) -
     c = built["ingest"]
     summary = (
         f"{c['documents']} documents ({c['added']} added, {c['changed']} changed, {c['deleted']} deleted, "
-        f"{c['unchanged']} unchanged, {c['quarantined']} quarantined); {built['indexed']} chunks, "
+        f"{c['unchanged']} unchanged, {built['quarantined']} quarantined); {built['indexed']} chunks, "
         f"{built['encoded']} texts encoded"
     )
     return {

@@ -24,7 +24,7 @@ from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
 from pipelines.ingest import ingest
 from pipelines.io import read_json, write_json, write_parquet
 from pipelines.search.base import retain
-from pipelines.validate import validate_chunks
+from pipelines.validate import loadable_chunks, validate_chunks
 
 log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,100}$")  # also a valid OpenSearch index suffix
@@ -229,7 +229,11 @@ def validate_step(cfg: dict, run_id: str) -> bool:
     folder = run_dir(cfg, run_id)
     dimension = read_json(folder / "run.json")["models"]["embedding"]["dimension"]  # the model's, not the file's
     with timed(folder, "validate"):
-        report = validate_chunks(folder / "chunks.parquet", folder, dimension=dimension)
+        try:
+            report = validate_chunks(folder / "chunks.parquet", folder, dimension=dimension)
+        finally:  # documents quarantined by a per-row expectation are counted even when the run stops
+            update_run_info(folder, quarantine=quarantine.summary(folder))
+    update_run_info(folder, counts={"validated": report["rows_loaded"]})
     return report["success"]
 
 
@@ -247,7 +251,7 @@ def open_store(cfg: dict):
 def load_step(cfg: dict, run_id: str) -> int:
     folder = run_dir(cfg, run_id)
     with timed(folder, "load"):
-        count = open_store(cfg).load(run_id, str(folder / "chunks.parquet"))
+        count = open_store(cfg).load(run_id, str(loadable_chunks(folder)))
     update_run_info(folder, counts={"indexed": count}, backend=cfg["backend"]["kind"])
     return count
 
@@ -347,7 +351,7 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
     version = version or run_id
     retriever, scorer = retriever_for(cfg, open_store(cfg).open(version))
     with timed(folder, "evaluate"):
-        out = evaluate(retriever, run_dir(cfg, version) / "chunks.parquet", cfg, folder, progress=progress)
+        out = evaluate(retriever, loadable_chunks(run_dir(cfg, version)), cfg, folder, progress=progress)
     update_run_info(
         folder,
         evaluated_version=version,
