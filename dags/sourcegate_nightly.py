@@ -99,7 +99,7 @@ def sourcegate_nightly():
         return steps.promote_step(cfg(), run_id())
 
     @task
-    def cleanup() -> list[str]:
+    def cleanup() -> dict:
         from pipelines import steps
 
         return steps.cleanup_step(cfg())

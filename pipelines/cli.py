@@ -26,6 +26,8 @@ def load_config(args) -> dict:
     ):
         if getattr(args, attr, None):
             overrides[key] = getattr(args, attr)
+    if getattr(args, "lock_timeout", None) is not None:
+        overrides["lock.timeout_s"] = args.lock_timeout
     for item in getattr(args, "set", None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -146,9 +148,12 @@ def cmd_beir(args) -> int:
 def cmd_accept(args) -> int:
     """Accept a run's reranked precision and decline recall as the new baseline."""
     from pipelines.io import read_json, write_json
+    from pipelines.lock import writer_lock
 
     cfg = load_config(args)
     run = Path(args.run)
+    if not args.artifacts and run.resolve().parent.name == "runs":  # <artifacts>/runs/<id>: lock that folder
+        cfg["artifacts"] = str(run.resolve().parent.parent)
     precision, calibration = read_json(run / "precision.json"), read_json(run / "calibration.json")
 
     def gated(metrics: dict) -> dict:  # the gate holds precision@k; nDCG, recall and MRR are reported
@@ -163,7 +168,8 @@ def cmd_accept(args) -> int:
         "decline_recall_by_kind": {k: v["recall"] for k, v in calibration["shipped"]["decline_recall_by_kind"].items()},
     }
     out = Path(args.out or cfg["evals"]["baseline"])
-    write_json(baseline, out)
+    with writer_lock(cfg, f"sourcegate accept {run}"):
+        write_json(baseline, out)
     print(f"baseline written: {out} (from {run})")
     return 0
 
@@ -185,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--artifacts")
     p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
     p.add_argument("--run-id"), p.add_argument("--quiet", action="store_true")
+    p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("query", help="ask the live index (or --index RUN_DIR) one question")
@@ -211,6 +218,8 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("accept", help="accept a run's precision and decline recall as the baseline")
     p.add_argument("run", help="a run folder"), p.add_argument("--out", help="default: evals.baseline")
+    p.add_argument("--artifacts", help="the artifacts folder whose lock is held while writing")
+    p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
     p.set_defaults(func=cmd_accept)
 
     args = parser.parse_args(argv)
@@ -219,7 +228,7 @@ def main(argv=None) -> int:
     )
     try:
         return args.func(args)
-    except (config_mod.ConfigError, FileNotFoundError, ValueError, RuntimeError) as exc:
+    except (config_mod.ConfigError, OSError, ValueError, RuntimeError) as exc:  # OSError: e.g. a full disk
         print(f"sourcegate: error: {exc}", file=sys.stderr)
         return 2
 

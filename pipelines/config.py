@@ -24,13 +24,17 @@ SCHEMA: dict[str, Any] = {
     "artifacts": (str, "artifacts"),
     "backend": {
         "kind": (str, "embedded"),  # embedded | opensearch
-        "retention": (int, 3),  # index versions kept (the live one always is)
+        "retention": (int, 3),  # promoted versions kept (the live one and the newest rollback target always are)
+        "keep_failed_days": (_NUM, 7.0),  # failed or unpromoted run folders are kept this long, for inspection
         "opensearch": {
             "index_prefix": (str, "sourcegate"),
             "bulk_chunk_size": (int, 500),
             "max_retries": (int, 5),
             "distribution_size": (int, 1000),
         },
+    },
+    "lock": {
+        "timeout_s": (_NUM, 30.0),  # how long a second writer waits for the artifacts/alias lock
     },
     "embedding": {
         "model_id": (str, "sentence-transformers/all-MiniLM-L6-v2"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pipelines import steps
 from pipelines.io import read_json
+from pipelines.lock import writer_lock
 
 
 def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> dict:
@@ -23,6 +24,11 @@ def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> di
 
 def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False) -> dict:
     run_id = run_id or steps.new_run_id()
+    with writer_lock(cfg, f"sourcegate run {run_id}"):  # the whole night is one writer
+        return _run_locked(cfg, run_id, progress)
+
+
+def _run_locked(cfg: dict, run_id: str, progress: bool) -> dict:
     built = build(cfg, run_id, progress=progress)
     steps.evaluate_step(cfg, run_id, progress=progress)
     gate = steps.gate_step(cfg, run_id)

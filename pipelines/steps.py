@@ -18,12 +18,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import models, quarantine
+from pipelines import faults, models, quarantine, runs
 from pipelines.chunk import chunk_documents, chunker_key, rows_by_document
 from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
 from pipelines.ingest import ingest
 from pipelines.io import read_json, write_json, write_parquet
-from pipelines.search.base import retain
+from pipelines.lock import held_since, locked
 from pipelines.validate import loadable_chunks, validate_chunks
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,12 @@ def get_embedder(cfg: dict) -> Embedder:
 # --- steps --------------------------------------------------------------------------
 
 
+@locked("ingest")
 def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
     folder = run_dir(cfg, run_id)
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "run.json").exists():  # the run's creation time orders versions (pipelines/runs.py)
+        update_run_info(folder, started_at=datetime.now(UTC).isoformat())
     prev = previous_run(cfg, run_id)
     with timed(folder, "ingest"):
         result = ingest(
@@ -149,6 +152,7 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
     return result.counts
 
 
+@locked("chunk")
 def chunk_step(cfg: dict, run_id: str) -> int:
     """Chunk the run's documents, re-using the previous run's rows for unchanged documents."""
     folder = run_dir(cfg, run_id)
@@ -181,6 +185,7 @@ def chunk_step(cfg: dict, run_id: str) -> int:
     return len(rows)
 
 
+@locked("embed", shared=True)
 def embed_step(
     cfg: dict,
     run_id: str,
@@ -200,10 +205,12 @@ def embed_step(
     prev = previous_run(cfg, run_id)
     cache = load_cache(prev / "chunks.parquet" if prev and use_cache else None, embedder.model_id)
     vectors, stats = embed_chunks(rows, embedder, cache, progress=progress)
+    faults.reached("embed:encoded")
     write_parquet(chunks_table(rows, vectors, embedder.model_id), folder / "embed" / f"shard-{shard:04d}.parquet")
     return {"shard": shard, "encoded": stats.encoded, "reused": stats.reused, "dimension": embedder.dimension}
 
 
+@locked("merge")
 def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
     """Join embedded shards back into chunks.parquet in chunk order."""
     folder = run_dir(cfg, run_id)
@@ -225,6 +232,7 @@ def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
     return encoded
 
 
+@locked("validate")
 def validate_step(cfg: dict, run_id: str) -> bool:
     folder = run_dir(cfg, run_id)
     dimension = read_json(folder / "run.json")["models"]["embedding"]["dimension"]  # the model's, not the file's
@@ -248,6 +256,7 @@ def open_store(cfg: dict):
     return EmbeddedStore(root / "runs", root / "LIVE")
 
 
+@locked("load")
 def load_step(cfg: dict, run_id: str) -> int:
     folder = run_dir(cfg, run_id)
     with timed(folder, "load"):
@@ -256,21 +265,37 @@ def load_step(cfg: dict, run_id: str) -> int:
     return count
 
 
-def promote_step(cfg: dict, run_id: str) -> str:
-    """Point the live alias at this run's index. Only ever called after a passed gate."""
+@locked("promote")
+def promote_step(cfg: dict, run_id: str, allow_older: bool = False) -> str:
+    """Point the live alias at this run's index. Only ever called after a passed gate.
+
+    LIVE never moves backwards here: a version created before the live one needs the explicit
+    rollback path (`allow_older=True`).
+    """
     folder = run_dir(cfg, run_id)
     gate = read_json(folder / "gate.json")
     if not gate.get("passed"):
         raise RuntimeError(f"refusing to promote {run_id}: its gate failed")
     store = open_store(cfg)
     previous = store.live()
+    if previous and previous != run_id and not allow_older:
+        older = runs.created_at(folder) < runs.created_at(run_dir(cfg, previous))
+        if older:
+            raise RuntimeError(
+                f"refusing to promote {run_id}: it was created before the live version {previous}; "
+                "moving LIVE back is a rollback (sourcegate rollback)"
+            )
     store.promote(run_id)
     update_run_info(folder, promoted={"version": run_id, "replaced": previous})
     return run_id
 
 
-def cleanup_step(cfg: dict) -> list[str]:
-    return retain(open_store(cfg), cfg["backend"]["retention"])
+@locked("cleanup")
+def cleanup_step(cfg: dict) -> dict:
+    """Retention over whole run folders (and their index versions) plus crashed writers' leftovers."""
+    b = cfg["backend"]
+    runs_dir = Path(cfg["artifacts"]) / "runs"
+    return runs.retain_runs(runs_dir, open_store(cfg), b["retention"], b["keep_failed_days"], before=held_since(cfg))
 
 
 # --- evaluation and the gate -----------------------------------------------------------
@@ -344,6 +369,7 @@ def retriever_for(cfg: dict, searcher):
     return Retriever.from_config(searcher, get_embedder(cfg), scorer, cfg), scorer
 
 
+@locked("evaluate")
 def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: bool = False) -> dict:
     """Evaluate index `version` (default: this run's own) into this run's folder."""
     folder = run_dir(cfg, run_id)
@@ -386,6 +412,7 @@ def gate_for_dir(cfg: dict, folder: Path, run_info: dict) -> dict:
     return gate
 
 
+@locked("gate")
 def gate_step(cfg: dict, run_id: str) -> dict:
     """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
     folder = run_dir(cfg, run_id)

@@ -80,7 +80,7 @@ class IndexStore(Protocol):
         """The version the alias points to, or None."""
 
     def versions(self) -> list[str]:
-        """All index versions present, oldest first."""
+        """All index versions present, oldest first by creation time (never by name)."""
 
     def drop(self, version: str) -> None:
         """Delete one version (never the live one)."""
@@ -90,7 +90,10 @@ class IndexStore(Protocol):
 
 
 def retain(store: IndexStore, keep: int) -> list[str]:
-    """Delete all but the newest `keep` versions, never the live one. Returns what was dropped."""
+    """Delete all but the newest `keep` index versions, never the live one. Returns what was dropped.
+
+    Index versions only: the nightly retention works on whole run folders (pipelines.runs.retain_runs).
+    """
     live = store.live()
     versions = store.versions()
     doomed = [v for v in versions[: max(len(versions) - keep, 0)] if v != live]

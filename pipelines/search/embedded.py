@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines import faults
 from pipelines.embed import embedding_matrix
 from pipelines.io import write_text
 from pipelines.search.base import Hit, ScoreDistribution
@@ -102,9 +103,14 @@ class EmbeddedStore:
         tmp = folder.with_name("index.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        pq.write_table(table.select(STORED), tmp / "chunks.parquet")
-        np.save(tmp / "embeddings.npy", np.ascontiguousarray(embedding_matrix(table)))
-        BM25Index.build([tokenize(t) for t in table["text"].to_pylist()]).save(tmp)
+        try:
+            pq.write_table(table.select(STORED), tmp / "chunks.parquet")
+            np.save(tmp / "embeddings.npy", np.ascontiguousarray(embedding_matrix(table)))
+            faults.reached("load:partial")
+            BM25Index.build([tokenize(t) for t in table["text"].to_pylist()]).save(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: free what we took, leave no half index
+            raise
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)  # a version appears whole or not at all
         count = len(EmbeddedSearcher(folder).ids)
@@ -125,7 +131,10 @@ class EmbeddedStore:
     def versions(self) -> list[str]:
         if not self.runs.is_dir():
             return []
-        return sorted(p.parent.name for p in self.runs.glob("*/index") if p.is_dir())
+        from pipelines.runs import created_at
+
+        folders = [p.parent for p in self.runs.glob("*/index") if p.is_dir()]
+        return [f.name for f in sorted(folders, key=lambda f: (created_at(f), f.name))]  # by creation, not name
 
     def drop(self, version: str) -> None:
         if version == self.live():

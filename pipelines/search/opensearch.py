@@ -427,12 +427,14 @@ class OpenSearchStore:
 
     def versions(self) -> list[str]:
         resp = self.client.indices.get_mapping(index=f"{self.prefix}-*")
+        created = self.client.indices.get_settings(index=f"{self.prefix}-*", name="index.creation_date")
         found = []
-        for _name, body in resp.items():
+        for name, body in resp.items():
             meta = ((body.get("mappings") or {}).get("_meta") or {}).get(_META_KEY) or {}
             if meta.get("prefix") == self.prefix and meta.get("version"):
-                found.append(meta["version"])
-        return sorted(found)
+                when = int(created.get(name, {}).get("settings", {}).get("index", {}).get("creation_date", 0))
+                found.append((when, meta["version"]))
+        return [version for _, version in sorted(found)]  # by creation, not by name
 
     def drop(self, version: str) -> None:
         if version == self.live():

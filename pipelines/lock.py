@@ -1,0 +1,271 @@
+"""One writer at a time: a lock per artifacts folder (and per OpenSearch alias).
+
+Every command and task that writes run folders, index versions, LIVE or baselines holds
+`writer_lock(cfg, command)`. The folder lock is `fcntl.flock` on `<artifacts>/.sourcegate.lock`:
+the kernel releases it when its holder dies, SIGKILL included, so a dead holder can never keep it.
+Who holds it is recorded beside it (`.sourcegate.lock.json`, written atomically once the lock is
+taken) only so that a second writer can name the holder; a record left by a killed holder is
+reported as a broken stale lock when the next writer takes over.
+
+The OpenSearch alias is shared by every machine that talks to the node, so its lock is a document
+created with `op_type=create` (atomic: exactly one creator wins) in the small index `LOCK_INDEX`. A
+lock document of a dead process on this host is deleted with `if_seq_no`/`if_primary_term` (so
+two breakers cannot both win); one from another host is named in the error, for a human to judge.
+
+Locks are re-entrant within one thread: `sourcegate run` holds the lock for the whole night and
+the steps it calls (which lock for themselves when Airflow runs them as tasks) just join it.
+Embed shards take the folder lock shared: Airflow runs them in parallel, each writes only its own
+shard file, and a shared hold still keeps every exclusive writer (retention, promote) out.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipelines import faults
+from pipelines.io import write_json
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".sourcegate.lock"
+HOLDER_FILE = ".sourcegate.lock.json"
+LOCK_INDEX = ".sourcegate-locks"
+POLL_S = 0.2
+DEFAULT_TIMEOUT_S = 0.0
+
+
+class LockHeld(RuntimeError):
+    """Another writer holds the lock and did not let go within the timeout."""
+
+
+@dataclass
+class _Hold:
+    count: int
+    shared: bool
+    release: Callable[[], None]
+    since: float  # epoch seconds
+
+
+_held: dict[tuple[str, int], _Hold] = {}  # (lock key, thread id) -> this thread's hold
+
+
+def holder_record(command: str) -> dict:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command,
+        "since": datetime.now(UTC).isoformat(timespec="seconds"),
+        "token": uuid.uuid4().hex,
+    }
+
+
+def describe(holder: dict | None) -> str:
+    if not holder:
+        return "another process (no holder record: a shared holder such as an embed shard, or one just starting)"
+    return f"pid {holder.get('pid')} on {holder.get('host')} ({holder.get('command')}, since {holder.get('since')})"
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def is_stale(holder: dict | None) -> bool:
+    """A holder record of a process on this host that no longer runs."""
+    return bool(holder) and holder.get("host") == socket.gethostname() and not process_alive(int(holder["pid"]))
+
+
+def command_line() -> str:
+    return " ".join(["sourcegate", *sys.argv[1:]]) if sys.argv and "pipelines" in sys.argv[0] else " ".join(sys.argv)
+
+
+def timeout_of(cfg: dict) -> float:
+    return float((cfg.get("lock") or {}).get("timeout_s", DEFAULT_TIMEOUT_S))
+
+
+# --- the artifacts folder lock (flock) ------------------------------------------------------------
+
+
+def _read_holder(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def acquire_folder(artifacts: str | Path, command: str, timeout_s: float, shared: bool = False) -> Callable[[], None]:
+    """Take the folder lock (waiting up to `timeout_s`); returns the function that releases it."""
+    folder = Path(artifacts)
+    folder.mkdir(parents=True, exist_ok=True)
+    holder_path = folder / HOLDER_FILE
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while True:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise LockHeld(
+                    f"{folder} is locked by {describe(_read_holder(holder_path))}; waited {timeout_s:g} s "
+                    "(set lock.timeout_s, or --lock-timeout, to wait longer)"
+                ) from None
+            time.sleep(POLL_S)
+    if shared:
+        return lambda: os.close(fd)  # closing the descriptor drops the flock
+    previous = _read_holder(holder_path)
+    if previous:  # only a holder that died (its flock went with it) leaves a record behind
+        log.warning("broke the stale lock of %s on %s", describe(previous), folder)
+    record = holder_record(command)
+    write_json(record, holder_path)
+
+    def release() -> None:
+        if (_read_holder(holder_path) or {}).get("token") == record["token"]:
+            holder_path.unlink(missing_ok=True)
+        os.close(fd)
+
+    return release
+
+
+# --- the OpenSearch alias lock (a document) ---------------------------------------------------------
+
+
+def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callable[[], None]:
+    from opensearchpy import ConflictError, NotFoundError
+
+    record = holder_record(command)
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while True:
+        try:
+            client.index(index=LOCK_INDEX, id=alias, body=record, op_type="create", refresh="true")
+            break
+        except ConflictError:
+            try:
+                doc = client.get(index=LOCK_INDEX, id=alias)
+            except NotFoundError:
+                continue  # released between our create and get: try again
+            holder = doc["_source"]
+            if is_stale(holder):
+                try:
+                    client.delete(
+                        index=LOCK_INDEX,
+                        id=alias,
+                        if_seq_no=doc["_seq_no"],
+                        if_primary_term=doc["_primary_term"],
+                        refresh="true",
+                    )
+                    log.warning("broke the stale lock of %s on alias %s", describe(holder), alias)
+                except (ConflictError, NotFoundError):
+                    pass  # someone else broke or re-took it first
+                continue
+            if time.monotonic() >= deadline:
+                raise LockHeld(
+                    f"OpenSearch alias {alias} is locked by {describe(holder)}; waited {timeout_s:g} s. If that "
+                    f"process is gone (another host), delete the document {LOCK_INDEX}/_doc/{alias}"
+                ) from None
+            time.sleep(POLL_S)
+
+    def release() -> None:
+        try:
+            doc = client.get(index=LOCK_INDEX, id=alias)
+            if doc["_source"].get("token") == record["token"]:
+                client.delete(
+                    index=LOCK_INDEX,
+                    id=alias,
+                    if_seq_no=doc["_seq_no"],
+                    if_primary_term=doc["_primary_term"],
+                    refresh="true",
+                )
+        except (NotFoundError, ConflictError):
+            pass
+
+    return release
+
+
+# --- re-entrant holds ------------------------------------------------------------------------------
+
+
+@contextmanager
+def _hold(key: str, shared: bool, acquire: Callable[[], Callable[[], None]]) -> Iterator[None]:
+    slot = (key, threading.get_ident())
+    hold = _held.get(slot)
+    if hold is not None:
+        if hold.shared and not shared:
+            raise RuntimeError(f"{key}: cannot upgrade a shared lock to an exclusive one")
+        hold.count += 1
+        try:
+            yield
+        finally:
+            hold.count -= 1
+        return
+    _held[slot] = _Hold(1, shared, acquire(), time.time())
+    try:
+        yield
+    finally:
+        hold = _held.pop(slot)
+        hold.release()
+
+
+@contextmanager
+def writer_lock(cfg: dict, command: str | None = None, *, shared: bool = False) -> Iterator[None]:
+    """Hold the artifacts folder lock (and, on the OpenSearch backend, the alias lock)."""
+    command = command or command_line()
+    timeout = timeout_of(cfg)
+    artifacts = Path(cfg["artifacts"]).resolve()
+    with ExitStack() as stack:
+        stack.enter_context(_hold(str(artifacts), shared, lambda: acquire_folder(artifacts, command, timeout, shared)))
+        if cfg["backend"]["kind"] == "opensearch" and not shared:
+            from pipelines.search.opensearch_client import client_from_env
+
+            alias = cfg["backend"]["opensearch"]["index_prefix"]
+            stack.enter_context(
+                _hold(f"opensearch:{alias}", False, lambda: acquire_alias(client_from_env(), alias, command, timeout))
+            )
+        yield
+
+
+def held_since(cfg: dict) -> float | None:
+    """When this thread took the artifacts folder lock it holds (None: it holds none)."""
+    hold = _held.get((str(Path(cfg["artifacts"]).resolve()), threading.get_ident()))
+    return hold.since if hold else None
+
+
+def locked(step: str, *, shared: bool = False):
+    """Decorator for a step `f(cfg, ...)`: run it under the writer lock."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(cfg: dict, *args, **kwargs):
+            with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared):
+                faults.reached(f"before:{step}")
+                out = fn(cfg, *args, **kwargs)
+                faults.reached(f"after:{step}")
+                return out
+
+        return inner
+
+    return wrap

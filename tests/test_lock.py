@@ -1,0 +1,179 @@
+"""One writer at a time: the artifacts folder lock between real processes (and the OpenSearch alias lock)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines import lock
+from pipelines.lock import HOLDER_FILE, LockHeld, writer_lock
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A writer in its own process: takes the lock, says so, holds it until stdin closes (or it is killed).
+HOLDER = """
+import sys
+from pipelines.lock import writer_lock
+cfg = {"artifacts": sys.argv[1], "backend": {"kind": sys.argv[2], "opensearch": {"index_prefix": sys.argv[3]}},
+       "lock": {"timeout_s": float(sys.argv[4])}}
+with writer_lock(cfg, "test holder", shared=sys.argv[5] == "shared"):
+    print("held", flush=True)
+    sys.stdin.read()
+print("released", flush=True)
+"""
+
+
+def start_holder(artifacts, kind="embedded", prefix="unused", timeout=0.0, mode="exclusive") -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(artifacts), kind, prefix, str(timeout), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    line = proc.stdout.readline()
+    if line.strip() != "held":
+        proc.kill()
+        raise AssertionError(f"holder did not take the lock: {line!r} {proc.stderr.read()}")
+    return proc
+
+
+def cfg_for(artifacts, timeout=0.0, kind="embedded", prefix="unused") -> dict:
+    return {
+        "artifacts": str(artifacts),
+        "backend": {"kind": kind, "opensearch": {"index_prefix": prefix}},
+        "lock": {"timeout_s": timeout},
+    }
+
+
+def test_a_second_writer_fails_naming_the_holder(tmp_path):
+    holder = start_holder(tmp_path)
+    try:
+        with pytest.raises(LockHeld) as err, writer_lock(cfg_for(tmp_path), "second"):
+            pass
+        message = str(err.value)
+        assert f"pid {holder.pid} on {socket.gethostname()}" in message
+        assert "test holder" in message and "since 20" in message
+    finally:
+        holder.communicate("")
+    assert holder.returncode == 0
+
+
+def test_a_second_writer_waits_for_the_holder_within_its_timeout(tmp_path):
+    holder = start_holder(tmp_path)
+    start = time.monotonic()
+    threading.Timer(1.0, lambda: holder.stdin.close()).start()
+    with writer_lock(cfg_for(tmp_path, timeout=60), "second"):
+        waited = time.monotonic() - start
+        record = json.loads((tmp_path / HOLDER_FILE).read_text())
+        assert record["pid"] == os.getpid() and record["command"] == "second"
+    holder.wait(10)
+    assert waited > 0.5  # it did wait (it could not have taken the lock while the holder held it)
+    assert not (tmp_path / HOLDER_FILE).exists()  # released cleanly: no record left behind
+
+
+def test_a_sigkilled_holder_leaves_a_stale_record_that_the_next_writer_breaks(tmp_path, caplog):
+    holder = start_holder(tmp_path)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait(10)
+    stale = json.loads((tmp_path / HOLDER_FILE).read_text())
+    assert stale["pid"] == holder.pid  # the record survives the kill ...
+    assert lock.is_stale(stale)
+    with caplog.at_level("WARNING"), writer_lock(cfg_for(tmp_path, timeout=0), "after the kill"):
+        # ... but the kernel dropped the flock with the process: no wait, and the record is replaced.
+        assert json.loads((tmp_path / HOLDER_FILE).read_text())["pid"] == os.getpid()
+    assert f"broke the stale lock of pid {holder.pid}" in caplog.text
+
+
+def test_the_lock_is_reentrant_within_a_process(tmp_path):
+    cfg = cfg_for(tmp_path)
+    with writer_lock(cfg, "outer"), writer_lock(cfg, "inner"), writer_lock(cfg, "embed", shared=True):
+        assert json.loads((tmp_path / HOLDER_FILE).read_text())["command"] == "outer"
+    with writer_lock(cfg, "again"):  # fully released above
+        pass
+
+
+def test_shared_holders_coexist_and_keep_an_exclusive_writer_out(tmp_path):
+    shard = start_holder(tmp_path, mode="shared")
+    try:
+        with writer_lock(cfg_for(tmp_path), "another shard", shared=True):
+            pass
+        with pytest.raises(LockHeld, match="another process"), writer_lock(cfg_for(tmp_path), "promote"):
+            pass
+    finally:
+        shard.communicate("")
+
+
+def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
+    """`sourcegate run` while another writer holds the folder: exit 2 and the holder named, before any work."""
+    artifacts = tmp_path / "artifacts"
+    holder = start_holder(artifacts)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "run", "--artifacts", str(artifacts), "--lock-timeout", "0"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
+    finally:
+        holder.communicate("")
+    assert out.returncode == 2, out.stderr
+    assert f"is locked by pid {holder.pid}" in out.stderr and "test holder" in out.stderr
+    assert not (artifacts / "runs").exists()  # it did nothing
+
+
+def test_promote_never_moves_live_backwards(make_cfg):
+    """A version created before the live one is promoted only through the rollback path."""
+    from pipelines import steps
+    from pipelines.io import write_json
+
+    cfg = make_cfg()
+    for run_id, started in (("manual", "2026-01-02T00:00:00+00:00"), ("zzz-old", "2026-01-01T00:00:00+00:00")):
+        folder = steps.run_dir(cfg, run_id)
+        (folder / "index").mkdir(parents=True)
+        write_json({"started_at": started}, folder / "run.json")
+        write_json({"passed": True}, folder / "gate.json")
+    steps.promote_step(cfg, "manual")
+    with pytest.raises(RuntimeError, match="created before the live version manual"):
+        steps.promote_step(cfg, "zzz-old")  # newer by name, older by creation time
+    assert steps.open_store(cfg).live() == "manual"
+    steps.promote_step(cfg, "zzz-old", allow_older=True)
+    assert steps.open_store(cfg).live() == "zzz-old"
+
+
+@pytest.mark.opensearch
+def test_the_opensearch_alias_lock_names_its_holder_and_breaks_a_killed_one(tmp_path, caplog):
+    from pipelines.search.opensearch_client import client_from_env
+
+    prefix = f"locktest-{os.getpid()}"
+    client = client_from_env()
+    holder = start_holder(tmp_path / "a", kind="opensearch", prefix=prefix)
+    try:
+        # Another artifacts folder, same alias: the folder locks don't meet, the alias lock does.
+        second = cfg_for(tmp_path / "b", kind="opensearch", prefix=prefix)
+        with pytest.raises(LockHeld, match=f"alias {prefix} is locked by pid {holder.pid}"), writer_lock(second):
+            pass
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        assert client.get(index=lock.LOCK_INDEX, id=prefix)["_source"]["pid"] == holder.pid  # left behind
+        with caplog.at_level("WARNING"), writer_lock(second, "after the kill"):
+            assert client.get(index=lock.LOCK_INDEX, id=prefix)["_source"]["pid"] == os.getpid()
+        assert f"broke the stale lock of pid {holder.pid}" in caplog.text
+        assert not client.exists(index=lock.LOCK_INDEX, id=prefix)  # released
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        client.delete(index=lock.LOCK_INDEX, id=prefix, ignore=[404])
