@@ -174,6 +174,14 @@ def cmd_accept(args) -> int:
     return 0
 
 
+def cmd_runs(args) -> int:
+    from pipelines.run_table import format_table, list_runs
+
+    rows = list_runs(load_config(args)["artifacts"])
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -221,6 +229,10 @@ def main(argv=None) -> int:
     p.add_argument("--artifacts", help="the artifacts folder whose lock is held while writing")
     p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
     p.set_defaults(func=cmd_accept)
+
+    p = sub.add_parser("runs", help="list the runs with their verdicts, counts and timings (SQL over run folders)")
+    p.add_argument("--artifacts"), p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_runs)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

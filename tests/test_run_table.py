@@ -1,0 +1,82 @@
+"""`sourcegate runs`: one row per run folder, from run.json and gate.json, by SQL."""
+
+import json
+
+from pipelines.cli import main
+from pipelines.run_table import list_runs
+
+
+def write_run(artifacts, name, info=None, gate=None, raw=None):
+    folder = artifacts / "runs" / name
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(raw if raw is not None else json.dumps(info))
+    if gate is not None:
+        (folder / "gate.json").write_text(json.dumps(gate))
+
+
+def test_rows_carry_verdict_counts_and_total_time_oldest_first(tmp_path):
+    write_run(
+        tmp_path,
+        "night-2",
+        {
+            "started_at": "2026-01-02T02:00:00+00:00",
+            "backend": "opensearch",
+            "counts": {"ingest": {"documents": 47}, "chunks": 231, "embedded": 3, "eval_questions": 209},
+            "timings_s": {"ingest": 1.25, "embed": 10.0, "evaluate": 100.5},
+        },
+        gate={"passed": False, "reasons": ["threshold_in_gap"]},
+    )
+    write_run(
+        tmp_path,
+        "night-1",
+        {"started_at": "2026-01-01T02:00:00+00:00", "backend": "embedded", "promoted": {"version": "night-1"}},
+        gate={"passed": True},
+    )
+    write_run(tmp_path, "crashed", raw='{"run_id": "crashed", ')  # half-written
+    write_run(tmp_path, "building", {"started_at": "2026-01-03T02:00:00+00:00"})  # no gate yet
+
+    rows = {r["run"]: r for r in list_runs(tmp_path)}
+    assert [r["run"] for r in list_runs(tmp_path)] == ["crashed", "night-1", "night-2", "building"]
+    assert rows["night-2"] == {
+        "run": "night-2",
+        "started": "2026-01-02T02:00:00+00:00",
+        "backend": "opensearch",
+        "verdict": "failed",
+        "promoted": False,
+        "documents": 47,
+        "chunks": 231,
+        "embedded": 3,
+        "questions": 209,
+        "seconds": 111.8,
+    }
+    assert rows["night-1"]["verdict"] == "passed" and rows["night-1"]["promoted"] is True
+    assert rows["night-1"]["seconds"] is None  # no timings recorded
+    assert rows["crashed"]["verdict"] == "unreadable"
+    assert rows["building"]["verdict"] == "no verdict"
+
+
+def test_runs_without_any_gate_and_no_runs_at_all(tmp_path):
+    assert list_runs(tmp_path) == []
+    write_run(tmp_path, "only", {"counts": {"chunks": 5}})
+    assert [(r["run"], r["verdict"], r["chunks"]) for r in list_runs(tmp_path)] == [("only", "no verdict", 5)]
+
+
+def test_cli_prints_a_table_or_json(tmp_path, capsys):
+    write_run(tmp_path, "night-1", {"backend": "embedded", "counts": {"chunks": 7}}, gate={"passed": True})
+    assert main(["runs", "--artifacts", str(tmp_path)]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split() == [
+        "run",
+        "started",
+        "backend",
+        "verdict",
+        "promoted",
+        "documents",
+        "chunks",
+        "embedded",
+        "questions",
+        "seconds",
+    ]
+    assert line.split() == ["night-1", "embedded", "passed", "false", "7"]
+    assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["verdict"] == "passed"
