@@ -1,8 +1,11 @@
 """`sourcegate beir`: index a BEIR dataset and measure BM25, dense, hybrid and hybrid+rerank.
 
 Documents are chunked like any corpus; a document's rank is that of its best chunk
-(first occurrence in the chunk ranking). The index is cached under the output folder,
-keyed by the corpus and config, so reruns skip straight to the queries.
+(first occurrence in the chunk ranking). The index is built on the configured backend
+(`--backend embedded|opensearch`) and queried through the pipeline's own `Retriever`, with
+100-deep lists: the four systems are read off one retrieval per query, so there is no second
+fusion to drift from the pipeline's. The chunks and vectors are cached under the output
+folder, keyed by the corpus and config, so reruns skip straight to the queries.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from pipelines import steps
-from pipelines.io import write_json
-from pipelines.retrieval import rerank_head, rrf
+from pipelines.io import read_json, write_json
+from pipelines.retrieval import Retriever
 from pipelines.run import build
-from pipelines.search.embedded import EmbeddedSearcher
+from pipelines.validate import loadable_chunks
 
 DEPTH = 100  # recall@100 needs lists this deep; top-18 lists would cap the union at 36
 
@@ -43,21 +47,44 @@ def doc_ranking(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(doc_of[c] for c in chunk_ids))
 
 
-def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> Path:
-    """Build (or reuse) the embedded index of the dataset; returns its run folder."""
+def dataset_config(cfg: dict, dataset: Path, out: Path) -> tuple[dict, str]:
+    """The config that indexes the dataset under `out/cache`, and its run id (keyed by corpus and config)."""
     corpus = dataset / "corpus.jsonl"
     content = hashlib.sha256(corpus.read_bytes()).hexdigest()  # not mtime: a fresh copy is the same corpus
     key = hashlib.sha256(json.dumps([content, cfg["embedding"], cfg["chunking"]], sort_keys=True).encode()).hexdigest()[
         :12
     ]
-    run_id = f"beir-{key}"
     bcfg = copy.deepcopy(cfg)
     bcfg["artifacts"] = str(out / "cache")
     bcfg["corpus"].update(path=str(dataset), format="beir", max_doc_bytes=max(cfg["corpus"]["max_doc_bytes"], 10**7))
+    # a prefix of its own: the dataset's OpenSearch index is never a version of the pipeline's alias
+    os_section = bcfg["backend"]["opensearch"]
+    os_section["index_prefix"] = f"{os_section['index_prefix']}-beir"
+    return bcfg, f"beir-{key}"
+
+
+def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> tuple[dict, str]:
+    """Build (or reuse) the dataset's index on the configured backend; returns its config and version.
+
+    The chunks and vectors (the run folder) are shared by both backends; the marker file
+    `loaded-<backend>.json` is written only after that backend's load completed, so a load that
+    failed half-way is redone, never reused.
+    """
+    bcfg, run_id = dataset_config(cfg, dataset, out)
     folder = steps.run_dir(bcfg, run_id)
-    if not (folder / "index" / "bm25.npz").exists():
-        build(bcfg, run_id, progress=progress)
-    return folder
+    marker = folder / f"loaded-{bcfg['backend']['kind']}.json"
+    store = steps.open_store(bcfg)
+    present = run_id in store.versions()
+    if marker.exists() and present:
+        return bcfg, run_id
+    if present:  # from a load that did not finish (or an older cache): build it again
+        store.drop(run_id)
+    if (folder / "run.json").exists() and "validate" in read_json(folder / "run.json").get("timings_s", {}):
+        indexed = steps.load_step(bcfg, run_id)  # built before, for the other backend
+    else:
+        indexed = build(bcfg, run_id, progress=progress)["indexed"]
+    write_json({"version": run_id, "indexed": indexed}, marker)
+    return bcfg, run_id
 
 
 def evaluate_systems(runs: dict[str, dict[str, list[str]]], qrels, ks=(1, 3, 5, 10)) -> dict:
@@ -73,6 +100,26 @@ def evaluate_systems(runs: dict[str, dict[str, list[str]]], qrels, ks=(1, 3, 5, 
     return out
 
 
+def system_rankings(retrieval) -> dict[str, list[str]]:
+    """The four systems' chunk rankings, all read off one `Retriever.retrieve`: its BM25 and kNN
+    lists (the candidates' ranks in each), the fused order, and the final (reranked) order."""
+    fused = retrieval.fused
+    return {
+        "bm25": [c.chunk_id for c in sorted((c for c in fused if c.bm25_rank), key=lambda c: c.bm25_rank)],
+        "dense": [c.chunk_id for c in sorted((c for c in fused if c.knn_rank), key=lambda c: c.knn_rank)],
+        "hybrid": [c.chunk_id for c in fused],
+        "hybrid+rerank": [c.chunk_id for c in retrieval.ranked],
+    }
+
+
+def system_latency(timings: dict) -> dict[str, float]:
+    """Seconds a caller waits for each system: the BM25 and kNN lists come from one search
+    (one round trip on OpenSearch when batched), so `bm25` is the search, `dense` adds the query
+    embedding, `hybrid` is the same (fusion is inside the search stage), `hybrid+rerank` adds the rerank."""
+    dense = timings["embed"] + timings["search"]
+    return {"bm25": timings["search"], "dense": dense, "hybrid": dense, "hybrid+rerank": dense + timings["rerank"]}
+
+
 def run_beir(
     cfg: dict,
     dataset: Path,
@@ -82,16 +129,19 @@ def run_beir(
     rerank_depth: int | None = None,
     progress: bool = False,
 ) -> dict:
+    """Index the dataset on `cfg`'s backend and measure four systems through the pipeline's `Retriever`."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    folder = index_dataset(cfg, dataset, out, progress)
+    bcfg, version = index_dataset(cfg, dataset, out, progress)
     t_index = time.perf_counter() - t0
-    searcher = EmbeddedSearcher(folder / "index")
-    doc_of = dict(zip(searcher.ids, searcher.column("doc_id")))
-    retriever, scorer = steps.retriever_for(cfg, searcher)
-    embedder = retriever.embedder
+    chunks = pq.read_table(loadable_chunks(steps.run_dir(bcfg, version)), columns=["chunk_id", "doc_id"])
+    doc_of = dict(zip(chunks.column("chunk_id").to_pylist(), chunks.column("doc_id").to_pylist()))
+    searcher = steps.open_store(bcfg).open(version)
     depth = rerank_depth or cfg["retrieval"]["rerank_depth"]
-    weight = cfg["retrieval"]["rerank_weight"]
+    retriever, scorer = steps.retriever_for(cfg, searcher)
+    deep = Retriever.from_config(
+        searcher, retriever.embedder, scorer, cfg, bm25_top_n=DEPTH, knn_top_n=DEPTH, rerank_depth=depth
+    )
     queries, qrels = load_queries(dataset)
     runs = {"bm25": {}, "dense": {}, "hybrid": {}, "hybrid+rerank": {}}
     latency = {name: [] for name in runs}
@@ -101,46 +151,24 @@ def run_beir(
 
         items = tqdm(items, desc="beir queries", unit="q")
     for qid, text in items:
-        t = time.perf_counter()
-        vector = embedder.encode_query(text)
-        t_embed = time.perf_counter() - t
-        t = time.perf_counter()
-        bm25 = searcher.bm25(text, DEPTH)
-        latency["bm25"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        knn = searcher.knn(vector, DEPTH)
-        latency["dense"].append(time.perf_counter() - t + t_embed)
-        t = time.perf_counter()
-        fused = rrf([bm25, knn], cfg["retrieval"]["rrf_k"])
-        latency["hybrid"].append(time.perf_counter() - t + latency["bm25"][-1] + latency["dense"][-1])
-        t = time.perf_counter()
-        head = fused[:depth]
-        _, order = rerank_head(
-            scorer,
-            text,
-            [r["text"] for r in searcher.chunks([c for c, _ in head])],
-            [s for _, s in head],
-            weight,
-            cfg["reranker"]["timeout_s"],
-        )
-        final = [head[i][0] for i in order] + [c for c, _ in fused[depth:]]
-        latency["hybrid+rerank"].append(time.perf_counter() - t + latency["hybrid"][-1])
-        runs["bm25"][qid] = doc_ranking([h.chunk_id for h in bm25], doc_of)
-        runs["dense"][qid] = doc_ranking([h.chunk_id for h in knn], doc_of)
-        runs["hybrid"][qid] = doc_ranking([c for c, _ in fused], doc_of)
-        runs["hybrid+rerank"][qid] = doc_ranking(final, doc_of)
+        retrieval = deep.retrieve(text)
+        for name, chunk_ids in system_rankings(retrieval).items():
+            runs[name][qid] = doc_ranking(chunk_ids, doc_of)
+        for name, seconds in system_latency(retrieval.timings).items():
+            latency[name].append(seconds)
     systems = evaluate_systems(runs, qrels)
     for name in systems:
         systems[name]["p50_ms"] = round(float(np.median(latency[name])) * 1000, 2)
     result = {
         "dataset": str(dataset),
+        "backend": cfg["backend"]["kind"],
         "queries": len(queries),
         "chunks": len(doc_of),
         "documents": len(set(doc_of.values())),
         "rerank_depth": depth,
         "candidate_depth": DEPTH,
         "rrf_k": cfg["retrieval"]["rrf_k"],
-        "rerank_weight": weight,
+        "rerank_weight": cfg["retrieval"]["rerank_weight"],
         "reranker": getattr(scorer, "model_id", None),
         "index_seconds": round(t_index, 1),
         "systems": systems,

@@ -104,11 +104,15 @@ def _fmt(value, spec: str = ".4f") -> str:
 
 def cmd_calibrate(args) -> int:
     from pipelines.search.embedded import EmbeddedSearcher
-    from pipelines.steps import evaluate, gate_for_dir, retriever_for
+    from pipelines.steps import evaluate, gate_for_dir, open_store, retriever_for
 
     cfg = load_config(args)
     index = Path(args.index)
-    retriever, _ = retriever_for(cfg, EmbeddedSearcher(index / "index"))
+    if cfg["backend"]["kind"] == "embedded":
+        searcher = EmbeddedSearcher(index / "index")
+    else:  # the run folder's index version on the server (its name is the run id)
+        searcher = open_store(cfg).open(index.name)
+    retriever, _ = retriever_for(cfg, searcher)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     evaluate(
@@ -210,13 +214,15 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("calibrate", help="sweep + precision evals of an existing index with a labelled set")
-    p.add_argument("--index", required=True, help="an embedded run folder")
+    p.add_argument("--index", required=True, help="a run folder (its chunks; its index on --backend)")
     p.add_argument("--questions", required=True), p.add_argument("--out", required=True)
+    p.add_argument("--backend", choices=["embedded", "opensearch"])
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("beir", help="index a BEIR dataset and evaluate bm25, dense, hybrid, hybrid+rerank")
     p.add_argument("dataset"), p.add_argument("--out", required=True), p.add_argument("--decline")
+    p.add_argument("--backend", choices=["embedded", "opensearch"])
     (
         p.add_argument("--rerank-depth", type=int),
         p.add_argument("--artifacts"),

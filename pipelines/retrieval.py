@@ -7,6 +7,7 @@ calibration numbers can never disagree.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -122,6 +123,7 @@ class Retrieval:
     ranked: list[Candidate]  # final order: reranked top-M then the rest, or fused
     reranked: bool
     signals: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # seconds per stage: embed, search, rerank, signals
 
 
 def rrf(lists: Sequence[Sequence[Hit]], k: int = 60) -> list[tuple[str, float]]:
@@ -202,19 +204,18 @@ class Retriever:
         self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
 
     @classmethod
-    def from_config(cls, searcher, embedder, scorer, cfg: dict) -> Retriever:
+    def from_config(cls, searcher, embedder, scorer, cfg: dict, **overrides) -> Retriever:
+        """The config's retrieval settings; `overrides` (e.g. deeper lists for `sourcegate beir`) win."""
         r = cfg["retrieval"]
-        return cls(
-            searcher,
-            embedder,
-            scorer,
-            bm25_top_n=r["bm25_top_n"],
-            knn_top_n=r["knn_top_n"],
-            rrf_k=r["rrf_k"],
-            rerank_depth=r["rerank_depth"],
-            rerank_weight=r["rerank_weight"],
-            rerank_timeout_s=cfg["reranker"]["timeout_s"],
-        )
+        options = {
+            "bm25_top_n": r["bm25_top_n"],
+            "knn_top_n": r["knn_top_n"],
+            "rrf_k": r["rrf_k"],
+            "rerank_depth": r["rerank_depth"],
+            "rerank_weight": r["rerank_weight"],
+            "rerank_timeout_s": cfg["reranker"]["timeout_s"],
+        }
+        return cls(searcher, embedder, scorer, **{**options, **overrides})
 
     def fuse(self, query: str, vector) -> list[Candidate]:
         bm25 = self.searcher.bm25(query, self.bm25_top_n)
@@ -238,8 +239,16 @@ class Retriever:
 
     def retrieve(self, question: str, context: Sequence[str] = ()) -> Retrieval:
         query = effective_query(question, context)
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return clock[-1] - clock[-2]
+
         vector = self.embedder.encode_query(query)
+        timings = {"embed": lap()}
         fused = self.fuse(query, vector)
+        timings["search"] = lap()
         head = fused[: self.rerank_depth]
         result, order = rerank_head(
             self.scorer,
@@ -253,6 +262,7 @@ class Retriever:
             for c, p in zip(head, result.probabilities):
                 c.rerank_probability = p
         ranked = [head[i] for i in order] + fused[self.rerank_depth :]
+        timings["rerank"] = lap()
         dist = self.searcher.bm25_distribution(query)
         bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
         top_scores = (
@@ -268,4 +278,5 @@ class Retriever:
             "term_coverage": term_coverage(query, ranked[0].text) if ranked else 0.0,
             "margin": margin(top_scores),
         }
-        return Retrieval(query, fused, ranked, result is not None, signals)
+        timings["signals"] = lap()
+        return Retrieval(query, fused, ranked, result is not None, signals, timings)

@@ -2,11 +2,13 @@
 
 import csv
 import json
+import uuid
 
 import pytest
 
 from pipelines import config
-from pipelines.beir import run_beir
+from pipelines.beir import run_beir, system_rankings
+from pipelines.retrieval import Candidate, Retrieval
 from tests.conftest import ROOT, SCIFACT
 
 pytestmark = [pytest.mark.models, pytest.mark.dataset]
@@ -47,3 +49,48 @@ def test_beir_evaluates_four_systems_and_reuses_its_index(tmp_path):
     again = run_beir(cfg, tmp_path / "data", tmp_path / "out")  # the cached index, the same numbers
     assert again["systems"] == {k: {**v, "p50_ms": again["systems"][k]["p50_ms"]} for k, v in first["systems"].items()}
     assert len(list((tmp_path / "out" / "cache" / "runs").iterdir())) == 1
+
+
+def test_the_four_systems_are_read_off_one_retrieval():
+    """BM25 and kNN lists are the candidates' own ranks; hybrid the fused order; +rerank the final order."""
+
+    def cand(cid, bm25_rank=None, knn_rank=None):
+        return Candidate(cid, "d-" + cid, "", "", "", "", 0, 0.0, bm25_rank=bm25_rank, knn_rank=knn_rank)
+
+    a, b, c = cand("a", bm25_rank=2, knn_rank=1), cand("b", bm25_rank=1), cand("c", knn_rank=2)
+    retrieval = Retrieval("q", fused=[a, b, c], ranked=[c, a, b], reranked=True)
+    assert system_rankings(retrieval) == {
+        "bm25": ["b", "a"],
+        "dense": ["a", "c"],
+        "hybrid": ["a", "b", "c"],
+        "hybrid+rerank": ["c", "a", "b"],
+    }
+
+
+@pytest.mark.models
+@pytest.mark.opensearch
+@pytest.mark.dataset
+def test_beir_on_opensearch_goes_through_the_same_retriever(tmp_path):
+    """`beir --backend opensearch` on a SciFact slice: the run folder built for the embedded backend is
+    loaded into the real node (not rebuilt), and on so small a corpus HNSW is exact, so the dense
+    system scores exactly as embedded while BM25 (Lucene vs rank-bm25 idf) may differ."""
+    from pipelines.search.opensearch_client import client_from_env
+
+    n_queries, n_docs = slice_of_scifact(tmp_path / "data")
+    prefix = f"sgtest-{uuid.uuid4().hex[:8]}"
+    overrides = {"artifacts": str(tmp_path / "artifacts"), "backend.opensearch.index_prefix": prefix}
+    embedded = run_beir(config.load(ROOT / "config" / "pipeline.yaml", overrides), tmp_path / "data", tmp_path / "out")
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", {**overrides, "backend.kind": "opensearch"})
+    client = client_from_env()
+    try:
+        served = run_beir(cfg, tmp_path / "data", tmp_path / "out")
+        assert client.count(index=f"{prefix}-beir-*")["count"] == served["chunks"] == embedded["chunks"]
+    finally:
+        client.indices.delete(index=f"{prefix}-beir-*", params={"ignore_unavailable": "true"})
+    assert served["backend"] == "opensearch" and embedded["backend"] == "embedded"
+    assert served["queries"] == n_queries and served["documents"] == n_docs
+    assert len(list((tmp_path / "out" / "cache" / "runs").iterdir())) == 1  # one build, two loads
+    ignore_latency = {name: {m: v for m, v in s.items() if m != "p50_ms"} for name, s in embedded["systems"].items()}
+    assert {m: v for m, v in served["systems"]["dense"].items() if m != "p50_ms"} == ignore_latency["dense"]
+    assert served["systems"]["hybrid"]["recall@100"] == 1.0
+    assert abs(served["systems"]["hybrid+rerank"]["ndcg@10"] - embedded["systems"]["hybrid+rerank"]["ndcg@10"]) <= 0.1
