@@ -79,7 +79,7 @@ def ingest(
                 {
                     "source": origin,
                     "doc_id": parsed["doc_id"],
-                    "reason": f"duplicate id {parsed['doc_id']!r} (first occurrence kept)",
+                    "reason": f"duplicate id: {parsed['doc_id']!r} (first occurrence kept)",
                 }
             )
             continue
@@ -253,13 +253,13 @@ def safe_id(doc_id: str) -> str:
     control characters, no leading '.' or '-'.
     """
     if len(doc_id) > MAX_ID_CHARS:
-        raise Rejected(f"unsafe id {_short(doc_id)}: longer than {MAX_ID_CHARS} characters ({len(doc_id)})")
+        raise Rejected(f"unsafe id: {_short(doc_id)} is longer than {MAX_ID_CHARS} characters ({len(doc_id)})")
     for i, ch in enumerate(doc_id):
         cat = unicodedata.category(ch)[0]
         if not (cat in "LN" or (i and (cat == "M" or ch in ID_PUNCTUATION)) or ch == "_"):
-            raise Rejected(f"unsafe id {_short(doc_id)}: character {ch!r} at {i} is not allowed")
+            raise Rejected(f"unsafe id: {_short(doc_id)}: character {ch!r} at {i} is not allowed")
     if not doc_id:
-        raise Rejected("unsafe id '': empty")
+        raise Rejected("unsafe id: '' is empty")
     return doc_id
 
 

@@ -27,7 +27,7 @@ def test_bad_markdown_is_quarantined_with_a_reason_and_counted(tmp_path):
     assert reasons["bad-front-matter.md"].startswith("malformed front matter")
     assert reasons["unclosed-front-matter.md"].startswith("malformed front matter")
     assert reasons["no-title.md"].startswith("missing title")
-    assert reasons["dup-b.md"].startswith("duplicate id 'shared-id'")
+    assert reasons["dup-b.md"].startswith("duplicate id: 'shared-id'")
     # nothing silently dropped: every file is either a document or quarantined
     files = sorted(p.name for p in (DATA / "bad_corpus").iterdir())
     assert len(files) == len(docs) + len(reasons)
@@ -41,18 +41,18 @@ def _bad_corpus_reasons(tmp_path):
 
 def test_an_id_with_the_section_separator_is_quarantined_naming_it(tmp_path):
     assert (
-        _bad_corpus_reasons(tmp_path)["hash-in-id.md"] == "unsafe id 'fares#night': character '#' at 5 is not allowed"
+        _bad_corpus_reasons(tmp_path)["hash-in-id.md"] == "unsafe id: 'fares#night': character '#' at 5 is not allowed"
     )
 
 
 def test_an_id_with_a_control_character_is_quarantined_escaped(tmp_path):
     reason = _bad_corpus_reasons(tmp_path)["control-char-id.md"]
-    assert reason == "unsafe id 'bell\\x07id': character '\\x07' at 4 is not allowed"
+    assert reason == "unsafe id: 'bell\\x07id': character '\\x07' at 4 is not allowed"
     assert "\x07" not in reason  # escaped, never the raw character
 
 
 def test_a_file_derived_id_outside_the_alphabet_is_quarantined(tmp_path):
-    assert _bad_corpus_reasons(tmp_path)["has space.md"] == "unsafe id 'has space': character ' ' at 3 is not allowed"
+    assert _bad_corpus_reasons(tmp_path)["has space.md"] == "unsafe id: 'has space': character ' ' at 3 is not allowed"
 
 
 def test_ids_with_path_separators_or_leading_dots_or_over_long_are_unsafe():
@@ -140,15 +140,17 @@ def test_bad_beir_lines_are_quarantined(tmp_path):
         "corpus.jsonl:3": "malformed JSON: Expecting ',' delimiter",
         "corpus.jsonl:4": "missing _id",
         "corpus.jsonl:5": "empty body",
-        "corpus.jsonl:6": "duplicate id 'd1' (first occurrence kept)",
+        "corpus.jsonl:6": "duplicate id: 'd1' (first occurrence kept)",
         "corpus.jsonl:7": "invalid UTF-8: byte 48",
         "corpus.jsonl:8": "invalid Unicode: lone surrogate U+D800 in body at character 7",
-        "corpus.jsonl:9": "unsafe id 'd7#methods': character '#' at 2 is not allowed",
-        "corpus.jsonl:10": "unsafe id '../d8': character '.' at 0 is not allowed",
+        "corpus.jsonl:9": "unsafe id: 'd7#methods': character '#' at 2 is not allowed",
+        "corpus.jsonl:10": "unsafe id: '../d8': character '.' at 0 is not allowed",
         "corpus.jsonl:11": "title is not a string: JSON list ['a', 'b']",
         "corpus.jsonl:12": "invalid Unicode: NUL U+0000 in body at character 4",
         "corpus.jsonl:13": "_id is not a string: JSON list ['d11']",
     }
+    kinds = result.counts["quarantine_reasons"]  # the kind of a reason never carries the id
+    assert kinds["unsafe id"] == 2 and kinds["duplicate id"] == 1 and kinds["invalid Unicode"] == 2
 
 
 @pytest.mark.dataset
