@@ -103,6 +103,8 @@ def test_a_symlink_inside_the_root_is_quarantined_and_its_target_read_once(tmp_p
 
 
 def test_symlinks_out_of_the_root_are_quarantined_and_never_opened(tmp_path, monkeypatch):
+    # Links out of the tree are made here, not committed: a clone, copy or tarball of the repo
+    # should never carry a pointer to /etc/passwd. The inside-root link is in tests/data/bad_corpus.
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.md").write_text("# Secret\n\nTOPSECRET text that must never be indexed.\n")
