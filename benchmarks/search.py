@@ -92,37 +92,39 @@ def stored_table(texts: list[str]):
 
 
 def build_direct(folder: Path, offsets, flat, vectors, texts, words) -> None:
-    """The embedded index files, written without BM25Index.build's Python loops (same formula)."""
-    import math
-
+    """The embedded index files, written without BM25Index.build's Python loops (same formula and analyser)."""
     import pyarrow.parquet as pq
     from scipy import sparse
+
+    from pipelines.search.analyzer import ANALYZER_ID, analyze
+    from pipelines.search.bm25 import bm25_weights
 
     n = len(offsets) - 1
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(stored_table(texts), folder / "chunks.parquet")
     np.save(folder / "embeddings.npy", vectors)
-    docs = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
-    # Vocabulary in first-seen order, as BM25Index.build assigns ids.
-    seen, first = np.unique(flat, return_index=True)
+    # Each pseudo-word is one analysed term (its stem; stems may merge words) or none (a stopword,
+    # e.g. "before"). Term ids in first-seen order, as BM25Index.build assigns them.
+    analysed = [analyze(w) for w in words]
+    kept = np.array([bool(a) for a in analysed])[flat]
+    docs = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))[kept]
+    lengths = np.bincount(docs, minlength=n)
+    unique_stems, stem_of_word = np.unique(
+        np.array([a[0] if a else "" for a in analysed], dtype=object), return_inverse=True
+    )
+    stem_flat = stem_of_word[flat[kept]]
+    seen, first = np.unique(stem_flat, return_index=True)
     order = seen[np.argsort(first)]
-    remap = np.full(VOCAB, -1, np.int64)
+    remap = np.full(len(unique_stems), -1, np.int64)
     remap[order] = np.arange(len(order))
-    terms = remap[flat]
+    terms = remap[stem_flat]
     keys, tf = np.unique(docs * len(order) + terms, return_counts=True)
     rows, cols = keys % len(order), keys // len(order)
-    doc_len = np.diff(offsets).astype(np.float64)
-    avgdl = doc_len.sum() / n
-    df = np.bincount(rows, minlength=len(order)).astype(np.float64)
-    idf = np.log(n - df + 0.5) - np.log(df + 0.5)
-    mean_idf = math.fsum(idf) / len(idf)
-    idf[idf < 0] = 0.25 * mean_idf
-    k1, b = 1.5, 0.75
-    tf = tf.astype(np.float64)
-    w = idf[rows] * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len[cols] / avgdl)))
+    w = bm25_weights(rows, cols, tf, lengths, n)
     weights = sparse.csr_matrix((w, (rows, cols)), shape=(len(order), n))
     sparse.save_npz(folder / "bm25.npz", weights)
-    (folder / "bm25_vocab.json").write_text(json.dumps([words[i] for i in order]), encoding="utf-8")
+    (folder / "bm25_vocab.json").write_text(json.dumps([unique_stems[i] for i in order]), encoding="utf-8")
+    (folder / "bm25_meta.json").write_text(json.dumps({"analyzer": ANALYZER_ID}), encoding="utf-8")
 
 
 def build_with_load(runs: Path, texts, vectors) -> Path:

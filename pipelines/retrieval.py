@@ -12,88 +12,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from pipelines.rerank import Reranked, safe_rerank
+from pipelines.search.analyzer import STOPWORDS
 from pipelines.search.base import Hit, SearchBackend
 from pipelines.search.bm25 import tokenize
-
-# Function words do not make a question "covered"; content words do.
-STOPWORDS = frozenset(
-    [
-        "a",
-        "about",
-        "after",
-        "all",
-        "also",
-        "am",
-        "an",
-        "and",
-        "any",
-        "are",
-        "as",
-        "at",
-        "be",
-        "been",
-        "before",
-        "but",
-        "by",
-        "can",
-        "could",
-        "did",
-        "do",
-        "does",
-        "doing",
-        "for",
-        "from",
-        "had",
-        "has",
-        "have",
-        "how",
-        "i",
-        "if",
-        "in",
-        "into",
-        "is",
-        "it",
-        "its",
-        "me",
-        "my",
-        "no",
-        "not",
-        "of",
-        "on",
-        "or",
-        "our",
-        "so",
-        "than",
-        "that",
-        "the",
-        "their",
-        "them",
-        "then",
-        "there",
-        "these",
-        "they",
-        "this",
-        "to",
-        "too",
-        "up",
-        "us",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "whom",
-        "why",
-        "will",
-        "with",
-        "would",
-        "you",
-        "your",
-    ]
-)
 
 
 @dataclass
@@ -169,6 +90,7 @@ def effective_query(question: str, context: Sequence[str] = ()) -> str:
 
 
 def term_coverage(query: str, text: str) -> float:
+    # Function words (the BM25 analyser's stopwords) do not make a question "covered"; content words do.
     terms = {t for t in tokenize(query) if t not in STOPWORDS} or set(tokenize(query))
     if not terms:
         return 0.0

@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.search import retain
+from pipelines.search.analyzer import analyze, opensearch_analysis
+from pipelines.search.bm25 import K1, B, BM25Index
 from pipelines.search.opensearch import OpenSearchStore, index_body
 from pipelines.search.opensearch_client import client_from_env, config_from_env
 
@@ -145,9 +147,11 @@ def test_every_knn_vector_uses_the_lucene_engine():
         assert field["dimension"] == DIM
     assert body["settings"]["index"]["knn"] is True
     props = body["mappings"]["properties"]
-    assert props["text"]["similarity"] == "okapi"  # BM25 with rank-bm25's k1/b, as embedded
+    assert props["text"]["similarity"] == "okapi"  # BM25 with the embedded backend's k1/b
     okapi = body["settings"]["index"]["similarity"]["okapi"]
-    assert okapi == {"type": "BM25", "k1": 1.5, "b": 0.75}
+    assert okapi == {"type": "BM25", "k1": K1, "b": B}
+    assert props["text"]["analyzer"] == "sourcegate_en"
+    assert body["settings"]["index"]["analysis"] == opensearch_analysis()
 
 
 # --- against the real node ------------------------------------------------------------------------
@@ -214,6 +218,37 @@ def test_bm25_and_distribution(store, chunks_parquet):
     capped = OpenSearchStore(store.client, prefix=store.prefix, distribution_size=10).open("v1")
     common = capped.bm25_distribution("river")
     assert len(common.scores) == 10 and common.matched > 10 and common.total == N_CHUNKS
+
+
+def demo_passages(n: int = 120) -> list[str]:
+    """Real prose of varied lengths (3 to ~300 words): paragraphs of the demo articles."""
+    root = Path(__file__).resolve().parents[1] / "corpus" / "demo"
+    paragraphs = [p for f in sorted(root.glob("*.md")) for p in f.read_text(encoding="utf-8").split("\n\n")]
+    passages = [p for p in paragraphs if len(p.split()) >= 3]
+    merged = [" ".join(passages[i : i + 1 + i % 4]) for i in range(0, len(passages), 2)]  # some long ones
+    return (merged + ["Ｆｕｌｌ-width ＦＡＱ and the \ufb01rst café tickets, x² ½"])[:n]
+
+
+@pytest.mark.opensearch
+def test_analyser_and_bm25_scores_equal_the_embedded_backend(store, tmp_path, os_client):
+    texts = demo_passages()
+    table = pq.read_table(write_chunks(tmp_path / "c.parquet", n=len(texts))[0])
+    table = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts))
+    pq.write_table(table, tmp_path / "demo.parquet")
+    store.load("v1", str(tmp_path / "demo.parquet"))
+    index = store.index_name("v1")
+    for t in texts[:40] + [texts[-1]]:
+        tokens = os_client.indices.analyze(index=index, body={"analyzer": "sourcegate_en", "text": t})["tokens"]
+        assert [x["token"] for x in tokens] == analyze(t)
+    ids = table["chunk_id"].to_pylist()
+    embedded = BM25Index.from_texts(texts)
+    searcher = store.open("v1")
+    for query in ["How do I get a refund for a cancelled ticket?", "bikes on board", "FAQ café", "night bus"]:
+        expected = embedded.scores(query)
+        hits = searcher.bm25(query, len(texts))
+        assert {h.chunk_id for h in hits} == {ids[i] for i in np.flatnonzero(expected > 0)}, query
+        for h in hits:  # Lucene scores in float32
+            assert abs(h.score - expected[ids.index(h.chunk_id)]) <= 1e-5 * max(1.0, h.score), (query, h)
 
 
 @pytest.mark.opensearch

@@ -102,15 +102,18 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, client, 
         knn.append(len({h.chunk_id for h in a} & {h.chunk_id for h in b}) / 10)
         cos.append(abs(embedded.best_cosine(v) - remote.best_cosine(v)))
         a, b = embedded.bm25(q, 10), remote.bm25(q, 10)
-        bm25.append(len({h.chunk_id for h in a} & {h.chunk_id for h in b}) / max(len(a), 1))
+        # both empty (every query word a stopword or unseen) is agreement
+        bm25.append(len({h.chunk_id for h in a} & {h.chunk_id for h in b}) / max(len(a), len(b)) if a or b else 1.0)
     print(
         f"\nparity over {len(questions)} questions: knn@10 overlap {np.mean(knn):.3f} (min {min(knn):.1f}), "
         f"bm25@10 overlap {np.mean(bm25):.3f} (min {min(bm25):.1f}), best-cosine max diff {max(cos):.2e}"
     )
     assert np.mean(knn) >= 0.99 and max(cos) < 1e-4  # HNSW on 231 chunks is as good as exact
-    # Same k1/b, but Lucene's idf (log(1 + (N-n+.5)/(n+.5))) and standard analyser differ from
-    # BM25Okapi's floored idf and \w+ tokens; 0.80 was measured on the demo set (README).
-    assert np.mean(bm25) >= 0.75
+    # One analyser and Lucene's BM25 formula on both sides (pipelines/search/analyzer.py, bm25.py):
+    # the scores are equal, so only exact ties at rank 10 can differ (Lucene breaks them by its
+    # internal doc id, the embedded backend by chunk order). Measured on this set: 0.9987 (2 of
+    # 149 questions swap one tied chunk at rank 10); it was 0.80 with \w+ tokens and Okapi's idf.
+    assert np.mean(bm25) >= 0.98
 
 
 def _build_embedded(run_dir):

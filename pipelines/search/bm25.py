@@ -1,13 +1,27 @@
-"""BM25 as a sparse term x chunk weight matrix, scoring exactly like rank-bm25's BM25Okapi.
+"""BM25 as a sparse term x chunk weight matrix, scoring like Lucene's BM25Similarity (OpenSearch).
 
 Precomputing each (term, chunk) weight turns a query into a sum of a few sparse rows,
 which is what makes corpus-wide score distributions cheap enough to compute per query.
+
+The formula is Lucene's, so the embedded backend and OpenSearch give the same scores to the
+same analysed text (:mod:`pipelines.search.analyzer`):
+
+    idf(t)    = ln(1 + (N - df + 0.5) / (df + 0.5))      never negative, unlike Okapi's
+    w(t, c)   = idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+
+with N the chunks that have at least one term, avgdl their mean length, and dl the chunk's
+length as Lucene stores it: one byte per document (``SmallFloat.intToByte4``), exact below 40
+terms and rounded down to 4 significant bits above. The ``(k1 + 1)`` factor, which Lucene 8
+dropped, is kept: OpenSearch's ``BM25`` similarity is Lucene's ``LegacyBM25Similarity``.
+
+An index stores the id of the analyser it was built with; one built before the analyser
+existed (``bm25_meta.json`` absent) is queried with its own tokenisation, so older versions
+still serve correctly.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -15,22 +29,75 @@ from pathlib import Path
 import numpy as np
 from scipy import sparse
 
-_TOKEN = re.compile(r"\w+")
+from pipelines.search.analyzer import ANALYZER_ID, analyze, words
+
+# Lucene's (and so OpenSearch's) defaults, which BEIR's published Elasticsearch BM25 used.
+K1 = 1.2
+B = 0.75
+LEGACY_ANALYZER = "lowercase-words"  # indexes built before pipelines.search.analyzer: \w+ of .lower()
+_LEGACY_TOKEN = re.compile(r"\w+")
 
 
 def tokenize(text: str) -> list[str]:
-    """Lowercased word tokens: the one tokenisation BM25, term coverage and tests share."""
-    return _TOKEN.findall(text.lower())
+    """Normalised lowercase word tokens (no stemming, no stopwords): what term coverage compares."""
+    return words(text)
+
+
+def _legacy_tokens(text: str) -> list[str]:
+    return _LEGACY_TOKEN.findall(text.lower())
+
+
+QUERY_ANALYZERS = {ANALYZER_ID: analyze, LEGACY_ANALYZER: _legacy_tokens}
+
+
+def _int4(i: np.ndarray) -> np.ndarray:
+    """SmallFloat.longToInt4: 3 explicit mantissa bits and a shift."""
+    bits = np.zeros_like(i)
+    nz = i > 0
+    bits[nz] = np.floor(np.log2(i[nz])).astype(np.int64) + 1  # 64 - numberOfLeadingZeros
+    shift = np.maximum(bits - 4, 0)
+    normal = bits >= 4
+    return np.where(normal, ((i >> shift) & 0x07) | ((shift + 1) << 3), i)
+
+
+def _from_int4(e: np.ndarray) -> np.ndarray:
+    shift = (e >> 3) - 1
+    return np.where(shift == -1, e & 0x07, ((e & 0x07) | 0x08) << np.maximum(shift, 0))
+
+
+def lucene_length(lengths: np.ndarray) -> np.ndarray:
+    """The document length Lucene scores with: intToByte4 then byte4ToInt (24 free values)."""
+    n = np.asarray(lengths, np.int64)
+    free = 24
+    return np.where(n < free, n, free + _from_int4(_int4(np.maximum(n - free, 0))))
+
+
+def bm25_weights(rows, cols, tf, lengths, n_chunks: int, k1: float = K1, b: float = B) -> np.ndarray:
+    """Lucene BM25 weight of each (term row, chunk col) posting with term frequency tf."""
+    lengths = np.asarray(lengths, np.int64)
+    has_terms = lengths > 0
+    docs = int(has_terms.sum())
+    avgdl = lengths.sum() / docs if docs else 1.0
+    df = np.bincount(rows, minlength=int(rows.max()) + 1 if len(rows) else 0).astype(np.float64)
+    idf = np.log1p((docs - df + 0.5) / (df + 0.5))
+    dl = lucene_length(lengths).astype(np.float64)
+    tf = np.asarray(tf, np.float64)
+    return idf[rows] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl[cols] / avgdl))
 
 
 class BM25Index:
-    def __init__(self, vocab: dict[str, int], weights: sparse.csr_matrix):
+    def __init__(self, vocab: dict[str, int], weights: sparse.csr_matrix, analyzer: str = ANALYZER_ID):
+        if analyzer not in QUERY_ANALYZERS:
+            raise ValueError(f"BM25 index built with unknown analyser {analyzer!r}; rebuild the index")
         self.vocab = vocab
         self.weights = weights  # (terms, chunks)
         self.size = weights.shape[1]
+        self.analyzer = analyzer
+        self._analyze = QUERY_ANALYZERS[analyzer]
 
     @classmethod
-    def build(cls, corpus: list[list[str]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25) -> BM25Index:
+    def build(cls, corpus: list[list[str]], k1: float = K1, b: float = B) -> BM25Index:
+        """From analysed chunks (``analyze(text)`` each)."""
         n = len(corpus)
         # Term ids in first-seen order; one (chunk, term) key per posting, counted by np.unique
         # (Python touches each token once; numpy does the counting and the weights).
@@ -39,23 +106,20 @@ class BM25Index:
         lengths = np.fromiter((len(t) for t in corpus), np.int64, count=n)
         width = max(len(vocab), 1)
         keys, counts = np.unique(np.repeat(np.arange(n, dtype=np.int64), lengths) * width + flat, return_counts=True)
-        rows, cols, tf = keys % width, keys // width, counts.astype(np.float64)
-        doc_len = lengths.astype(np.float64)
-        avgdl = doc_len.sum() / n if n else 1.0
-        df = np.bincount(rows, minlength=len(vocab)).astype(np.float64)
-        # BM25Okapi's idf, with negative idfs floored at epsilon * mean idf (accumulated in
-        # the same order as rank-bm25 so the floor matches to the last bit).
-        idf = np.array([math.log(n - f + 0.5) - math.log(f + 0.5) for f in df])
-        mean_idf = math.fsum(idf) / len(idf) if len(idf) else 0.0
-        idf[idf < 0] = epsilon * mean_idf
-        norm = k1 * (1 - b + b * doc_len[cols] / avgdl)
-        w = idf[rows] * (tf * (k1 + 1) / (tf + norm))
-        weights = sparse.csr_matrix((w, (rows, cols)), shape=(len(vocab), n))
-        return cls(vocab, weights)
+        rows, cols = keys % width, keys // width
+        w = bm25_weights(rows, cols, counts, lengths, n, k1, b)
+        return cls(vocab, sparse.csr_matrix((w, (rows, cols)), shape=(len(vocab), n)))
+
+    @classmethod
+    def from_texts(cls, texts: list[str], k1: float = K1, b: float = B) -> BM25Index:
+        return cls.build([analyze(t) for t in texts], k1, b)
+
+    def terms(self, query: str) -> list[str]:
+        return self._analyze(query)
 
     def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every chunk; repeated query terms count again, as in BM25Okapi."""
-        ids = [self.vocab[t] for t in tokenize(query) if t in self.vocab]
+        """BM25 score of every chunk; a repeated query term counts again (as Lucene's match query does)."""
+        ids = [self.vocab[t] for t in self._analyze(query) if t in self.vocab]
         if not ids:
             return np.zeros(self.size)
         counts = Counter(ids)
@@ -67,8 +131,11 @@ class BM25Index:
         sparse.save_npz(folder / "bm25.npz", self.weights)
         terms = sorted(self.vocab, key=self.vocab.get)
         (folder / "bm25_vocab.json").write_text(json.dumps(terms), encoding="utf-8")
+        (folder / "bm25_meta.json").write_text(json.dumps({"analyzer": self.analyzer}), encoding="utf-8")
 
     @classmethod
     def open(cls, folder: Path) -> BM25Index:
         terms = json.loads((folder / "bm25_vocab.json").read_text(encoding="utf-8"))
-        return cls({t: i for i, t in enumerate(terms)}, sparse.load_npz(folder / "bm25.npz").tocsr())
+        meta = folder / "bm25_meta.json"
+        analyzer = json.loads(meta.read_text(encoding="utf-8"))["analyzer"] if meta.exists() else LEGACY_ANALYZER
+        return cls({t: i for i, t in enumerate(terms)}, sparse.load_npz(folder / "bm25.npz").tocsr(), analyzer)

@@ -18,7 +18,7 @@ from pipelines import faults
 from pipelines.embed import embedding_matrix
 from pipelines.io import write_text
 from pipelines.search.base import Hit, ScoreDistribution
-from pipelines.search.bm25 import BM25Index, tokenize
+from pipelines.search.bm25 import BM25Index
 
 STORED = ["chunk_id", "doc_id", "title", "section", "section_id", "text"]
 
@@ -107,7 +107,7 @@ class EmbeddedStore:
             pq.write_table(table.select(STORED), tmp / "chunks.parquet")
             np.save(tmp / "embeddings.npy", np.ascontiguousarray(embedding_matrix(table)))
             faults.reached("load:partial")
-            BM25Index.build([tokenize(t) for t in table["text"].to_pylist()]).save(tmp)
+            BM25Index.from_texts(table["text"].to_pylist()).save(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: free what we took, leave no half index
             raise

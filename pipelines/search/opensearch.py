@@ -5,7 +5,8 @@
   ``<prefix>`` pointing at the live one;
 - ``chunk_id``/``doc_id`` keywords; ``title``, ``section`` and ``text`` analysed text fields.
   BM25 queries search ``text``, which (like the embedded backend's BM25) already holds title +
-  section + body, with k1/b set to rank-bm25's so the two backends rank alike; ``embedding`` a ``knn_vector`` (HNSW, engine ``lucene``,
+  section + body, analysed by ``sourcegate_en`` (the embedded backend's analyser, pipelines/search/analyzer.py)
+  and scored with its k1/b, so the two backends rank alike; ``embedding`` a ``knn_vector`` (HNSW, engine ``lucene``,
   ``cosinesimil``). The lucene engine is the only one that runs without the k-NN plugin's
   native libraries (and faiss is the 2.19 default), so every mapping names it.
 
@@ -27,7 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipelines.search.analyzer import opensearch_analysis
 from pipelines.search.base import Hit, ScoreDistribution
+from pipelines.search.bm25 import K1 as BM25_K1
+from pipelines.search.bm25 import B as BM25_B
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> 
         "doc_id": {"type": "keyword"},
         "title": {"type": "text", "analyzer": "standard"},
         "section": {"type": "text", "analyzer": "standard"},
-        "text": {"type": "text", "analyzer": "standard", "similarity": "okapi"},
+        "text": {"type": "text", "analyzer": "sourcegate_en", "similarity": "okapi"},
         **{name: {"type": kind} for name, kind in OPTIONAL_COLUMNS.items()},
         "embedding": {"type": "knn_vector", "dimension": int(dimension), "method": _copy(HNSW)},
     }
@@ -71,8 +75,9 @@ def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> 
                 "number_of_shards": shards,
                 "number_of_replicas": 0,
                 "refresh_interval": "-1",
-                # BM25Okapi's parameters (rank-bm25 defaults), as in the embedded backend
-                "similarity": {"okapi": {"type": "BM25", "k1": 1.5, "b": 0.75}},
+                # the embedded backend's BM25 parameters and analyser (pipelines/search/bm25.py, analyzer.py)
+                "similarity": {"okapi": {"type": "BM25", "k1": BM25_K1, "b": BM25_B}},
+                "analysis": opensearch_analysis(),
             }
         },
         "mappings": mappings,
