@@ -31,6 +31,7 @@ DEFAULT_CONFIG = "config/pipeline.yaml"
 NIGHTLY_SCHEDULE = "0 2 * * *"
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
 DEFAULT_SHARDS = 2
+OPENSEARCH_CONN_ID = "opensearch_default"  # define it with AIRFLOW_CONN_OPENSEARCH_DEFAULT or in the UI
 
 # The live alias (OpenSearch) / LIVE pointer (embedded): promote is its only producer.
 LIVE_INDEX = Asset("sourcegate://live-index")
@@ -75,8 +76,16 @@ def resolve_paths(cfg: dict, root: Path = PROJECT_ROOT) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
-    """pipelines.config.load of `path` (relative: against the project root), paths made absolute."""
-    return resolve_paths(config_mod.load(absolute(path or DEFAULT_CONFIG), overrides))
+    """pipelines.config.load of `path` (relative: against the project root), paths made absolute.
+
+    Under Airflow the OpenSearch client comes from an Airflow connection (OpenSearchHook), by
+    default `opensearch_default`, unless the config file names another; the CLI reads OPENSEARCH_*.
+    """
+    cfg = resolve_paths(config_mod.load(absolute(path or DEFAULT_CONFIG), overrides))
+    cfg["backend"]["opensearch"]["airflow_conn_id"] = (
+        cfg["backend"]["opensearch"]["airflow_conn_id"] or OPENSEARCH_CONN_ID
+    )
+    return cfg
 
 
 _DEFAULTS = config_mod.load(absolute(DEFAULT_CONFIG))  # for the params' defaults shown in the UI

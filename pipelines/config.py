@@ -31,6 +31,8 @@ SCHEMA: dict[str, Any] = {
             "bulk_chunk_size": (int, 500),
             "max_retries": (int, 5),
             "distribution_size": (int, 1000),
+            # an Airflow connection for the client (the DAGs set opensearch_default); null: OPENSEARCH_* variables
+            "airflow_conn_id": ((str, type(None)), None),
         },
     },
     "lock": {

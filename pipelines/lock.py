@@ -239,11 +239,12 @@ def writer_lock(cfg: dict, command: str | None = None, *, shared: bool = False) 
     with ExitStack() as stack:
         stack.enter_context(_hold(str(artifacts), shared, lambda: acquire_folder(artifacts, command, timeout, shared)))
         if cfg["backend"]["kind"] == "opensearch" and not shared:
-            from pipelines.search.opensearch_client import client_from_env
+            from pipelines.search.opensearch_client import client_for  # the Airflow connection under Airflow
 
-            alias = cfg["backend"]["opensearch"]["index_prefix"]
+            section = cfg["backend"]["opensearch"]
+            alias = section["index_prefix"]
             stack.enter_context(
-                _hold(f"opensearch:{alias}", False, lambda: acquire_alias(client_from_env(), alias, command, timeout))
+                _hold(f"opensearch:{alias}", False, lambda: acquire_alias(client_for(section), alias, command, timeout))
             )
         yield
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -104,10 +105,12 @@ class Airflow:
         )
         assert out.returncode == 0, f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
-    def test_dag(self, dag_id: str, logical_date: str, conf: dict, mark_success: str | None = None) -> dict:
+    def test_dag(
+        self, dag_id: str, logical_date: str, conf: dict, mark_success: str | None = None, env: dict | None = None
+    ) -> dict:
         """dag.test() one run in a fresh interpreter (cwd: a scratch folder, not the project);
         returns {state, run_id, tasks: {task[map]: state}, live}. Tasks matching the regex
-        `mark_success` are marked successful without running."""
+        `mark_success` are marked successful without running; `env` adds to the run's environment."""
         self.runs += 1
         log = self.home / f"run-{self.runs}-{dag_id}.log"
         cwd = self.home / "cwd"
@@ -124,7 +127,7 @@ class Airflow:
         with log.open("w") as fh:  # dag.test logs every task's output to stdout
             out = subprocess.run(
                 [sys.executable, "-c", RUNNER, args],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 cwd=cwd,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
@@ -289,7 +292,9 @@ def test_rerunning_a_night_reuses_its_run_folder(airflow, workspace, first_night
 @pytest.mark.opensearch
 def test_nightly_run_on_opensearch(airflow, tmp_path):
     """backend=opensearch against the real node (OPENSEARCH_URL, default http://127.0.0.1:9200;
-    `scripts/opensearch start`). A private index prefix keeps the node's own alias untouched."""
+    `scripts/opensearch start`). A private index prefix keeps the node's own alias untouched.
+    The tasks reach the node only through the Airflow connection (OpenSearchHook) defined by
+    AIRFLOW_CONN_OPENSEARCH_DEFAULT: OPENSEARCH_URL points at a closed port inside the run."""
     prefix = f"sgtest-{uuid.uuid4().hex[:8]}"
     artifacts = tmp_path / "artifacts"
     config = write_config(
@@ -306,7 +311,12 @@ def test_nightly_run_on_opensearch(airflow, tmp_path):
             f"OpenSearch at {redact_url(config_from_env().url)} is not reachable ({exc}); run scripts/opensearch start"
         )
     try:
-        night = airflow.test_dag("sourcegate_nightly", OPENSEARCH_NIGHT, conf)
+        node = urlsplit(config_from_env().url)
+        hook_only = {
+            "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://{node.hostname}:{node.port or 9200}?timeout=120",
+            "OPENSEARCH_URL": "http://127.0.0.1:9",  # discard port: a client from the environment fails
+        }
+        night = airflow.test_dag("sourcegate_nightly", OPENSEARCH_NIGHT, conf, env=hook_only)
         assert night["state"] == "success", failed_tasks(night)
         assert all(state == "success" for state in night["tasks"].values()), failed_tasks(night)
         run_id = "20250105-020000"

@@ -213,9 +213,14 @@ class OpenSearchStore:
     def from_config(cls, cfg: dict, client=None, **kwargs: Any) -> OpenSearchStore:
         """A store from the pipeline config's ``backend.opensearch`` section.
 
-        ``client`` defaults to ``client_from_env()``; a DAG may pass ``client_from_airflow()``.
+        ``client`` defaults to the section's Airflow connection if it names one (the DAGs'), else
+        to the ``OPENSEARCH_*`` environment (``opensearch_client.client_for``).
         """
         section = cfg["backend"]["opensearch"]
+        if client is None:
+            from pipelines.search.opensearch_client import client_for
+
+            client = client_for(section)
         options = {
             "prefix": section.get("index_prefix", DEFAULT_PREFIX),
             "chunk_size": section.get("bulk_chunk_size", 500),

@@ -11,7 +11,8 @@ Environment (``client_from_env``):
 
 Airflow (``client_from_airflow``): the ``OpenSearchHook`` of
 ``apache-airflow-providers-opensearch``, imported only when called, so the library and its
-tests do not need Airflow.
+tests do not need Airflow. ``client_for`` picks one from the config: the DAGs name the
+connection (``backend.opensearch.airflow_conn_id``, default ``opensearch_default``), the CLI does not.
 """
 
 from __future__ import annotations
@@ -137,3 +138,10 @@ def client_from_airflow(conn_id: str = "opensearch_default") -> OpenSearch:
 
     log.info("OpenSearch client from Airflow connection %r", conn_id)
     return OpenSearchHook(open_search_conn_id=conn_id, log_query=False).client
+
+
+def client_for(section: Mapping[str, Any]) -> OpenSearch:
+    """The client the config's ``backend.opensearch`` section asks for: its Airflow connection
+    when it names one (under Airflow), else the environment (the CLI)."""
+    conn_id = section.get("airflow_conn_id")
+    return client_from_airflow(conn_id) if conn_id else client_from_env()
