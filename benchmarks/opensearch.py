@@ -8,6 +8,10 @@ written to a chunks.parquet and loaded with `OpenSearchStore.load` into indexes
 `EmbeddedStore.load` into a temp folder. Then the same queries against both.
 
     .venv/bin/python -m benchmarks.opensearch [--chunks 20000] [--repeats 3] [--queries 100]
+    .venv/bin/python -m benchmarks.opensearch --reuse PREFIX/VERSION --embedded DIR [--queries 100] --name N
+
+The second form only queries: hybrid retrieve through six round trips vs one ``_msearch`` vs the
+embedded backend, and the BM25 z-score error of top-S distributions against the exact one.
 """
 
 from __future__ import annotations
@@ -74,7 +78,12 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="opensearch", help="result file name (benchmarks/results/<name>.json)")
+    ap.add_argument("--reuse", metavar="PREFIX/VERSION", help="query this loaded index instead of loading")
+    ap.add_argument("--embedded", help="with --reuse: the embedded index folder of the same chunks")
     args = ap.parse_args()
+    if args.reuse:
+        queries_only(args)
+        return
 
     import logging
 
@@ -150,6 +159,135 @@ def main() -> None:
         if started:
             subprocess.run([str(ROOT / "scripts" / "opensearch"), "stop"], capture_output=True, text=True)
             res["stopped_node"] = True
+    res.write()
+
+
+class ByCalls:
+    """A searcher without its batched `hybrid`: the Retriever falls back to the protocol's single
+    calls (BM25, kNN, mget, the top-`distribution_size` distribution, a count, kNN for best_cosine)."""
+
+    def __init__(self, searcher):
+        self.searcher = searcher
+
+    def __getattr__(self, name):
+        if name == "hybrid":
+            raise AttributeError(name)
+        return getattr(self.searcher, name)
+
+
+def round_trips(os_searcher, em_searcher, emb, qw, qv) -> dict:
+    """Hybrid retrieve (no rerank) p50: six round trips (before) vs one `_msearch` vs embedded,
+    interleaved per query, every call cold."""
+    from pipelines.retrieval import Retriever
+
+    systems = {
+        "opensearch_six_round_trips": Retriever(ByCalls(os_searcher), emb, None),
+        "opensearch_one_round_trip": Retriever(os_searcher, emb, None),
+        "embedded": Retriever(em_searcher, emb, None),
+    }
+    times = {k: [] for k in systems}
+    for i, (q, v) in enumerate(zip(qw, qv)):
+        emb.vector = v
+        for name, retr in systems.items():
+            cold(em_searcher)
+            t, _ = timed(retr.retrieve, q)
+            if i >= 5:  # the first five warm the caches and the connection
+                times[name].append(t)
+    out = {k: stats_ms(v) for k, v in times.items()}
+    for k in ("opensearch_six_round_trips", "opensearch_one_round_trip"):
+        out[k]["vs_embedded_p50"] = round(out[k]["p50_ms"] / out["embedded"]["p50_ms"], 2)
+    return out
+
+
+def distribution_error(os_searcher, qw, sizes=(18, 100, 1000)) -> dict:
+    """The BM25 z-score from a top-S score list (the rest imputed at the lowest seen score) against
+    the exact one (extended_stats over every matching chunk, as `hybrid` gets it), and what each
+    request costs. Where at most 10,000 chunks match, the exact z is also checked against the full
+    list of scores fetched as hits."""
+    from pipelines.search.base import ScoreDistribution
+
+    client, index = os_searcher.client, os_searcher.index
+    total = int(client.count(index=index)["count"])
+    match = os_searcher._match
+    agg = {"bm25": {"extended_stats": {"script": {"source": "_score", "lang": "painless"}}}}
+    errors = {s: [] for s in sizes}
+    cost = {f"top_{s}": [] for s in sizes} | {"exact_moments_agg": []}
+    full_check, matched_counts = [], []
+    for q in qw:
+        t, r = timed(
+            client.search,
+            index=index,
+            body={"size": 0, "track_total_hits": True, "query": match(q), "aggs": agg},
+            filter_path=["hits.total.value", "aggregations"],
+        )
+        cost["exact_moments_agg"].append(t)
+        st = r["aggregations"]["bm25"]
+        matched = int(r["hits"]["total"]["value"])
+        matched_counts.append(matched)
+        if not matched:
+            continue
+        top = float(st["max"])
+        exact = ScoreDistribution(np.array([top]), matched, total, moments=(st["sum"], st["sum_of_squares"])).zscore(
+            top
+        )
+        for s in sizes:
+            t, r = timed(
+                client.search,
+                index=index,
+                body={"size": s, "_source": False, "track_total_hits": True, "query": match(q)},
+                filter_path=["hits.hits._score", "hits.total.value"],
+            )
+            cost[f"top_{s}"].append(t)
+            scores = np.array([h["_score"] for h in r["hits"]["hits"]])
+            z = ScoreDistribution(scores, matched, total).zscore(top)
+            errors[s].append(abs(z - exact) / max(abs(exact), 1e-9))
+        if matched <= 10_000:
+            r = client.search(
+                index=index,
+                body={"size": matched, "_source": False, "query": match(q)},
+                filter_path=["hits.hits._score"],
+            )
+            scores = np.array([h["_score"] for h in r["hits"]["hits"]])
+            full_check.append(abs(ScoreDistribution(scores, matched, total).zscore(top) - exact))
+    return {
+        "queries": len(qw),
+        "chunks": total,
+        "matched_median": float(np.median(matched_counts)),
+        "relative_z_error_vs_exact": {
+            f"top_{s}": {
+                "mean": round(float(np.mean(e)), 4),
+                "p95": round(float(np.percentile(e, 95)), 4),
+                "max": round(float(np.max(e)), 4),
+            }
+            for s, e in errors.items()
+        },
+        "exact_vs_full_list_max_abs_z_diff": float(max(full_check)) if full_check else None,
+        "exact_vs_full_list_queries": len(full_check),
+        "request_latency": {k: stats_ms(v) for k, v in cost.items()},
+    }
+
+
+def queries_only(args) -> None:
+    """--reuse: query an already loaded index `<prefix>-<version>` and its embedded twin (no load)."""
+    from pipelines.search.embedded import EmbeddedSearcher
+    from pipelines.search.opensearch import OpenSearchStore
+
+    prefix, version = args.reuse.split("/")
+    res = Result(args.name, prefix=prefix, version=version, embedded=args.embedded, queries=args.queries)
+    store = OpenSearchStore(prefix=prefix, progress=False)
+    res["node"] = store.client.info()["version"]["number"]
+    os_searcher = store.open(version)
+    em_searcher = EmbeddedSearcher(Path(args.embedded))
+    res["chunks"] = len(em_searcher.ids)
+    rng = np.random.default_rng(args.seed + 1)
+    qv = unit_vectors(rng, args.queries)
+    words = vocabulary()
+    qw = [" ".join(words[i] for i in zipf_ids(rng, int(rng.integers(4, 11)))) for _ in range(args.queries)]
+    emb = FixedEmbedder()
+    res["hybrid_retrieve_no_rerank"] = round_trips(os_searcher, em_searcher, emb, qw, qv)
+    log({k: v["p50_ms"] for k, v in res["hybrid_retrieve_no_rerank"].items()})
+    res["bm25_distribution"] = distribution_error(os_searcher, qw)
+    log(res["bm25_distribution"]["relative_z_error_vs_exact"])
     res.write()
 
 

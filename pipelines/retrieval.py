@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from pipelines.rerank import Reranked, safe_rerank
 from pipelines.search.analyzer import STOPWORDS
-from pipelines.search.base import Hit, SearchBackend
+from pipelines.search.base import Hit, HybridResult, SearchBackend, hybrid_search
 from pipelines.search.bm25 import tokenize
 
 
@@ -139,11 +139,12 @@ class Retriever:
         }
         return cls(searcher, embedder, scorer, **{**options, **overrides})
 
-    def fuse(self, query: str, vector) -> list[Candidate]:
-        bm25 = self.searcher.bm25(query, self.bm25_top_n)
-        knn = self.searcher.knn(vector, self.knn_top_n)
+    def fuse(self, query: str, vector) -> tuple[list[Candidate], HybridResult]:
+        """Both lists fused into candidates, and the search result they came from (the signals read it)."""
+        found = hybrid_search(self.searcher, query, vector, self.bm25_top_n, self.knn_top_n)
+        bm25, knn = found.bm25, found.knn
         fused = rrf([bm25, knn], self.rrf_k)
-        stored = self.searcher.chunks([cid for cid, _ in fused])
+        stored = [found.stored[cid] for cid, _ in fused]
         out = [
             Candidate(
                 **{f: s[f] for f in ("chunk_id", "doc_id", "title", "section", "section_id", "text")},
@@ -157,7 +158,7 @@ class Retriever:
             by_id[h.chunk_id].bm25_rank, by_id[h.chunk_id].bm25_score = rank, h.score
         for rank, h in enumerate(knn, 1):
             by_id[h.chunk_id].knn_rank, by_id[h.chunk_id].cosine = rank, h.score
-        return out
+        return out, found
 
     def retrieve(self, question: str, context: Sequence[str] = ()) -> Retrieval:
         query = effective_query(question, context)
@@ -169,7 +170,7 @@ class Retriever:
 
         vector = self.embedder.encode_query(query)
         timings = {"embed": lap()}
-        fused = self.fuse(query, vector)
+        fused, found = self.fuse(query, vector)
         timings["search"] = lap()
         head = fused[: self.rerank_depth]
         result, order = rerank_head(
@@ -185,7 +186,7 @@ class Retriever:
                 c.rerank_probability = p
         ranked = [head[i] for i in order] + fused[self.rerank_depth :]
         timings["rerank"] = lap()
-        dist = self.searcher.bm25_distribution(query)
+        dist = found.distribution
         bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
         top_scores = (
             sorted(result.probabilities, reverse=True)[:2]
@@ -193,7 +194,7 @@ class Retriever:
             else [c.fused_score for c in ranked[:2]]
         )
         signals = {
-            "cosine_top": self.searcher.best_cosine(vector),
+            "cosine_top": found.best_cosine,
             "rerank_top": max(result.probabilities) if result and result.probabilities else None,
             "bm25_top": bm25_top,
             "bm25_z": dist.zscore(bm25_top),

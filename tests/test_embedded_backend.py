@@ -64,6 +64,16 @@ def test_zscore_counts_non_matching_chunks_as_zero():
     assert dist.zscore(3.0) == pytest.approx((3.0 - all_scores.mean()) / all_scores.std())
 
 
+def test_zscore_uses_exact_moments_over_a_truncated_list():
+    """OpenSearch's batched query sends only the top list plus the exact sum and sum of squares."""
+    all_scores = np.array([3.0, 2.0, 1.5, 0.5, 0.0, 0.0])
+    exact = ScoreDistribution(scores=all_scores[:4], matched=4, total=6)
+    top_only = ScoreDistribution(scores=all_scores[:2], matched=4, total=6)  # the rest imputed at 2.0
+    moments = ScoreDistribution(scores=all_scores[:2], matched=4, total=6, moments=(7.0, 9.0 + 4.0 + 2.25 + 0.25))
+    assert moments.zscore(3.0) == pytest.approx(exact.zscore(3.0))
+    assert top_only.zscore(3.0) != pytest.approx(exact.zscore(3.0))
+
+
 def test_versions_promote_retention_and_live_is_never_dropped(tmp_path):
     synthetic_chunks(tmp_path / "c.parquet")
     store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")

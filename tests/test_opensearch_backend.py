@@ -252,6 +252,40 @@ def test_analyser_and_bm25_scores_equal_the_embedded_backend(store, tmp_path, os
 
 
 @pytest.mark.opensearch
+def test_hybrid_is_one_round_trip_and_answers_as_the_single_calls(store, chunks_parquet, monkeypatch):
+    """The batched hybrid query: one _msearch, the same lists, stored fields and best cosine as the
+    protocol's five single calls, and the z-score of the FULL distribution (exact moments)."""
+    from pipelines.search.base import hybrid_by_calls
+
+    path, vectors, _, _ = chunks_parquet
+    store.load("v1", str(path))
+    searcher = store.open("v1")
+    full = OpenSearchStore(store.client, prefix=store.prefix, distribution_size=N_CHUNKS).open("v1")
+    requests = []
+    perform = store.client.transport.perform_request
+    monkeypatch.setattr(
+        store.client.transport, "perform_request", lambda *a, **k: requests.append(a[:2]) or perform(*a, **k)
+    )
+    for query, vector in (
+        (f"river {RARE}", vectors[3]),
+        ("stone light cloud", vectors[77]),
+        ("nothing-matches", vectors[0]),
+    ):
+        requests.clear()
+        got = searcher.hybrid(query, vector, 18, 18)
+        assert len(requests) == 1 and requests[0][1].endswith("/_msearch"), requests
+        want = hybrid_by_calls(full, query, vector, 18, 18)
+        assert got.bm25 == want.bm25 and [h.chunk_id for h in got.knn] == [h.chunk_id for h in want.knn]
+        assert got.stored == want.stored and "embedding" not in next(iter(got.stored.values()))
+        assert got.best_cosine == pytest.approx(want.best_cosine, abs=1e-6)
+        assert (got.distribution.matched, got.distribution.total) == (want.distribution.matched, N_CHUNKS)
+        assert len(want.distribution.scores) == want.distribution.matched  # the full distribution
+        top = got.bm25[0].score if got.bm25 else 0.0
+        assert got.distribution.zscore(top) == pytest.approx(want.distribution.zscore(top), abs=1e-4)
+    assert not got.bm25 and got.distribution.matched == 0 and got.distribution.zscore(0.0) == 0.0
+
+
+@pytest.mark.opensearch
 def test_chunks_in_order(store, chunks_parquet):
     path, _, ids, texts = chunks_parquet
     store.load("v1", str(path))

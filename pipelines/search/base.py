@@ -24,32 +24,55 @@ class ScoreDistribution:
     """BM25 scores of one query over the corpus, for a z-score of the top score.
 
     `scores` holds the scores of matching chunks (all of them for the embedded backend,
-    the top `size` for OpenSearch); `matched` counts every chunk with a score > 0 and
-    `total` every chunk in the index. Non-matching chunks score 0.
+    the top `size` for OpenSearch's `bm25_distribution`, the top-k list for its batched
+    `hybrid`); `matched` counts every chunk with a score > 0 and `total` every chunk in the
+    index. Non-matching chunks score 0. `moments`, when given, is the exact (sum, sum of
+    squares) over every matching chunk (OpenSearch computes it server-side) and wins over
+    `scores` for the z-score.
     """
 
     scores: np.ndarray
     matched: int
     total: int
+    moments: tuple[float, float] | None = None
 
     def zscore(self, value: float) -> float:
         """z of `value` against the distribution over ALL chunks (zeros included)."""
         n = self.total
         if n == 0:
             return 0.0
-        s = np.asarray(self.scores, dtype=np.float64)
-        # Unseen matching chunks (truncated distribution) are imputed at the lowest seen score.
-        missing = max(self.matched - len(s), 0)
-        floor = float(s.min()) if len(s) else 0.0
-        total = s.sum() + missing * floor
-        total_sq = (s**2).sum() + missing * floor**2
+        if self.moments is not None:
+            total, total_sq = self.moments
+        else:
+            s = np.asarray(self.scores, dtype=np.float64)
+            # Unseen matching chunks (truncated distribution) are imputed at the lowest seen score.
+            missing = max(self.matched - len(s), 0)
+            floor = float(s.min()) if len(s) else 0.0
+            total = s.sum() + missing * floor
+            total_sq = (s**2).sum() + missing * floor**2
         mean = total / n
         var = max(total_sq / n - mean**2, 0.0)
         return 0.0 if var == 0 else float((value - mean) / np.sqrt(var))
 
 
+@dataclass(frozen=True)
+class HybridResult:
+    """Everything one hybrid query reads from a backend: both lists, the stored fields of their
+    hits, and what the signals need (the BM25 distribution, the best cosine)."""
+
+    bm25: list[Hit]
+    knn: list[Hit]
+    stored: dict[str, dict]  # chunk_id -> stored fields, for every hit of either list
+    distribution: ScoreDistribution
+    best_cosine: float
+
+
 class SearchBackend(Protocol):
-    """Read side of one index version."""
+    """Read side of one index version.
+
+    A backend may also offer `hybrid(query, vector, bm25_k, knn_k) -> HybridResult`, answering a
+    whole hybrid query at once (OpenSearch: one `_msearch`); `hybrid_search` uses it when present.
+    """
 
     def bm25(self, query: str, k: int) -> list[Hit]:
         """Top-k chunks by BM25 over title + section + body, best first."""
@@ -65,6 +88,29 @@ class SearchBackend(Protocol):
 
     def chunks(self, chunk_ids: Sequence[str]) -> list[dict]:
         """Stored fields (chunk_id, doc_id, title, section, text) for the given ids, in order."""
+
+
+def hybrid_search(backend: SearchBackend, query: str, vector: np.ndarray, bm25_k: int, knn_k: int) -> HybridResult:
+    """A hybrid query: the backend's batched `hybrid` when it has one, else the protocol's calls."""
+    batched = getattr(backend, "hybrid", None)
+    return (
+        batched(query, vector, bm25_k, knn_k)
+        if batched is not None
+        else hybrid_by_calls(backend, query, vector, bm25_k, knn_k)
+    )
+
+
+def hybrid_by_calls(backend: SearchBackend, query: str, vector: np.ndarray, bm25_k: int, knn_k: int) -> HybridResult:
+    """A hybrid query as the protocol's single calls (one round trip each on a server)."""
+    bm25, knn = backend.bm25(query, bm25_k), backend.knn(vector, knn_k)
+    ids = list(dict.fromkeys(h.chunk_id for h in [*bm25, *knn]))
+    return HybridResult(
+        bm25=bm25,
+        knn=knn,
+        stored=dict(zip(ids, backend.chunks(ids))),
+        distribution=backend.bm25_distribution(query),
+        best_cosine=backend.best_cosine(vector),
+    )
 
 
 class IndexStore(Protocol):

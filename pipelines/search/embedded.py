@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from pipelines import faults
 from pipelines.embed import embedding_matrix
 from pipelines.io import write_text
-from pipelines.search.base import Hit, ScoreDistribution
+from pipelines.search.base import Hit, HybridResult, ScoreDistribution, hybrid_by_calls
 from pipelines.search.bm25 import BM25Index
 
 STORED = ["chunk_id", "doc_id", "title", "section", "section_id", "text"]
@@ -78,6 +78,10 @@ class EmbeddedSearcher:
         scores = self._bm25_scores(query)
         matched = scores[scores > 0]
         return ScoreDistribution(scores=matched, matched=len(matched), total=len(scores))
+
+    def hybrid(self, query: str, vector: np.ndarray, bm25_k: int, knn_k: int) -> HybridResult:
+        """No round trips to save: the single calls, which share one scoring of the corpus."""
+        return hybrid_by_calls(self, query, vector, bm25_k, knn_k)
 
     def column(self, name: str) -> list:
         """One stored column for every chunk, in index order (aligned with `ids`)."""
