@@ -85,6 +85,8 @@ def cmd_query(args) -> int:
         return 0
     print(f"mode: {answer.mode}   ({answer.signal} = {_fmt(answer.value)}, threshold {answer.threshold:g})")
     print(f"query: {retrieval.query}")
+    if retrieval.signals.get("uncovered_terms"):  # question terms the top passages do not hold
+        print(f"not covered by the top passages: {', '.join(retrieval.signals['uncovered_terms'])}")
     header = f"{'#':>2}  {'bm25':>4}  {'knn':>4}  {'fused':>7}  {'rerank':>7}  passage"
     print(header + "\n" + "-" * len(header))
     for i, c in enumerate(answer.passages, 1):

@@ -68,7 +68,19 @@ SCHEMA: dict[str, Any] = {
         "calibrated_by": (str, ""),  # the calibration artifact the thresholds came from
     },
     "calibration": {
-        "signals": (list, ["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"]),
+        "signals": (
+            list,
+            [
+                "cosine_top",
+                "rerank_top",
+                "bm25_z",
+                "bm25_top",
+                "term_coverage",
+                "margin",
+                "concept_coverage",
+                "sentence_cosine",
+            ],
+        ),
         "pair": (list, ["bm25_z", "term_coverage"]),
         "placement": (str, "tightest"),  # tightest | midpoint
         "promise_coverage": (_NUM, 0.99),  # the keep rate the report says how many questions would need

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from pipelines.answerability import TOP_PASSAGES, WordVectors, answerability_signals
 from pipelines.rerank import Reranked, safe_rerank
 from pipelines.search.analyzer import STOPWORDS
 from pipelines.search.base import Hit, HybridResult, SearchBackend, hybrid_search
@@ -124,6 +125,7 @@ class Retriever:
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
         self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
         self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
+        self.word_vectors = WordVectors(embedder)
 
     @classmethod
     def from_config(cls, searcher, embedder, scorer, cfg: dict, **overrides) -> Retriever:
@@ -201,5 +203,16 @@ class Retriever:
             "term_coverage": term_coverage(query, ranked[0].text) if ranked else 0.0,
             "margin": margin(top_scores),
         }
+        signals.update(
+            answerability_signals(
+                query,
+                vector,
+                [c.text for c in ranked[:TOP_PASSAGES]],
+                [c.text for c in fused],
+                STOPWORDS,
+                self.word_vectors,
+                self.embedder.encode,
+            )
+        )
         timings["signals"] = lap()
         return Retrieval(query, fused, ranked, result is not None, signals, timings)

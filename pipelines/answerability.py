@@ -1,0 +1,127 @@
+"""Answerability signals: does the retrieved text contain an answer, not just the subject?
+
+Relatedness signals (cosine, cross-encoder, BM25) score a passage about the question's subject
+high even when it does not answer it ("Does RRT give seniors taxi vouchers?" against the
+reduced-fares section). Two cheaper views of the same passages look at what is missing:
+
+- `concept_coverage`: the question's content terms, each weighted by how rare it is among the
+  retrieved candidates (a term none of them contains weighs most: the corpus most likely has
+  never seen it), and each covered by the top passages either exactly or softly, by its
+  bi-encoder similarity to the passages' words (so "bicycle" is covered by "bike").
+- `sentence_cosine`: the best bi-encoder cosine between the question and one sentence of
+  the top passages: an answer usually sits in one sentence, a topic spreads over all.
+
+Everything here is a small pure function over strings and vectors; `Retriever.retrieve`
+wires them in with the models it already holds. Higher always means "more answerable".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from pipelines.search.bm25 import tokenize
+
+TOP_PASSAGES = 3  # passages of the final order that may hold the answer
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])|\n+")
+
+
+def content_terms(query: str, stopwords: Iterable[str]) -> list[str]:
+    """Distinct content words of the question, in order; none when it has only function words."""
+    stop = set(stopwords)
+    return list(dict.fromkeys(t for t in tokenize(query) if t not in stop and not t.isdigit()))
+
+
+def rarity_weights(terms: Sequence[str], pool: Sequence[str]) -> dict[str, float]:
+    """BM25-style idf of each term over the candidate pool (every retrieved passage).
+
+    The pool is what BM25 and kNN found for this very question, so a term no candidate holds
+    is one the index most likely does not have at all: it gets the largest weight.
+    """
+    docs = [set(tokenize(text)) for text in pool]
+    n = len(docs)
+    return {t: math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for t in terms for df in [sum(t in d for d in docs)]}
+
+
+def term_similarity(terms: Sequence[str], words: Sequence[str], encode: Callable[[list[str]], np.ndarray]) -> dict:
+    """Each term's best cosine to any of `words` (1.0 for an exact match; 0.0 with no words)."""
+    present = set(words)
+    out = {t: 1.0 for t in terms if t in present}
+    rest = [t for t in terms if t not in present]
+    vocab = sorted(present)
+    if rest and vocab:
+        sims = encode(rest) @ encode(vocab).T
+        out.update({t: float(max(0.0, sims[i].max())) for i, t in enumerate(rest)})
+    out.update({t: 0.0 for t in rest if t not in out})
+    return out
+
+
+def concept_coverage(weights: Mapping[str, float], similarity: Mapping[str, float]) -> float:
+    """Rarity-weighted mean coverage of the question's content terms, in [0, 1].
+
+    A question without content terms ("what is it?") has nothing to cover: 1.0, so this
+    signal never declines it on its own; relatedness signals still can.
+    """
+    total = sum(weights.values())
+    if total <= 0:
+        return 1.0
+    return sum(w * similarity.get(t, 0.0) for t, w in weights.items()) / total
+
+
+def uncovered(weights: Mapping[str, float], similarity: Mapping[str, float], below: float = 0.5) -> list[str]:
+    """Terms the top passages do not cover (similarity under `below`), rarest first: the explanation."""
+    return sorted((t for t in weights if similarity.get(t, 0.0) < below), key=lambda t: (-weights[t], t))
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences and list items of a passage (a list item is its own sentence)."""
+    parts = (p.strip(" -*\t") for p in _SENTENCE_END.split(text))
+    return [p for p in parts if len(tokenize(p)) >= 3]
+
+
+def best_sentence_cosine(query_vector: np.ndarray, sentences: Sequence[str], encode) -> float:
+    """Highest cosine between the question and any single sentence (0.0 without sentences)."""
+    if not sentences:
+        return 0.0
+    return float(max(0.0, (encode(list(sentences)) @ np.asarray(query_vector)).max()))
+
+
+class WordVectors:
+    """Memoised bi-encoder vectors of single words: the corpus vocabulary is small and repeats."""
+
+    def __init__(self, embedder, limit: int = 200_000):
+        self.embedder, self.limit = embedder, limit
+        self.memo: dict[str, np.ndarray] = {}
+
+    def __call__(self, words: list[str]) -> np.ndarray:
+        todo = [w for w in dict.fromkeys(words) if w not in self.memo]
+        if todo:
+            if len(self.memo) + len(todo) > self.limit:
+                self.memo.clear()
+            self.memo.update(zip(todo, self.embedder.encode(todo)))
+        return np.stack([self.memo[w] for w in words]) if words else np.zeros((0, 0), np.float32)
+
+
+def answerability_signals(
+    query: str,
+    query_vector: np.ndarray,
+    top_texts: Sequence[str],
+    pool_texts: Sequence[str],
+    stopwords: Iterable[str],
+    word_vectors: Callable[[list[str]], np.ndarray],
+    sentence_vectors: Callable[[list[str]], np.ndarray],
+) -> dict:
+    """The answerability signals of one retrieval (see the module docstring)."""
+    terms = content_terms(query, stopwords)
+    weights = rarity_weights(terms, pool_texts)
+    words = sorted({w for text in top_texts for w in tokenize(text)})
+    similarity = term_similarity(terms, words, word_vectors)
+    sentences = [s for text in top_texts for s in split_sentences(text)]
+    return {
+        "concept_coverage": concept_coverage(weights, similarity),
+        "sentence_cosine": best_sentence_cosine(query_vector, sentences, sentence_vectors),
+        "uncovered_terms": uncovered(weights, similarity),
+    }
