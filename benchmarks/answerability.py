@@ -183,6 +183,20 @@ def collect_demo(index: Path, question_files: Sequence[str], config: str) -> lis
     return records
 
 
+def markdown(table_: Mapping, kind: str) -> str:
+    """One kind's rows as a Markdown table (docs/benchmarks.md)."""
+    head = "| signal | AUC | recall@100% | @99% | @95% | CV recall@100% (held-out coverage) | CV @95% (coverage) |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for name, row in table_["signals"].items():
+        e = row.get(kind)
+        if not e:
+            continue
+        cells = [str(e.get(k, "–")) for k in ("auc", "recall@1", "recall@0.99", "recall@0.95")]
+        cv = [f"{e[f'cv_recall@{c}']} ({e[f'cv_coverage@{c}']})" for c in ("1", "0.95")]
+        lines.append(f"| `{name}` | " + " | ".join(cells + cv) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -224,7 +238,11 @@ def main() -> None:
     for key, value in result.items():
         out[key] = value
     out.write(args.out)
-    print(json.dumps(result, indent=1))
+    for kind in result["all"]["n_decline"]:
+        print(f"\n{kind} (n = {result['all']['n_decline'][kind]}; {result['all']['n_answer']} should-answer)")
+        print(markdown(result["all"], kind))
+    if "held_out" in result:
+        print(json.dumps(result["held_out"], indent=1))
 
 
 if __name__ == "__main__":
