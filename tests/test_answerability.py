@@ -96,10 +96,9 @@ def test_signals_with_the_real_bi_encoder(embedder):
     taxi = "Does RRT give seniors taxi vouchers?"
     missing = answerability_signals(taxi, embedder.encode_query(taxi), [SENIORS], POOL, **kwargs)
     assert "bicycle" not in covered["uncovered_terms"]
-    assert missing["uncovered_terms"][:2] == ["vouchers", "taxi"] or set(missing["uncovered_terms"][:2]) == {
-        "vouchers",
-        "taxi",
-    }
+    # "vouchers" is nowhere near the passage; single-word cosines are generous ("taxi" ~ "buses"
+    # passes 0.5), which is why the signal weighs soft matches by degree, not by a cut-off
+    assert "vouchers" in missing["uncovered_terms"] and "seniors" not in missing["uncovered_terms"]
     assert covered["concept_coverage"] > missing["concept_coverage"]
     assert 0 < missing["sentence_cosine"] < covered["sentence_cosine"] <= 1
     empty = answerability_signals("What is it?", embedder.encode_query("What is it?"), [BIKES], POOL, **kwargs)
