@@ -111,10 +111,6 @@ class ConfigError(ValueError):
     pass
 
 
-def defaults() -> dict:
-    return _fill(SCHEMA, {}, "")
-
-
 def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
     """Read, validate and fill defaults. `overrides` uses dotted keys: {"backend.kind": "opensearch"}."""
     raw: dict = {}
