@@ -87,6 +87,8 @@ def write_corpus(docs: list[dict], folder: Path) -> Path:
 class StandInEmbedder:
     """Seeded random unit vectors under the real model id: a baseline without hours of encoding."""
 
+    fingerprint = "stand-in:seeded-random-unit-vectors"  # never the real model's: no cache reuse across them
+
     def __init__(self, model_id: str, dimension: int = 384):
         self.model_id, self.dimension = model_id, dimension
 

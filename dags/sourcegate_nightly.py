@@ -4,7 +4,8 @@ ingest -> chunk -> embed (mapped over shards) -> merge -> validate -> load a NEW
 -> evaluate -> gate -> promote (alias swap; emits the live-index asset) -> cleanup (retention).
 
 The run id (run folder and index version) is the logical date, `YYYYMMDD-HHMMSS` (UTC): re-running
-a night rebuilds the same folder and version instead of adding one. A failed gate fails the run
+a night reuses its folder and, once loaded, its index version (never rebuilt: a rerun from other
+inputs is refused and needs a new run id). A failed gate fails the run
 before promote, so the live index stays on the last good version; the failed version stays on disk
 with its report for a maintainer to inspect. Params override the config file's corpus and backend.
 Every task body is a call into `pipelines.steps`; the wiring helpers are in `_common.py`.

@@ -1,4 +1,4 @@
-"""`sourcegate` command line: run, query, calibrate, beir, accept."""
+"""`sourcegate` command line: run, query, calibrate, beir, accept, verify."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from pipelines import config as config_mod
+from pipelines.manifest import IntegrityError
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
 
@@ -58,9 +59,9 @@ def cmd_query(args) -> int:
 
     cfg = load_config(args)
     if args.index:
-        from pipelines.search.embedded import EmbeddedSearcher
+        from pipelines.search.embedded import open_run_folder
 
-        searcher = EmbeddedSearcher(Path(args.index) / "index")
+        searcher = open_run_folder(args.index)
     else:
         searcher = open_store(cfg).open()
     retriever, _ = retriever_for(cfg, searcher)
@@ -105,13 +106,13 @@ def _fmt(value, spec: str = ".4f") -> str:
 
 
 def cmd_calibrate(args) -> int:
-    from pipelines.search.embedded import EmbeddedSearcher
+    from pipelines.search.embedded import open_run_folder
     from pipelines.steps import evaluate, gate_for_dir, open_store, retriever_for
 
     cfg = load_config(args)
     index = Path(args.index)
     if cfg["backend"]["kind"] == "embedded":
-        searcher = EmbeddedSearcher(index / "index")
+        searcher = open_run_folder(index)  # verified against its manifest
     else:  # the run folder's index version on the server (its name is the run id)
         searcher = open_store(cfg).open(index.name)
     retriever, _ = retriever_for(cfg, searcher)
@@ -188,6 +189,27 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Check one index version against its manifest: 0 when intact, 2 naming each bad file."""
+    from pipelines.manifest import IntegrityError, manifest_hash
+    from pipelines.steps import open_store
+
+    cfg = load_config(args)
+    try:
+        manifest = open_store(cfg).verify(args.version)
+    except IntegrityError as exc:
+        print(f"sourcegate: verify: index version {args.version} FAILED", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count and ids"
+    print(
+        f"{args.version}: ok ({manifest['rows']} chunks, dimension {manifest['dimension']}, {checked} verified; "
+        f"manifest sha256 {manifest_hash(manifest)})"
+    )
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -242,12 +264,20 @@ def main(argv=None) -> int:
     p.add_argument("--artifacts"), p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_runs)
 
+    p = sub.add_parser("verify", help="check an index version's files against its manifest (exit 2 if not intact)")
+    p.add_argument("version"), p.add_argument("--artifacts")
+    p.add_argument("--backend", choices=["embedded", "opensearch"])
+    p.set_defaults(func=cmd_verify)
+
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
         return args.func(args)
+    except IntegrityError as exc:  # a corrupt or incomplete version: never served, never a traceback
+        print(f"sourcegate: integrity error: {exc}", file=sys.stderr)
+        return 2
     except (config_mod.ConfigError, OSError, ValueError, RuntimeError) as exc:  # OSError: e.g. a full disk
         print(f"sourcegate: error: {exc}", file=sys.stderr)
         return 2

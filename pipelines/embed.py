@@ -1,7 +1,9 @@
-"""Embed: chunk texts -> unit-norm float32 vectors, with a cache keyed by (text hash, model id).
+"""Embed: chunk texts -> unit-norm float32 vectors, with a cache keyed by (text hash, model fingerprint).
 
 A chunk whose text and model are unchanged since the previous run reuses its vector, so
-a nightly run costs in proportion to what changed. Changing the model id re-embeds all.
+a nightly run costs in proportion to what changed. The model is its fingerprint (a hash of
+the weight files loaded, `models.fingerprint`) as well as its id: new weights, or another
+`model_path` under the same id, re-embed everything.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class Embedder:
         )
         self.max_tokens = int(self.model.max_seq_length)
 
+    @property
+    def fingerprint(self) -> str:
+        return models.fingerprint(self.path)
+
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
@@ -62,14 +68,19 @@ class EmbedStats:
     reused: int
 
 
-def load_cache(chunks_parquet: str | Path | None, model_id: str) -> dict[str, np.ndarray]:
-    """text_hash -> vector from a previous run's chunks.parquet, for the same model only."""
+def load_cache(chunks_parquet: str | Path | None, model_id: str, fingerprint: str) -> dict[str, np.ndarray]:
+    """text_hash -> vector from a previous run's chunks.parquet, for the same model (id AND weights) only.
+
+    A file from before fingerprints were recorded has no `model_fingerprint` column: nothing is reused.
+    """
     if not chunks_parquet or not Path(chunks_parquet).exists():
         return {}
-    t = pq.read_table(chunks_parquet, columns=["text_hash", "model_id", "embedding"])
-    hashes, ids = t["text_hash"].to_pylist(), t["model_id"].to_pylist()
+    if "model_fingerprint" not in pq.read_schema(chunks_parquet).names:
+        return {}
+    t = pq.read_table(chunks_parquet, columns=["text_hash", "model_id", "model_fingerprint", "embedding"])
+    keys = zip(t["text_hash"].to_pylist(), t["model_id"].to_pylist(), t["model_fingerprint"].to_pylist())
     vectors = embedding_matrix(t)
-    return {h: vectors[i] for i, (h, m) in enumerate(zip(hashes, ids)) if m == model_id}
+    return {h: vectors[i] for i, (h, m, f) in enumerate(keys) if m == model_id and f == fingerprint}
 
 
 def embed_chunks(
@@ -88,10 +99,17 @@ def embed_chunks(
 CHUNK_FIELDS = ["chunk_id", "doc_id", "title", "section", "section_id", "body", "text", "text_hash", "ordinal"]
 
 
-def chunks_table(rows: list[dict], vectors: np.ndarray, model_id: str) -> pa.Table:
+def chunks_table(rows: list[dict], vectors: np.ndarray, model_id: str, fingerprint: str | None = None) -> pa.Table:
     dim = vectors.shape[1]
     cols = {f: [r[f] for r in rows] for f in CHUNK_FIELDS}
-    table = pa.table({**cols, "ordinal": pa.array(cols["ordinal"], pa.int32()), "model_id": [model_id] * len(rows)})
+    table = pa.table(
+        {
+            **cols,
+            "ordinal": pa.array(cols["ordinal"], pa.int32()),
+            "model_id": [model_id] * len(rows),
+            "model_fingerprint": pa.array([fingerprint] * len(rows), pa.string()),
+        }
+    )
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
     return table.append_column("embedding", pa.FixedSizeListArray.from_arrays(flat, dim))
 

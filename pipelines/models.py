@@ -53,3 +53,43 @@ def package_version(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+# Files that decide a model's output: weights, configs, tokenizer and vocabulary. Docs and VCS files are not.
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".onnx", ".pt", ".json", ".txt", ".model")
+_NOT_MODEL = ("readme", "license", ".")
+
+
+def model_files(folder: str | Path) -> list[Path]:
+    """The files of a model folder that its loader can read (every weight file, if it holds several)."""
+    folder = Path(folder)
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES and not p.name.lower().startswith(_NOT_MODEL)
+    )
+
+
+def fingerprint(folder: str | Path) -> str:
+    """SHA-256 over (relative path, SHA-256) of the model's files: new weights under the same id differ.
+
+    Memoised on each file's path, size and mtime, so asking again costs a stat per file.
+    """
+    folder = Path(folder).resolve()
+    files = model_files(folder)
+    if not files:
+        raise FileNotFoundError(f"no model files in {folder}")
+    stats = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _fingerprint(str(folder), stats)
+
+
+@lru_cache(maxsize=16)
+def _fingerprint(folder: str, stats: tuple) -> str:
+    import hashlib
+
+    from pipelines.manifest import sha256_file
+
+    digest = hashlib.sha256()
+    for rel, _size, _mtime in stats:
+        digest.update(f"{rel}\0{sha256_file(Path(folder) / rel)}\n".encode())
+    return "sha256:" + digest.hexdigest()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import shutil
 import subprocess
 import time
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines import faults, models, quarantine, runs
+from pipelines import manifest as mf
 from pipelines.chunk import chunk_documents, chunker_key, rows_by_document
 from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
 from pipelines.ingest import ingest
@@ -121,30 +123,55 @@ def get_embedder(cfg: dict) -> Embedder:
 # --- steps --------------------------------------------------------------------------
 
 
+def corpus_hash(documents_parquet: Path) -> str:
+    hashes = pq.read_table(documents_parquet, columns=["content_hash"])["content_hash"].to_pylist()
+    return hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest()
+
+
+def embedding_fingerprint(cfg: dict) -> str:
+    """The fingerprint of the embedding weights the config names (no model load: a hash of its files)."""
+    return models.fingerprint(models.embedding_model_path(cfg["embedding"]["model_path"]))
+
+
 @locked("ingest")
 def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
     folder = run_dir(cfg, run_id)
-    folder.mkdir(parents=True, exist_ok=True)
+    existing = open_store(cfg).manifest(run_id)
+    out = folder / ".rerun-ingest" if existing else folder  # a complete version's run folder is left alone
+    out.mkdir(parents=True, exist_ok=True)
     if not (folder / "run.json").exists():  # the run's creation time orders versions (pipelines/runs.py)
         update_run_info(folder, started_at=datetime.now(UTC).isoformat())
     prev = previous_run(cfg, run_id)
-    with timed(folder, "ingest"):
-        result = ingest(
-            corpus or cfg["corpus"]["path"],
-            folder,
-            fmt=fmt or cfg["corpus"]["format"],
-            max_doc_bytes=cfg["corpus"]["max_doc_bytes"],
-            previous_documents=prev / "documents.parquet" if prev else None,
-        )
-    hashes = pq.read_table(result.documents, columns=["content_hash"])["content_hash"].to_pylist()
+    version = code_version()
+    try:
+        with timed(folder, "ingest"):
+            result = ingest(
+                corpus or cfg["corpus"]["path"],
+                out,
+                fmt=fmt or cfg["corpus"]["format"],
+                max_doc_bytes=cfg["corpus"]["max_doc_bytes"],
+                previous_documents=prev / "documents.parquet" if prev else None,
+            )
+        corpus_sha = corpus_hash(result.documents)
+        if existing:  # a rerun of a night whose version is complete: same inputs or refuse, before any write
+            inputs = {"corpus_hash": corpus_sha, "code_version": version}
+            inputs |= {"config_hash": mf.index_config_hash(cfg), "model_fingerprint": embedding_fingerprint(cfg)}
+            refusal = mf.conflict(run_id, existing, inputs)
+            if refusal:
+                raise refusal
+            for path in out.iterdir():  # identical inputs give identical files
+                path.replace(folder / path.name)
+    finally:
+        if existing:
+            shutil.rmtree(out, ignore_errors=True)
     update_run_info(
         folder,
         run_id=run_id,
         config=cfg,
         corpus=str(corpus or cfg["corpus"]["path"]),
-        corpus_hash=hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest(),
+        corpus_hash=corpus_sha,
         previous_run=prev.name if prev else None,
-        code_version=code_version(),
+        code_version=version,
         versions=versions(),
         counts={"ingest": result.counts},
         quarantine=quarantine.summary(folder),
@@ -203,11 +230,19 @@ def embed_step(
     rows = pq.read_table(folder / "chunks.text.parquet").to_pylist()[shard::shards]
     embedder = embedder or get_embedder(cfg)
     prev = previous_run(cfg, run_id)
-    cache = load_cache(prev / "chunks.parquet" if prev and use_cache else None, embedder.model_id)
+    fingerprint = embedder.fingerprint
+    cache = load_cache(prev / "chunks.parquet" if prev and use_cache else None, embedder.model_id, fingerprint)
     vectors, stats = embed_chunks(rows, embedder, cache, progress=progress)
     faults.reached("embed:encoded")
-    write_parquet(chunks_table(rows, vectors, embedder.model_id), folder / "embed" / f"shard-{shard:04d}.parquet")
-    return {"shard": shard, "encoded": stats.encoded, "reused": stats.reused, "dimension": embedder.dimension}
+    table = chunks_table(rows, vectors, embedder.model_id, fingerprint)
+    write_parquet(table, folder / "embed" / f"shard-{shard:04d}.parquet")
+    return {
+        "shard": shard,
+        "encoded": stats.encoded,
+        "reused": stats.reused,
+        "dimension": embedder.dimension,
+        "fingerprint": fingerprint,
+    }
 
 
 @locked("merge")
@@ -224,10 +259,14 @@ def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
     table = table.take(pa.array([position[c] for c in order]))
     write_parquet(table, folder / "chunks.parquet")
     encoded = sum(s["encoded"] for s in shard_stats)
+    fingerprints = {s.get("fingerprint") for s in shard_stats}
+    if len(fingerprints) != 1:
+        raise RuntimeError(f"the embed shards were encoded by different models: {sorted(map(str, fingerprints))}")
+    embedding = {"id": cfg["embedding"]["model_id"], "dimension": shard_stats[0]["dimension"]}
     update_run_info(
         folder,
         counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
-        models={"embedding": {"id": cfg["embedding"]["model_id"], "dimension": shard_stats[0]["dimension"]}},
+        models={"embedding": embedding | {"fingerprint": fingerprints.pop()}},
     )
     return encoded
 
@@ -256,12 +295,43 @@ def open_store(cfg: dict):
     return EmbeddedStore(root / "runs", root / "LIVE")
 
 
+def version_inputs(cfg: dict, folder: Path) -> dict:
+    """What this run's index version is built from (the manifest's `inputs`), from run.json."""
+    info = read_json(folder / "run.json")
+    embedding = (info.get("models") or {}).get("embedding") or {}
+    return {
+        "corpus_hash": info.get("corpus_hash"),
+        "config_hash": mf.index_config_hash(cfg),
+        "model_fingerprint": embedding.get("fingerprint"),
+        "code_version": info.get("code_version"),
+        "model_id": embedding.get("id"),
+        "chunker": info.get("chunker"),
+    }
+
+
 @locked("load")
 def load_step(cfg: dict, run_id: str) -> int:
+    """Load this run's index version; a complete one (a rerun) is reused if built from the same inputs,
+    refused otherwise, and never rebuilt (not even when it is live)."""
     folder = run_dir(cfg, run_id)
+    inputs = version_inputs(cfg, folder)
+    store = open_store(cfg)
     with timed(folder, "load"):
-        count = open_store(cfg).load(run_id, str(loadable_chunks(folder)))
-    update_run_info(folder, counts={"indexed": count}, backend=cfg["backend"]["kind"])
+        existing = store.manifest(run_id)
+        if existing is not None:
+            refusal = mf.conflict(run_id, existing, inputs)
+            if refusal:
+                raise refusal
+            count = existing["rows"]
+        else:
+            count = store.load(run_id, str(loadable_chunks(folder)), inputs=inputs)
+        manifest = store.manifest(run_id)
+    update_run_info(
+        folder,
+        counts={"indexed": count},
+        backend=cfg["backend"]["kind"],
+        index_version={"manifest_sha256": mf.manifest_hash(manifest), "reused": existing is not None},
+    )
     return count
 
 
@@ -365,8 +435,21 @@ def retriever_for(cfg: dict, searcher):
     from pipelines.rerank import load_scorer
     from pipelines.retrieval import Retriever
 
+    embedder = get_embedder(cfg)
+    mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
     scorer = load_scorer(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
-    return Retriever.from_config(searcher, get_embedder(cfg), scorer, cfg), scorer
+    return Retriever.from_config(searcher, embedder, scorer, cfg), scorer
+
+
+def reranker_fingerprint(cfg: dict) -> str | None:
+    """The cross-encoder's files' fingerprint (recorded beside its id), None when there is none."""
+    kind, path = cfg["reranker"]["kind"], cfg["reranker"]["model_path"]
+    try:
+        if kind == "onnx":
+            return models.fingerprint(models.cross_encoder_dir(path))
+        return models.fingerprint(path) if kind == "sentence_transformers" and path else None
+    except FileNotFoundError:
+        return None
 
 
 @locked("evaluate")
@@ -382,7 +465,13 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
         folder,
         evaluated_version=version,
         counts={"eval_questions": out["questions"]},
-        models={"reranker": {"kind": cfg["reranker"]["kind"], "id": getattr(scorer, "model_id", None)}},
+        models={
+            "reranker": {
+                "kind": cfg["reranker"]["kind"],
+                "id": getattr(scorer, "model_id", None),
+                "fingerprint": reranker_fingerprint(cfg),
+            }
+        },
     )
     return out
 

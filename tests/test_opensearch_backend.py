@@ -385,7 +385,7 @@ def test_run_id_versions_are_sanitised_but_kept(store, small_parquet, os_client)
     assert os_client.indices.exists(index=index)
     store.promote(version)
     assert store.versions() == [version] and store.live() == version
-    # reloading a version that is not live rebuilds it (idempotent rerun)
+    # reloading a complete version that is not live reuses it (idempotent rerun; never a rebuild)
     store.load("again", str(small_parquet))
     assert store.load("again", str(small_parquet)) == 20
 
@@ -531,3 +531,35 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "http://search.internal:9201" in proc.stdout
     assert SECRET not in proc.stdout and SECRET not in proc.stderr
+
+
+@pytest.mark.opensearch
+def test_manifest_in_meta_reuse_refusal_and_verify(store, small_parquet, os_client):
+    from pipelines.manifest import IntegrityError, VersionConflict
+    from pipelines.search.opensearch import ids_checksum
+
+    inputs = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m", "code_version": "v1"}
+    assert store.manifest("v1") is None
+    assert store.load("v1", str(small_parquet), inputs=inputs) == 20
+    manifest = store.manifest("v1")
+    ids = pq.read_table(small_parquet)["chunk_id"].to_pylist()
+    assert manifest["rows"] == 20 and manifest["dimension"] == DIM and manifest["inputs"] == inputs
+    assert manifest["ids_sha256"] == ids_checksum(ids) and manifest["index"] == store.index_name("v1")
+    assert store.verify("v1") == manifest and store.open("v1").manifest == manifest
+    assert store.load("v1", str(small_parquet), inputs=inputs) == 20  # same inputs: reused, not rebuilt
+    assert store.manifest("v1") == manifest
+    with pytest.raises(VersionConflict, match="code_version: 'v1' -> 'v2'"):
+        store.load("v1", str(small_parquet), inputs={**inputs, "code_version": "v2"})
+    # a document removed behind the store's back: the count no longer matches the manifest
+    os_client.delete(index=store.index_name("v1"), id=ids[0], refresh=True)
+    with pytest.raises(IntegrityError, match="_count is 19, manifest says 20"):
+        store.open("v1")
+    with pytest.raises(IntegrityError, match="refusing to promote"):
+        store.promote("v1")
+    assert store.live() is None
+    # ... and one put back under another id: the count matches again, the ids' checksum does not
+    body = {"chunk_id": "intruder", "doc_id": "x", "title": "t", "section": "s", "text": "x", "embedding": [0.1] * DIM}
+    os_client.index(index=store.index_name("v1"), id="intruder", body=body, refresh=True)
+    assert store.open("v1").manifest == manifest  # opening checks the count only
+    with pytest.raises(IntegrityError, match="chunk ids differ"):
+        store.verify("v1")

@@ -2,12 +2,15 @@
 
 Each index version lives in `<runs>/<version>/index/`; the live version is named by a
 small pointer file, rewritten atomically (the embedded twin of an OpenSearch alias).
+A version is complete once its `manifest.json` is written (last); it is then never rebuilt,
+and opening or promoting it checks every file against the manifest (`pipelines.manifest`).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines import faults
+from pipelines import manifest as mf
 from pipelines.embed import embedding_matrix
 from pipelines.io import write_text
 from pipelines.search.base import Hit, HybridResult, ScoreDistribution, hybrid_by_calls
 from pipelines.search.bm25 import BM25Index
 
+log = logging.getLogger(__name__)
 STORED = ["chunk_id", "doc_id", "title", "section", "section_id", "text"]
 
 
@@ -33,8 +38,11 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 class EmbeddedSearcher:
-    def __init__(self, folder: Path):
+    """Searches one version folder as it is. `EmbeddedStore.open` checks the folder first and sets `manifest`."""
+
+    def __init__(self, folder: Path, manifest: Mapping | None = None):
         self.folder = Path(folder)
+        self.manifest = manifest
         # Stored columns stay columnar (Arrow): a dict per chunk costs ~3x the files in RAM.
         self.table = pq.read_table(self.folder / "chunks.parquet", columns=STORED)
         self.ids = self.table.column("chunk_id").to_pylist()
@@ -101,30 +109,59 @@ class EmbeddedStore:
     def folder(self, version: str) -> Path:
         return self.runs / version / "index"
 
-    def load(self, version: str, chunks_parquet: str) -> int:
-        table = pq.read_table(chunks_parquet)
+    def manifest(self, version: str) -> dict | None:
+        """The version's manifest, or None when it does not exist or is incomplete."""
+        return mf.read_manifest(self.folder(version))
+
+    def load(self, version: str, chunks_parquet: str, inputs: Mapping | None = None) -> int:
+        """Build `version` from a chunks.parquet, or reuse it when it is complete and built from `inputs`.
+
+        Never rebuilds the live version or a complete one built from other inputs (VersionConflict).
+        """
         folder = self.folder(version)
+        if version == self.live():
+            raise mf.VersionConflict(f"refusing to rebuild index version {version}: it is the live version")
+        existing = mf.read_manifest(folder)
+        if existing is not None:
+            refusal = mf.conflict(version, existing, inputs or {})
+            if refusal:
+                raise refusal
+            log.info("index version %s is complete and built from the same inputs: reused", version)
+            return existing["rows"]
+        table = pq.read_table(chunks_parquet)
         tmp = folder.with_name("index.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        vectors = np.ascontiguousarray(embedding_matrix(table))
         try:
             pq.write_table(table.select(STORED), tmp / "chunks.parquet")
-            np.save(tmp / "embeddings.npy", np.ascontiguousarray(embedding_matrix(table)))
+            np.save(tmp / "embeddings.npy", vectors)
             faults.reached("load:partial")
             BM25Index.from_texts(table["text"].to_pylist()).save(tmp)
+            count = len(EmbeddedSearcher(tmp).ids)
+            if count != table.num_rows:
+                raise RuntimeError(f"index {version}: {count} chunks indexed, expected {table.num_rows}")
+            files = mf.file_entries(tmp, [p.name for p in tmp.iterdir() if p.is_file()])
+            manifest = mf.build_manifest(
+                version, rows=count, dimension=vectors.shape[1], inputs=inputs, files=files, backend="embedded"
+            )
+            mf.write_manifest(tmp, manifest)  # last: the completion mark
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: free what we took, leave no half index
             raise
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)  # an incomplete earlier attempt (no manifest)
         tmp.rename(folder)  # a version appears whole or not at all
-        count = len(EmbeddedSearcher(folder).ids)
-        if count != table.num_rows:
-            raise RuntimeError(f"index {version}: {count} chunks indexed, expected {table.num_rows}")
         return count
 
+    def verify(self, version: str, hashes: bool = True) -> dict:
+        """The manifest of an intact, complete version; IntegrityError naming each bad file otherwise."""
+        folder = self.folder(version)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"no index version {version} ({folder})")
+        return mf.verify_folder(folder, version, hashes=hashes)
+
     def promote(self, version: str) -> None:
-        if not self.folder(version).is_dir():
-            raise FileNotFoundError(f"no index version {version}")
+        self.verify(version)
         write_text(version + "\n", self.live_file)
 
     def live(self) -> str | None:
@@ -145,8 +182,15 @@ class EmbeddedStore:
             raise ValueError(f"refusing to drop the live index version {version}")
         shutil.rmtree(self.folder(version), ignore_errors=True)
 
-    def open(self, version: str | None = None) -> EmbeddedSearcher:
+    def open(self, version: str | None = None, hashes: bool = True) -> EmbeddedSearcher:
+        """A searcher over a verified version (sizes always; SHA-256 too unless `hashes=False`)."""
         version = version or self.live()
         if version is None:
             raise FileNotFoundError(f"no live index (pointer {self.live_file} missing); run `sourcegate run` first")
-        return EmbeddedSearcher(self.folder(version))
+        return EmbeddedSearcher(self.folder(version), manifest=self.verify(version, hashes=hashes))
+
+
+def open_run_folder(run_folder: str | Path, hashes: bool = True) -> EmbeddedSearcher:
+    """A verified searcher over the version in an embedded run folder (`runs/<version>/`)."""
+    run_folder = Path(run_folder)
+    return EmbeddedStore(run_folder.parent, run_folder.parent / "LIVE").open(run_folder.name, hashes=hashes)

@@ -11,16 +11,20 @@
   native libraries (and faiss is the 2.19 default), so every mapping names it.
 
 A version is promotable only after ``load`` has checked ``_count`` against the Parquet row
-count and marked the index complete in ``_meta``: a half-built index is never served.
+count and marked the index complete in ``_meta``: a half-built index is never served. The
+complete mark carries the version's manifest (``pipelines.manifest``: rows, dimension, model
+fingerprint, the inputs it was built from, a SHA-256 of its sorted chunk ids), so a complete
+version is reused or refused, never rebuilt, and opening it checks ``_count`` against it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipelines import manifest as mf
 from pipelines.search.analyzer import opensearch_analysis
 from pipelines.search.base import Hit, HybridResult, ScoreDistribution
 from pipelines.search.bm25 import K1 as BM25_K1
@@ -84,6 +89,14 @@ def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> 
     }
 
 
+def ids_checksum(ids: Iterable[str]) -> str:
+    """SHA-256 of the sorted chunk ids: what an index holds, independent of load order."""
+    digest = hashlib.sha256()
+    for chunk_id in sorted(ids):
+        digest.update(chunk_id.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
 def _copy(d: dict) -> dict:
     return {k: _copy(v) if isinstance(v, dict) else v for k, v in d.items()}
 
@@ -118,9 +131,18 @@ def _vectors(column: pa.Array, dim: int) -> np.ndarray:
 class OpenSearchSearcher:
     """Read side of one index (or of the alias, which follows promotions)."""
 
-    def __init__(self, client, index: str, *, distribution_size: int = 1000, ef_search: int | None = 100):
+    def __init__(
+        self,
+        client,
+        index: str,
+        *,
+        distribution_size: int = 1000,
+        ef_search: int | None = 100,
+        manifest: Mapping | None = None,
+    ):
         self.client = client
         self.index = index
+        self.manifest = manifest
         self.distribution_size = distribution_size
         self.ef_search = ef_search
 
@@ -325,7 +347,13 @@ class OpenSearchStore:
 
     # --- IndexStore ---------------------------------------------------------------------------
 
-    def load(self, version: str, chunks_parquet: str) -> int:
+    def manifest(self, version: str) -> dict | None:
+        """The version's manifest, or None when it does not exist or is not complete."""
+        meta = self._meta(self.index_name(version)) or {}
+        return meta.get("manifest") if meta.get("status") == "complete" else None
+
+    def load(self, version: str, chunks_parquet: str, inputs: Mapping | None = None) -> int:
+        """Build `version`, or reuse it when it is complete and built from `inputs` (never rebuild it)."""
         from opensearchpy import ConnectionError as OSConnectionError
 
         index = self.index_name(version)
@@ -344,7 +372,7 @@ class OpenSearchStore:
 
         try:
             if self.live() == version:
-                raise RuntimeError(f"refusing to rebuild {index}: it is the live version")
+                raise mf.VersionConflict(f"refusing to rebuild {index}: it is the live version")
             existing = self._meta(index)
             if existing is not None:
                 if existing.get("version") not in (None, version):
@@ -352,6 +380,13 @@ class OpenSearchStore:
                         f"index {index} already holds version {existing.get('version')!r}, "
                         f"not {version!r} (names collide after sanitising)"
                     )
+                done = existing.get("manifest") if existing.get("status") == "complete" else None
+                if done is not None:
+                    refusal = mf.conflict(version, done, inputs or {})
+                    if refusal:
+                        raise refusal
+                    log.info("index %s is complete and built from the same inputs: reused", index)
+                    return int(done["rows"])
                 log.warning("index %s exists (status %s); deleting it to rebuild", index, existing.get("status"))
                 self.client.indices.delete(index=index)
             meta = {
@@ -376,7 +411,18 @@ class OpenSearchStore:
                         f"index {index}: _count is {count} after loading {sent} chunk(s), but {chunks_parquet} "
                         f"has {rows} rows (duplicate chunk_id?); not promotable"
                     )
-                self._set_meta(index, {**meta, "status": "complete", "count": count})
+                ids = pq.read_table(chunks_parquet, columns=["chunk_id"])["chunk_id"].to_pylist()
+                manifest = mf.build_manifest(
+                    version,
+                    rows=count,
+                    dimension=dim,
+                    inputs=inputs,
+                    backend="opensearch",
+                    index=index,
+                    ids_sha256=ids_checksum(ids),
+                )
+                # the manifest goes in with the complete mark, in one request: the completion mark
+                self._set_meta(index, {**meta, "status": "complete", "count": count, "manifest": manifest})
             except OSConnectionError:
                 raise
             except Exception:
@@ -474,15 +520,43 @@ class OpenSearchStore:
             pending = retry
         raise RuntimeError(f"{len(pending)} chunk(s) still rejected (429/5xx) after {self.max_retries} retries")
 
-    def promote(self, version: str) -> None:
+    def verify(self, version: str, hashes: bool = True) -> dict:
+        """The manifest of a complete, intact version: ``_count`` (and with `hashes` the ids' SHA-256) match it.
+
+        IntegrityError otherwise; FileNotFoundError when there is no such index.
+        """
         index = self.index_name(version)
         meta = self._meta(index)
         if meta is None:
             raise FileNotFoundError(f"no index version {version} ({index})")
-        if meta.get("status") != "complete":
-            raise RuntimeError(
-                f"refusing to promote {index}: its load is {meta.get('status', 'unknown')!r}, not 'complete'"
+        manifest = meta.get("manifest")
+        if meta.get("status") != "complete" or not manifest:
+            raise mf.IntegrityError(
+                f"index version {version} ({index}) is incomplete: its load is {meta.get('status', 'unknown')!r} "
+                "and it has no manifest; it is never opened or promoted"
             )
+        count = int(self.client.count(index=index)["count"])
+        problems = (
+            [] if count == manifest["rows"] else [f"{index}: _count is {count}, manifest says {manifest['rows']}"]
+        )
+        if hashes and not problems and self._ids_checksum(index) != manifest.get("ids_sha256"):
+            problems.append(f"{index}: the chunk ids differ from the manifest's ids_sha256")
+        if problems:
+            raise mf.IntegrityError(f"index version {version} is corrupt: " + "; ".join(problems), problems)
+        return manifest
+
+    def _ids_checksum(self, index: str) -> str:
+        from opensearchpy.helpers import scan
+
+        hits = scan(self.client, index=index, query={"_source": False, "query": {"match_all": {}}}, size=1000)
+        return ids_checksum(h["_id"] for h in hits)
+
+    def promote(self, version: str) -> None:
+        index = self.index_name(version)
+        try:
+            self.verify(version)
+        except mf.IntegrityError as exc:
+            raise mf.IntegrityError(f"refusing to promote {index}: {exc}") from exc
         current = self._alias_indices()
         actions: list[dict] = [{"remove": {"index": i, "alias": self.alias}} for i in current if i != index]
         actions.append({"add": {"index": index, "alias": self.alias}})
@@ -531,13 +605,12 @@ class OpenSearchStore:
     def open(self, version: str | None = None) -> OpenSearchSearcher:
         """A searcher over ``version``, or over the alias (following later promotions) by default."""
         if version is None:
-            if not self._alias_indices():
+            live = self.live()
+            if live is None:
                 raise FileNotFoundError(f"no live index: alias {self.alias} is not set; promote a version first")
-            index = self.alias
+            manifest, index = self.verify(live, hashes=False), self.alias
         else:
-            index = self.index_name(version)
-            if self._meta(index) is None:
-                raise FileNotFoundError(f"no index version {version} ({index})")
+            manifest, index = self.verify(version, hashes=False), self.index_name(version)
         return OpenSearchSearcher(
-            self.client, index, distribution_size=self.distribution_size, ef_search=self.ef_search
+            self.client, index, distribution_size=self.distribution_size, ef_search=self.ef_search, manifest=manifest
         )
