@@ -170,6 +170,12 @@ def recal_run_id(context=None) -> str:
     return run_id("recal-", context)
 
 
+def dag_actor(context=None) -> str:
+    """Who promoted, for the promotions log: this DAG run."""
+    context = context or get_current_context()
+    return f"dag:{context['dag_run'].run_id}"
+
+
 def shard_list(chunk_count: int) -> list[int]:
     """The shards embed is mapped over: `shards` param, never more than there are chunks, at least one."""
     return list(range(max(1, min(int(params()["shards"]), chunk_count))))

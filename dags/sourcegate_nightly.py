@@ -26,6 +26,7 @@ from _common import (
     RETRY_ARGS,
     START_DATE,
     cfg,
+    dag_actor,
     enforce_gate,
     nightly_params,
     params,
@@ -97,7 +98,7 @@ def sourcegate_nightly():
     def promote() -> str:
         from pipelines import steps
 
-        return steps.promote_step(cfg(), run_id())
+        return steps.promote_step(cfg(), run_id(), actor=dag_actor())
 
     @task
     def cleanup() -> dict:

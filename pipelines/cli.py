@@ -1,4 +1,4 @@
-"""`sourcegate` command line: run, query, calibrate, beir, accept, verify."""
+"""`sourcegate` command line: run, query, calibrate, beir, accept, verify, rollback."""
 
 from __future__ import annotations
 
@@ -210,6 +210,16 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_rollback(args) -> int:
+    """Re-point the live index to an earlier version that passed its gate and verifies; logged."""
+    from pipelines.steps import rollback_step
+
+    cfg = load_config(args)
+    record = rollback_step(cfg, args.version)
+    print(f"rolled back: live index {record['previous']} -> {record['version']} (logged as a rollback)")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -268,6 +278,11 @@ def main(argv=None) -> int:
     p.add_argument("version"), p.add_argument("--artifacts")
     p.add_argument("--backend", choices=["embedded", "opensearch"])
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("rollback", help="point the live index back at an earlier version that passed its gate")
+    p.add_argument("version", nargs="?", help="default: the previously promoted version")
+    p.add_argument("--artifacts"), p.add_argument("--backend", choices=["embedded", "opensearch"])
+    p.set_defaults(func=cmd_rollback)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

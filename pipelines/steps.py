@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import faults, models, quarantine, runs
+from pipelines import faults, models, quarantine, runs, verdict
 from pipelines import manifest as mf
 from pipelines.chunk import chunk_documents, chunker_key, rows_by_document
 from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
@@ -336,19 +336,26 @@ def load_step(cfg: dict, run_id: str) -> int:
 
 
 @locked("promote")
-def promote_step(cfg: dict, run_id: str, allow_older: bool = False) -> str:
-    """Point the live alias at this run's index. Only ever called after a passed gate.
+def promote_step(cfg: dict, run_id: str, actor: str = "cli", allow_older: bool = False) -> str:
+    """Point the live alias at this run's index, if its gate passed on exactly this version's content.
 
+    The verdict in gate.json is checked against the version as it is now (manifest hash, eval sets,
+    config, baseline): a rebuilt version or an edited eval set needs a new verdict. Logged (G4).
     LIVE never moves backwards here: a version created before the live one needs the explicit
-    rollback path (`allow_older=True`).
+    rollback path (`allow_older=True`, `sourcegate rollback`).
     """
     folder = run_dir(cfg, run_id)
-    gate = read_json(folder / "gate.json")
-    if not gate.get("passed"):
-        raise RuntimeError(f"refusing to promote {run_id}: its gate failed")
+    gate_path = folder / "gate.json"
+    if not gate_path.is_file():
+        raise verdict.VerdictMismatch(f"refusing to promote {run_id}: no gate verdict ({gate_path})")
     store = open_store(cfg)
+    manifest = store.verify(run_id)
+    verdict.check_verdict(read_json(gate_path), cfg, manifest, run_id)
     previous = store.live()
-    if previous and previous != run_id and not allow_older:
+    if previous == run_id:
+        log.info("%s is already live", run_id)
+        return run_id
+    if previous and not allow_older:
         older = runs.created_at(folder) < runs.created_at(run_dir(cfg, previous))
         if older:
             raise RuntimeError(
@@ -356,8 +363,46 @@ def promote_step(cfg: dict, run_id: str, allow_older: bool = False) -> str:
                 "moving LIVE back is a rollback (sourcegate rollback)"
             )
     store.promote(run_id)
-    update_run_info(folder, promoted={"version": run_id, "replaced": previous})
+    store.log_promotion(
+        verdict.promotion_record(
+            run_id, previous, mf.sha256_file(gate_path), actor, manifest_sha256=mf.manifest_hash(manifest)
+        )
+    )
+    update_run_info(folder, promoted={"version": run_id, "replaced": previous, "actor": actor})
     return run_id
+
+
+@locked("rollback")
+def rollback_step(cfg: dict, version: str | None = None) -> dict:
+    """Re-point the live alias to an earlier version that passed its gate and still verifies; logged.
+
+    Default target: the newest promoted version (promotions log) other than the live one.
+    """
+    store = open_store(cfg)
+    live = store.live()
+    if version is None:
+        version = verdict.rollback_target(store.promotions(), live, set(store.versions()))
+        if version is None:
+            raise ValueError("no earlier promoted version to roll back to (see the promotions log)")
+    if version == live:
+        raise ValueError(f"{version} is already the live version")
+    gate_path = run_dir(cfg, version) / "gate.json"
+    gate = read_json(gate_path) if gate_path.is_file() else {}
+    if not gate.get("passed"):
+        raise verdict.VerdictMismatch(f"refusing to roll back to {version}: it has no passed gate verdict")
+    manifest = store.verify(version)  # IntegrityError when it no longer verifies
+    recorded = (gate.get("evaluated") or {}).get("manifest_sha256")
+    if recorded != mf.manifest_hash(manifest):
+        raise verdict.VerdictMismatch(
+            f"refusing to roll back to {version}: its passed verdict was computed on other content "
+            "(manifest hash differs)"
+        )
+    store.promote(version)
+    record = verdict.promotion_record(
+        version, live, mf.sha256_file(gate_path), "rollback", manifest_sha256=mf.manifest_hash(manifest)
+    )
+    store.log_promotion(record)
+    return record
 
 
 @locked("cleanup")
@@ -458,12 +503,15 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
     folder = run_dir(cfg, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     version = version or run_id
-    retriever, scorer = retriever_for(cfg, open_store(cfg).open(version))
+    searcher = open_store(cfg).open(version)  # verified: a corrupt or incomplete version is never evaluated
+    retriever, scorer = retriever_for(cfg, searcher)
+    facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))
     with timed(folder, "evaluate"):
         out = evaluate(retriever, loadable_chunks(run_dir(cfg, version)), cfg, folder, progress=progress)
     update_run_info(
         folder,
         evaluated_version=version,
+        evaluated=facts,
         counts={"eval_questions": out["questions"]},
         models={
             "reranker": {
@@ -476,8 +524,11 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
     return out
 
 
-def gate_for_dir(cfg: dict, folder: Path, run_info: dict) -> dict:
-    """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`."""
+def gate_for_dir(cfg: dict, folder: Path, run_info: dict, evaluated: dict | None = None) -> dict:
+    """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
+
+    `evaluated` (what the evaluation judged) is bound into gate.json with the baseline compared against.
+    """
     from evals.gate import evaluate_gate, write_gate
     from evals.report import write_report
 
@@ -496,6 +547,8 @@ def gate_for_dir(cfg: dict, folder: Path, run_info: dict) -> dict:
         tolerance=cfg["evals"]["tolerance"],
         eval_errors=errors,
     )
+    if evaluated is not None:
+        gate["evaluated"] = verdict.binding(evaluated, baseline_path)
     write_gate(gate, folder)
     write_report(calibration, precision, gate, run_info, folder / "report.html")
     return gate
@@ -506,6 +559,6 @@ def gate_step(cfg: dict, run_id: str) -> dict:
     """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
     folder = run_dir(cfg, run_id)
     info = read_json(folder / "run.json") if (folder / "run.json").exists() else {}
-    gate = gate_for_dir(cfg, folder, info)
+    gate = gate_for_dir(cfg, folder, info, evaluated=info.get("evaluated"))
     update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

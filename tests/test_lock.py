@@ -135,17 +135,21 @@ def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
     assert not (artifacts / "runs").exists()  # it did nothing
 
 
-def test_promote_never_moves_live_backwards(make_cfg):
+def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
     """A version created before the live one is promoted only through the rollback path."""
     from pipelines import steps
     from pipelines.io import write_json
+    from tests.test_embedded_backend import synthetic_chunks
+    from tests.test_verdicts import pass_gate
 
     cfg = make_cfg()
+    synthetic_chunks(tmp_path / "c.parquet", n=6)
     for run_id, started in (("manual", "2026-01-02T00:00:00+00:00"), ("zzz-old", "2026-01-01T00:00:00+00:00")):
         folder = steps.run_dir(cfg, run_id)
-        (folder / "index").mkdir(parents=True)
+        folder.mkdir(parents=True)
         write_json({"started_at": started}, folder / "run.json")
-        write_json({"passed": True}, folder / "gate.json")
+        steps.open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))
+        pass_gate(cfg, run_id)  # a passed verdict bound to this version (pipelines/verdict.py)
     steps.promote_step(cfg, "manual")
     with pytest.raises(RuntimeError, match="created before the live version manual"):
         steps.promote_step(cfg, "zzz-old")  # newer by name, older by creation time

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import faults
+from pipelines import faults, verdict
 from pipelines import manifest as mf
 from pipelines.embed import embedding_matrix
 from pipelines.io import write_text
@@ -163,6 +163,17 @@ class EmbeddedStore:
     def promote(self, version: str) -> None:
         self.verify(version)
         write_text(version + "\n", self.live_file)
+
+    @property
+    def promotions_log(self) -> Path:
+        return self.live_file.parent / verdict.PROMOTIONS_LOG
+
+    def log_promotion(self, record: Mapping) -> None:
+        verdict.append_record(record, self.promotions_log)
+
+    def promotions(self) -> list[dict]:
+        """Every promotion and rollback, oldest first."""
+        return verdict.read_records(self.promotions_log)
 
     def live(self) -> str | None:
         if not self.live_file.exists():

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines import manifest as mf
+from pipelines import verdict
 from pipelines.search.analyzer import opensearch_analysis
 from pipelines.search.base import Hit, HybridResult, ScoreDistribution
 from pipelines.search.bm25 import K1 as BM25_K1
@@ -329,7 +330,35 @@ class OpenSearchStore:
     def index_name(self, version: str) -> str:
         if not version or not version.strip():
             raise ValueError("empty index version")
-        return f"{self.prefix}-{_FORBIDDEN_IN_INDEX.sub('-', version.lower())}"
+        name = _FORBIDDEN_IN_INDEX.sub("-", version.lower())
+        if name == verdict.PROMOTIONS_INDEX:
+            raise ValueError(f"{version!r} is reserved for the promotions log")
+        return f"{self.prefix}-{name}"
+
+    @property
+    def promotions_index(self) -> str:
+        return f"{self.prefix}-{verdict.PROMOTIONS_INDEX}"
+
+    def log_promotion(self, record: Mapping) -> None:
+        """One document per promotion in ``<prefix>-_promotions`` (append only: new ids, never updates)."""
+        if not self.client.indices.exists(index=self.promotions_index):
+            keyword = {"type": "keyword"}
+            fields = {k: keyword for k in ("version", "previous", "verdict_sha256", "manifest_sha256", "actor")}
+            body = {"mappings": {"properties": {"time": {"type": "date"}, **fields}}}
+            self.client.indices.create(index=self.promotions_index, body=body, ignore=400)  # a racing creator
+        self.client.index(index=self.promotions_index, body=dict(record), refresh="wait_for")
+
+    def promotions(self) -> list[dict]:
+        """Every promotion and rollback, oldest first."""
+        from opensearchpy import NotFoundError
+
+        try:
+            resp = self.client.search(
+                index=self.promotions_index, body={"size": 10000, "query": {"match_all": {}}, "sort": [{"time": "asc"}]}
+            )
+        except NotFoundError:
+            return []
+        return [h["_source"] for h in resp["hits"]["hits"]]
 
     def _meta(self, index: str) -> dict | None:
         """The sourcegate ``_meta`` of one index, or None when the index does not exist."""

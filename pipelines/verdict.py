@@ -1,0 +1,138 @@
+"""A gate verdict bound to what it judged (G3), and the promotions log (G4).
+
+The evaluate step records what it evaluated (the version's manifest hash, the eval sets' SHA-256,
+the config's hash); the gate adds the baseline it compared against and writes all of it into
+gate.json under `evaluated`. Promotion recomputes the same facts for the version it is about to
+serve and refuses a verdict that does not match: a cleared-and-rerun load, an edited eval set, a
+new baseline or config all need a new verdict. Every promotion and rollback appends one record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipelines.manifest import manifest_hash, sha256_file, sha256_json
+
+PROMOTIONS_LOG = "promotions.jsonl"  # embedded: beside the LIVE pointer, in the artifacts folder
+PROMOTIONS_INDEX = "_promotions"  # OpenSearch: the index <prefix>-_promotions (no version is named so)
+
+
+class VerdictMismatch(RuntimeError):
+    """A gate verdict that was not computed on the content about to be promoted."""
+
+
+def file_hash(path: str | Path) -> str | None:
+    return sha256_file(path) if Path(path).is_file() else None
+
+
+def eval_sets(cfg: Mapping) -> list[str]:
+    """The eval sets an evaluation reads (their content is part of what a verdict judged)."""
+    return [cfg["evals"]["calibration_set"], cfg["evals"]["precision_set"]]
+
+
+def evaluated(cfg: Mapping, manifest: Mapping | None, eval_sets: list[str]) -> dict:
+    """What one evaluation judged: the version (by manifest hash), the eval sets, the config."""
+    return {
+        "version": (manifest or {}).get("version"),
+        "manifest_sha256": manifest_hash(manifest) if manifest else None,
+        "eval_sets": {str(p): file_hash(p) for p in eval_sets},
+        "config_sha256": sha256_json(cfg),
+    }
+
+
+def binding(evaluated_facts: Mapping, baseline_path: str | Path) -> dict:
+    """gate.json's `evaluated`: the evaluation's facts plus the baseline the gate compared against."""
+    return {**evaluated_facts, "baseline": {"path": str(baseline_path), "sha256": file_hash(baseline_path)}}
+
+
+def current_binding(cfg: Mapping, manifest: Mapping, recorded: Mapping) -> dict:
+    """The same facts recomputed now, for the version about to be promoted (eval sets as recorded)."""
+    sets = list(recorded.get("eval_sets") or {}) or eval_sets(cfg)
+    return binding(evaluated(cfg, manifest, sets), cfg["evals"]["baseline"])
+
+
+def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
+    """Each fact of the verdict that differs from now, as a readable line."""
+    if not recorded:
+        return ["gate.json records nothing about what it evaluated (a verdict from before verdicts were bound)"]
+    found = []
+    if recorded.get("version") != current["version"]:
+        found.append(f"it judged version {recorded.get('version')!r}, not {current['version']!r}")
+    if recorded.get("manifest_sha256") != current["manifest_sha256"]:
+        found.append("the index version was rebuilt or changed since it was evaluated (manifest hash differs)")
+    for path, digest in (current.get("eval_sets") or {}).items():
+        if (recorded.get("eval_sets") or {}).get(path) != digest:
+            found.append(f"eval set {path} changed since the evaluation")
+    if recorded.get("config_sha256") != current["config_sha256"]:
+        found.append("the config differs from the one the evaluation ran with")
+    if recorded.get("baseline") != current["baseline"]:
+        base = current["baseline"]
+        found.append(f"the baseline {base['path']} differs from the one the gate compared against")
+    return found
+
+
+def check_verdict(gate: Mapping, cfg: Mapping, manifest: Mapping, version: str) -> None:
+    """Refuse (VerdictMismatch) a verdict that failed or that was computed on other content than `manifest`."""
+    if not gate.get("passed"):
+        raise VerdictMismatch(f"refusing to promote {version}: its gate failed")
+    recorded = gate.get("evaluated")
+    problems = mismatches(recorded, current_binding(cfg, manifest, recorded or {}))
+    if problems:
+        raise VerdictMismatch(
+            f"refusing to promote {version}: its gate verdict does not match what is being promoted: "
+            + "; ".join(problems)
+            + ". Re-run evaluate and gate on this version."
+        )
+
+
+def promotion_record(version: str, previous: str | None, verdict_sha256: str | None, actor: str, **extra) -> dict:
+    """One line of the append-only promotions log."""
+    return {
+        "time": datetime.now(UTC).isoformat(timespec="microseconds"),
+        "version": version,
+        "previous": previous,
+        "verdict_sha256": verdict_sha256,
+        "actor": actor,
+        **extra,
+    }
+
+
+def rollback_target(log: list[Mapping], live: str | None, present: set[str]) -> str | None:
+    """The default rollback target: the newest promoted version other than the live one that still exists."""
+    for record in reversed(log):
+        if record["version"] != live and record["version"] in present:
+            return record["version"]
+    return None
+
+
+def append_record(record: Mapping, path: str | Path) -> None:
+    """Append one JSON line and fsync: the log only ever grows."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
+    with open(path, "a+b") as fh:
+        if fh.tell() > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":  # a line torn by a crash: start a fresh line, keep the torn one visible
+                line = "\n" + line
+        fh.write(line.encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Every record of a promotions log, oldest first (a torn last line from a crash is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records

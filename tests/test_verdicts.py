@@ -1,0 +1,172 @@
+"""A verdict bound to what it judged (G3), the promotions log and rollback (G4).
+
+Fast tier: hand-made embedded versions (fixed vectors) and hand-written passed verdicts bound the way
+the evaluate and gate steps bind them; no model, no node.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from pipelines import manifest as mf
+from pipelines import steps, verdict
+from pipelines.cli import main
+from pipelines.io import write_json
+from tests.test_embedded_backend import synthetic_chunks
+
+INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}
+
+
+def pass_gate(cfg: dict, version: str, passed: bool = True) -> dict:
+    """gate.json for a loaded `version`, bound to it as evaluate_step + gate_step bind a verdict."""
+    facts = verdict.evaluated(cfg, steps.open_store(cfg).manifest(version), verdict.eval_sets(cfg))
+    gate = {"passed": passed, "reasons": [], "evaluated": verdict.binding(facts, cfg["evals"]["baseline"])}
+    write_json(gate, steps.run_dir(cfg, version) / "gate.json")
+    return gate
+
+
+@pytest.fixture
+def night(make_cfg, tmp_path):
+    """make(version, passed=True): a loaded version with a verdict bound as evaluate_step + gate_step bind it."""
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    for name in ("calibration.jsonl", "precision.jsonl"):
+        shutil.copy(f"config/evals/{name}", evals / name)
+    baseline = tmp_path / "baseline.json"
+    shutil.copy("config/baselines/precision.json", baseline)
+    cfg = make_cfg(
+        **{
+            "evals.calibration_set": str(evals / "calibration.jsonl"),
+            "evals.precision_set": str(evals / "precision.jsonl"),
+            "evals.baseline": str(baseline),
+        }
+    )
+    synthetic_chunks(tmp_path / "c.parquet", n=9)
+    store = steps.open_store(cfg)
+
+    def make(version: str, passed: bool = True) -> dict:
+        store.load(version, str(tmp_path / "c.parquet"), inputs=INPUTS)
+        return pass_gate(cfg, version, passed)
+
+    make.cfg, make.store, make.evals, make.baseline, make.chunks = cfg, store, evals, baseline, tmp_path / "c.parquet"
+    return make
+
+
+def test_a_bound_verdict_promotes_and_the_promotion_is_logged(night):
+    night("20260101-020000")
+    assert steps.promote_step(night.cfg, "20260101-020000") == "20260101-020000"
+    night("20260102-020000")
+    steps.promote_step(night.cfg, "20260102-020000", actor="dag:scheduled__x")
+    log = night.store.promotions()
+    assert [(r["version"], r["previous"], r["actor"]) for r in log] == [
+        ("20260101-020000", None, "cli"),
+        ("20260102-020000", "20260101-020000", "dag:scheduled__x"),
+    ]
+    gate = steps.run_dir(night.cfg, "20260102-020000") / "gate.json"
+    assert log[-1]["verdict_sha256"] == mf.sha256_file(gate) and log[-1]["time"]
+    assert log[-1]["manifest_sha256"] == mf.manifest_hash(night.store.manifest("20260102-020000"))
+    lines = night.store.promotions_log.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == log  # one JSON line per promotion, appended
+    steps.promote_step(night.cfg, "20260102-020000")  # already live: nothing to log
+    assert len(night.store.promotions()) == 2
+
+
+def test_a_verdict_on_a_rebuilt_version_is_refused(night):
+    """Clearing load + promote in Airflow after the version was rebuilt: the old "passed" must not carry over."""
+    night("v1")
+    night.store.promote("v1")  # something else is live
+    night("v2")
+    shutil.rmtree(night.store.folder("v2"))  # a maintainer deleted it; the load task is cleared and re-run ...
+    night.store.load("v2", str(night.chunks), inputs=INPUTS)  # ... rebuilt: same inputs, a new manifest
+    with pytest.raises(verdict.VerdictMismatch, match="rebuilt or changed since it was evaluated"):
+        steps.promote_step(night.cfg, "v2")
+    assert night.store.live() == "v1" and len(night.store.promotions()) == 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda n: (n.evals / "precision.jsonl").write_text((n.evals / "calibration.jsonl").read_text()), "eval set"),
+        (lambda n: n.baseline.write_text("{}"), "baseline"),
+        (lambda n: n.cfg["answer"].update(adjacent=0.01), "config"),
+    ],
+    ids=["eval-set-edited", "baseline-replaced", "config-changed"],
+)
+def test_a_verdict_is_refused_when_what_it_judged_changed(night, change, message):
+    night("v1")
+    change(night)
+    with pytest.raises(verdict.VerdictMismatch, match=message):
+        steps.promote_step(night.cfg, "v1")
+    assert night.store.live() is None
+
+
+def test_failed_unbound_or_missing_verdicts_are_refused(night):
+    night("v1", passed=False)
+    with pytest.raises(verdict.VerdictMismatch, match="gate failed"):
+        steps.promote_step(night.cfg, "v1")
+    gate = night("v2")
+    del gate["evaluated"]
+    write_json(gate, steps.run_dir(night.cfg, "v2") / "gate.json")
+    with pytest.raises(verdict.VerdictMismatch, match="records nothing about what it evaluated"):
+        steps.promote_step(night.cfg, "v2")
+    night("v3")
+    (steps.run_dir(night.cfg, "v3") / "gate.json").unlink()
+    with pytest.raises(verdict.VerdictMismatch, match="no gate verdict"):
+        steps.promote_step(night.cfg, "v3")
+    assert night.store.live() is None
+
+
+def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night, capsys):
+    artifacts = night.cfg["artifacts"]
+    for v in ("20260101-020000", "20260102-020000", "20260103-020000"):
+        night(v)
+        steps.promote_step(night.cfg, v)
+    assert main(["rollback", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    assert "20260103-020000 -> 20260102-020000" in capsys.readouterr().out
+    assert night.store.live() == "20260102-020000"
+    record = night.store.promotions()[-1]
+    assert (record["version"], record["previous"], record["actor"]) == (
+        "20260102-020000",
+        "20260103-020000",
+        "rollback",
+    )
+    # an explicit target; then the default is the newest logged promotion other than the live one
+    assert main(["rollback", "20260101-020000", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    assert steps.rollback_step(night.cfg)["version"] == "20260102-020000"
+
+
+def test_rollback_refuses_failed_corrupt_or_unknown_targets(night, capsys):
+    artifacts = night.cfg["artifacts"]
+    night("v1", passed=False)
+    night("v2")
+    steps.promote_step(night.cfg, "v2")
+    night("v3")
+    steps.promote_step(night.cfg, "v3")
+    assert main(["rollback", "v1", "--artifacts", artifacts, "--backend", "embedded"]) == 2
+    assert "no passed gate verdict" in capsys.readouterr().err
+    npy = night.store.folder("v2") / "embeddings.npy"
+    npy.write_bytes(npy.read_bytes()[:-8])
+    assert main(["rollback", "--artifacts", artifacts, "--backend", "embedded"]) == 2  # the default target, v2
+    err = capsys.readouterr().err
+    assert "embeddings.npy" in err and "Traceback" not in err
+    assert main(["rollback", "v3", "--artifacts", artifacts, "--backend", "embedded"]) == 2
+    assert "already the live version" in capsys.readouterr().err
+    assert night.store.live() == "v3" and [r["actor"] for r in night.store.promotions()] == ["cli", "cli"]
+
+
+def test_rollback_with_no_history_says_so(night, capsys):
+    assert main(["rollback", "--artifacts", night.cfg["artifacts"], "--backend", "embedded"]) == 2
+    assert "no earlier promoted version" in capsys.readouterr().err
+
+
+def test_a_torn_last_line_of_the_log_is_skipped(tmp_path):
+    path = tmp_path / verdict.PROMOTIONS_LOG
+    verdict.append_record({"version": "a"}, path)
+    with open(path, "a") as fh:
+        fh.write('{"version": "b"')  # a crash mid-append
+    assert verdict.read_records(path) == [{"version": "a"}]
+    verdict.append_record({"version": "c"}, path)  # the next record still gets a line of its own
+    assert verdict.read_records(path) == [{"version": "a"}, {"version": "c"}]
