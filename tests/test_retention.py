@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime
 
 from pipelines.io import write_json
+from pipelines.manifest import build_manifest, write_manifest
 from pipelines.runs import DAY_S, Run, doomed_runs, list_runs, retain_runs
 from pipelines.search.embedded import EmbeddedStore
 
@@ -18,8 +19,8 @@ def make_run(runs_dir, name, days_ago, promoted=False, index=True):
     (folder / "embed").mkdir(parents=True)
     (folder / "embed" / "shard-0000.parquet").write_bytes(b"x")
     (folder / "chunks.parquet").write_bytes(b"x")
-    if index:
-        (folder / "index").mkdir()
+    if index:  # a complete (if empty) version: promote verifies it against its manifest
+        write_manifest(folder / "index", build_manifest(name, rows=0, dimension=0))
     info = {"started_at": datetime.fromtimestamp(NOW - days_ago * DAY_S, UTC).isoformat()}
     if promoted:
         info["promoted"] = {"version": name}
