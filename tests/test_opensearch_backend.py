@@ -563,3 +563,22 @@ def test_manifest_in_meta_reuse_refusal_and_verify(store, small_parquet, os_clie
     assert store.open("v1").manifest == manifest  # opening checks the count only
     with pytest.raises(IntegrityError, match="chunk ids differ"):
         store.verify("v1")
+
+
+@pytest.mark.opensearch
+def test_promotions_log_is_a_small_index_beside_the_versions(store, small_parquet):
+    from pipelines import verdict
+
+    assert store.promotions() == []
+    store.load("v1", str(small_parquet))
+    store.promote("v1")
+    store.log_promotion(verdict.promotion_record("v1", None, "sha256:g1", "cli"))
+    store.log_promotion(verdict.promotion_record("v2", "v1", "sha256:g2", "dag:manual__1"))
+    log = store.promotions()
+    assert [(r["version"], r["previous"], r["actor"]) for r in log] == [
+        ("v1", None, "cli"),
+        ("v2", "v1", "dag:manual__1"),
+    ]
+    assert store.versions() == ["v1"]  # the log index is not a version
+    with pytest.raises(ValueError, match="reserved"):
+        store.index_name("_promotions")
