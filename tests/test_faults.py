@@ -225,3 +225,52 @@ def test_disk_full_at_load_and_while_writing_artifacts(tiny, small_disk, embedde
     assert steps.gate_step(cfg, night)["passed"]
     steps.promote_step(cfg, night)
     assert store.live() == night
+
+
+# --- a corrupted live version ------------------------------------------------------------------------
+
+
+def cli(tiny: dict, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "pipelines.cli", "--config", str(tiny["config"]), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_a_corrupted_live_version_fails_query_evaluate_and_verify_naming_the_file(tiny, tmp_path, embedder):
+    from pipelines import steps
+    from pipelines.manifest import IntegrityError
+
+    artifacts = tmp_path / "artifacts"
+    cfg = config_mod.load(tiny["config"], {"artifacts": str(artifacts)})
+    version = "20260101-020000"
+    steps.ingest_step(cfg, version)
+    steps.chunk_step(cfg, version)
+    steps.merge_step(cfg, version, [steps.embed_step(cfg, version, embedder=embedder)])
+    assert steps.validate_step(cfg, version)
+    steps.load_step(cfg, version)
+    store = store_of(artifacts)
+    store.promote(version)
+    index = artifacts / "runs" / version / "index"
+    assert cli(tiny, "verify", version, "--artifacts", str(artifacts)).returncode == 0
+
+    for name, corrupt in (
+        ("embeddings.npy", lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])),  # truncated
+        ("chunks.parquet", lambda p: p.write_bytes(flip_middle_byte(p.read_bytes()))),  # same size, other bytes
+    ):
+        path = index / name
+        intact = path.read_bytes()
+        corrupt(path)
+        verify = cli(tiny, "verify", version, "--artifacts", str(artifacts))
+        assert verify.returncode == 2 and str(path) in verify.stderr, (name, verify.stderr)
+        query = cli(tiny, "query", "--artifacts", str(artifacts), "Can I bring my bike on the train?")
+        assert query.returncode == 2 and name in query.stderr and "Traceback" not in query.stderr, query.stderr
+        with pytest.raises(IntegrityError, match=name):
+            steps.evaluate_step(cfg, "recal-20260101-030000", version=version)
+        assert store.live() == version  # nothing moved; the maintainer restores or rolls back
+        path.write_bytes(intact)
+    assert cli(tiny, "verify", version, "--artifacts", str(artifacts)).returncode == 0
+
+
+def flip_middle_byte(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
