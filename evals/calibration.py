@@ -440,15 +440,16 @@ def calibrate_pair(
 def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> dict[str, Any]:
     """What the shipped threshold (the lower, "adjacent" one) does to this eval set.
 
-    A should-answer question without a score counts as not kept: nothing shows
-    it would be answered.
+    A question without a score is declined, as `pipelines.answer.decide` declines it at
+    runtime: a should-answer one counts as not kept, a should-decline one as declined
+    (the same rule as `decline_recall_by_kind`); `unscored` lists them all.
     """
     scores = _signal_matrix(records, [signal])[:, 0]
     is_answer = _answer_mask(records)
     scored = np.isfinite(scores)
     n_answer, n_decline = int(is_answer.sum()), int((~is_answer).sum())
     kept = is_answer & scored & (scores >= threshold)
-    declined = ~is_answer & scored & (scores < threshold)
+    declined = ~is_answer & (~scored | (scores < threshold))
 
     def listing(mask: np.ndarray, descending: bool) -> list[dict[str, Any]]:
         order = np.flatnonzero(mask)[np.argsort(-scores[mask] if descending else scores[mask], kind="stable")]
@@ -457,6 +458,14 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
             for i in order
         ]
 
+    per_question = {
+        records[i]["id"]: {
+            "kind": records[i].get("kind"),
+            "label": ANSWER if is_answer[i] else DECLINE,
+            "declined": bool(not kept[i] if is_answer[i] else declined[i]),
+        }
+        for i in range(len(records))
+    }
     wrongly_declined = listing(is_answer & scored & ~kept, descending=False)
     for row in wrongly_declined:
         row["fix"] = f"threshold <= {row['score']!r}"  # repr round-trips: never above the score
@@ -476,7 +485,9 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
         "wrongly_declined": wrongly_declined,
         "wrongly_answered": listing(~is_answer & scored & ~declined, descending=True),
         "unscored": [records[i]["id"] for i in np.flatnonzero(~scored)],
+        "unscored_by_label": {ANSWER: int((is_answer & ~scored).sum()), DECLINE: int((~is_answer & ~scored).sum())},
         "max_threshold_for_full_coverage": float(answer_scores.min()) if len(answer_scores) else None,
+        "per_question": per_question,  # what the decline regression check pairs with the baseline
     }
 
 
@@ -484,7 +495,8 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
 
 
 def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: float) -> dict[str, dict]:
-    """Per should-decline kind: how many a threshold declines (a missing score counts as declined)."""
+    """Per should-decline kind: how many a threshold declines (a missing score counts as declined,
+    as in `check_shipped` and at runtime)."""
     out: dict[str, dict] = {}
     for r in records:
         if r["label"] == ANSWER:
@@ -560,7 +572,7 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
     for name in config["signals"]:
         scored = np.isfinite(column[name])
         if not scored.any():
-            hint = " (reranker off?)" if name == "rerank_top" else ""
+            hint = " (reranker off?)" if name in ("rerank_top", "margin") else ""
             signals[name] = {"name": name, "skipped": True, "note": f"skipped: no question has a {name} score{hint}"}
             continue
         ids = [r["id"] for r, ok in zip(records, scored) if ok]

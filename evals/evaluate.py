@@ -10,6 +10,8 @@ import logging
 from collections.abc import Iterable
 
 from evals.evalset import relevant
+from evals.metrics import first_relevant_rank
+from pipelines.answer import mode_for
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +71,30 @@ def shortlist_recall(records: list[dict], chunks_by_id: dict[str, dict], depth: 
             missed.append(r["id"])
     n = len(answer)
     return {"depth": depth, "n": n, "recall": (n - len(missed)) / n if n else None, "missed": missed}
+
+
+def question_rows(set_name: str, records: list[dict], qrels: dict[str, dict[str, int]], answer_cfg: dict) -> list[dict]:
+    """Per-question records of one run (questions.jsonl): what `sourcegate diff` joins across runs.
+
+    `labelled_rank` is the 1-based rank of the first labelled passage in the final order
+    (None: not retrieved, or the question has no label to find).
+    """
+    signal = answer_cfg["signal"]
+    rows = []
+    for r in records:
+        score = r["signals"].get(signal)
+        rows.append(
+            {
+                "set": set_name,
+                "id": r["id"],
+                "kind": r["kind"],
+                "label": r["label"],
+                "question": r["question"],
+                "gating_signal": signal,
+                "gating_score": score,
+                "mode": mode_for(score, answer_cfg)[0],
+                "labelled_rank": first_relevant_rank(r["ranked"], qrels.get(r["id"], {})),
+                "signals": r["signals"],
+            }
+        )
+    return rows

@@ -1,9 +1,10 @@
 """The release gate: one verdict from the calibration and precision artifacts.
 
 The gate fails the run (and so blocks promotion) when the gating signal has no
-threshold gap, when the shipped threshold declines any should-answer question,
-when reranked precision fell below the accepted baseline beyond tolerance, or
-when the eval sets themselves were invalid.
+threshold gap, when the shipped threshold is not inside that gap or declines any
+should-answer question, when reranked hits or declines lost significantly more
+questions than they won against the accepted baseline (paired per question, exact
+McNemar) or more than a set count, or when the eval sets themselves were invalid.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from evals.regression import compare, describe
 from pipelines.io import jsonable, write_json, write_text
 
-# Float slack for ">= baseline - tolerance": 0.7 - 0.1 must not fail 0.6.
-EPSILON = 1e-9
 # Characters XML 1.0 cannot carry even escaped (question text may hold them).
 _XML_ILLEGAL = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -152,13 +152,18 @@ def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
     threshold, coverage = shipped["threshold"], shipped["coverage"]
     missed = shipped["wrongly_declined"]
     unscored = [q for q in shipped["unscored"] if q in _answer_ids(calibration)]
+    n_unscored = len(shipped["unscored"])
+    unscored_note = (
+        f" {n_unscored} question(s) had no {signal} score and count as declined, as at runtime." if n_unscored else ""
+    )
     if coverage == 1.0:
         return _check(
             "answer_coverage",
             True,
             f"The shipped {signal} threshold {_n(threshold)} keeps all {shipped['n']['answer']} "
-            f"should-answer questions and declines {_pct(shipped['decline_recall'])} of should-decline.",
+            f"should-answer questions and declines {_pct(shipped['decline_recall'])} of should-decline.{unscored_note}",
             coverage=coverage,
+            unscored=shipped["unscored"],
         )
     listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in missed)
     if unscored:
@@ -169,7 +174,7 @@ def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
         False,
         f"The shipped {signal} threshold {_n(threshold)} declines {len(missed) + len(unscored)} of "
         f"{shipped['n']['answer']} should-answer questions (coverage {_n(coverage)}): {listed}. "
-        f"A threshold of at most {_n(full)} keeps them all.",
+        f"A threshold of at most {_n(full)} keeps them all.{unscored_note}",
         coverage=coverage,
         wrongly_declined=missed,
         unscored=unscored,
@@ -180,70 +185,90 @@ def _answer_ids(calibration: Mapping) -> set[str]:
     return {q["id"] for q in calibration.get("questions", ()) if q["label"] == "answer"}
 
 
-def _regressions(scope: str, current: Mapping | None, accepted: Mapping, tolerance: float) -> list[dict]:
-    found = []
-    for metric, base in accepted.items():
-        value = (current or {}).get(metric)
-        if value is None or value + EPSILON < base - tolerance:
-            found.append({"kind": scope, "metric": metric, "baseline": base, "value": value})
-    return found
+REACCEPT = "re-accept a run you trust: `sourcegate accept RUN_DIR` writes per-question outcomes"
+DEFAULT_REGRESSION = {"alpha": 0.05, "max_losses": 3, "min_kind_questions": 10, "hit_k": 1}
 
 
-def check_precision_regression(precision: Mapping | None, baseline: Mapping | None, tolerance: float) -> dict[str, Any]:
-    """Reranked precision, overall and per kind, must be >= baseline - tolerance."""
-    accepted = (baseline or {}).get("reranked") or {}
-    if not accepted:
+def precision_outcomes(per_question: Mapping[str, Mapping], k: int) -> dict[str, dict[str, Any]]:
+    """hit@k per question from the rank of its first relevant passage."""
+    return {
+        q: {"kind": r.get("kind"), "hit": r.get("reranked_rank") is not None and r["reranked_rank"] <= k}
+        for q, r in per_question.items()
+    }
+
+
+def decline_outcomes(per_question: Mapping[str, Mapping]) -> dict[str, dict[str, Any]]:
+    """Declined or not, per should-decline question."""
+    return {
+        q: {"kind": r.get("kind"), "declined": bool(r["declined"])}
+        for q, r in per_question.items()
+        if r.get("label") == "decline"
+    }
+
+
+def _baseline_questions(baseline: Mapping | None, part: str) -> Mapping | None:
+    return ((baseline or {}).get("questions") or {}).get(part)
+
+
+def check_precision_regression(
+    precision: Mapping | None, baseline: Mapping | None, regression: Mapping | None = None
+) -> dict[str, Any]:
+    """hit@k per question against the accepted baseline: paired wins/losses, exact McNemar."""
+    cfg = {**DEFAULT_REGRESSION, **(regression or {})}
+    if not baseline:
         return _check("precision_regression", True, "No accepted baseline to compare against yet.")
-    if not precision or not precision.get("overall"):
-        return _check("precision_regression", False, "No precision results to compare with the baseline.")
-    found = _regressions("overall", precision["overall"]["reranked"], accepted.get("overall", {}), tolerance)
-    by_kind = precision.get("by_kind", {})
-    for kind, metrics in sorted(accepted.get("by_kind", {}).items()):
-        found += _regressions(kind, (by_kind.get(kind) or {}).get("reranked"), metrics, tolerance)
-    if not found:
+    accepted = _baseline_questions(baseline, "precision")
+    if accepted is None:
         return _check(
             "precision_regression",
-            True,
-            f"Reranked precision is within {tolerance:g} of the accepted baseline everywhere.",
+            False,
+            f"The accepted baseline has no per-question precision outcomes to compare with; {REACCEPT}.",
         )
-    lines = [
-        f"{r['metric']} for {'all questions' if r['kind'] == 'overall' else 'kind ' + repr(r['kind'])} "
-        + (
-            f"is {_n(r['value'])}, below baseline {_n(r['baseline'])} - tolerance {tolerance:g}"
-            if r["value"] is not None
-            else "is missing from this run"
-        )
-        for r in found
-    ]
-    return _check(
-        "precision_regression", False, f"Reranked precision regressed: {'; '.join(lines)}.", regressions=found
+    if not precision or precision.get("per_question") is None:
+        return _check("precision_regression", False, "No per-question precision results to compare with the baseline.")
+    k = cfg["hit_k"]
+    result = compare(
+        precision_outcomes(accepted, k),
+        precision_outcomes(precision["per_question"], k),
+        "hit",
+        alpha=cfg["alpha"],
+        max_losses=cfg["max_losses"],
+        min_kind_questions=cfg["min_kind_questions"],
     )
+    return _check("precision_regression", not result["failed"], describe(result, f"Reranked hit@{k}") + ".", **result)
 
 
-def check_decline_regression(calibration: Mapping, baseline: Mapping | None, tolerance: float) -> dict[str, Any]:
-    """Decline recall per should-decline kind at the shipped threshold must not fall below the baseline."""
-    accepted = (baseline or {}).get("decline_recall_by_kind") or {}
-    if not accepted:
-        return _check("decline_regression", True, "No accepted decline-recall baseline to compare against yet.")
-    current = (calibration.get("shipped") or {}).get("decline_recall_by_kind") or {}
-    found = [
-        {"kind": k, "baseline": base, "value": (current.get(k) or {}).get("recall")}
-        for k, base in sorted(accepted.items())
-        if (current.get(k) or {}).get("recall") is None or current[k]["recall"] + EPSILON < base - tolerance
-    ]
-    summary = ", ".join(f"{k} {v['declined']}/{v['n']}" for k, v in current.items())
-    if not found:
+def check_decline_regression(
+    calibration: Mapping, baseline: Mapping | None, regression: Mapping | None = None
+) -> dict[str, Any]:
+    """Declined or not per should-decline question at the shipped threshold, against the baseline."""
+    cfg = {**DEFAULT_REGRESSION, **(regression or {})}
+    if not baseline:
+        return _check("decline_regression", True, "No accepted baseline to compare against yet.")
+    accepted = _baseline_questions(baseline, "decline")
+    if accepted is None:
         return _check(
             "decline_regression",
-            True,
-            f"Decline recall per kind is within {tolerance:g} of the accepted baseline ({summary}).",
+            False,
+            f"The accepted baseline has no per-question decline outcomes to compare with; {REACCEPT}.",
         )
-    lines = [
-        f"kind {r['kind']!r} declines {_pct(r['value'])}, below baseline {_pct(r['baseline'])} - "
-        f"tolerance {tolerance:g}"
-        for r in found
-    ]
-    return _check("decline_regression", False, f"Decline recall regressed: {'; '.join(lines)}.", regressions=found)
+    current = (calibration.get("shipped") or {}).get("per_question")
+    if current is None:
+        return _check("decline_regression", False, "No per-question decline results to compare with the baseline.")
+    result = compare(
+        decline_outcomes(accepted),
+        decline_outcomes(current),
+        "declined",
+        alpha=cfg["alpha"],
+        max_losses=cfg["max_losses"],
+        min_kind_questions=cfg["min_kind_questions"],
+    )
+    return _check(
+        "decline_regression",
+        not result["failed"],
+        describe(result, "Should-decline questions declined at the shipped threshold") + ".",
+        **result,
+    )
 
 
 def check_eval_sets_valid(eval_errors: Iterable[str]) -> dict[str, Any]:
@@ -259,7 +284,7 @@ def evaluate_gate(
     baseline: Mapping | None,
     *,
     gating_signal: str,
-    tolerance: float,
+    regression: Mapping | None = None,
     eval_errors: Iterable[str] = (),
 ) -> dict[str, Any]:
     """gate.json: passed, the reasons it did not, and every check."""
@@ -267,8 +292,8 @@ def evaluate_gate(
         check_threshold_gap(calibration, gating_signal),
         check_threshold_in_gap(calibration, gating_signal),
         check_answer_coverage(calibration, gating_signal),
-        check_precision_regression(precision, baseline, tolerance),
-        check_decline_regression(calibration, baseline, tolerance),
+        check_precision_regression(precision, baseline, regression),
+        check_decline_regression(calibration, baseline, regression),
         check_eval_sets_valid(eval_errors),
     ]
     signal = (
@@ -280,11 +305,17 @@ def evaluate_gate(
         {
             "passed": all(c["passed"] for c in checks),
             "gap_decided_by_one_question": bool(fragile.get("one_question")),
+            "unscored": {"signal": gating_signal, "count": len(shipped.get("unscored") or [])},
             "gap_deciding_questions": fragile.get("deciding"),
             "reasons": [c["detail"] for c in checks if not c["passed"]],
             "checks": checks,
             "gating_signal": gating_signal,
-            "tolerance": tolerance,
+            "regression": {**DEFAULT_REGRESSION, **(regression or {})},
+            "flipped": {
+                c["name"]: {"lost": c["data"]["overall"]["losses"], "won": c["data"]["overall"]["wins"]}
+                for c in checks
+                if c["name"] in ("precision_regression", "decline_regression") and "overall" in c["data"]
+            },
             "thresholds": {
                 "shipped": shipped.get("threshold"),
                 "strong": shipped.get("strong_threshold"),

@@ -76,10 +76,12 @@ def precision_eval(
         kinds.setdefault(str(it.get("kind")), []).append(it["id"])
 
     losses, wins, ties = [], 0, 0
+    per_question = {}
     for it in judged:
         qid = it["id"]
         before = first_relevant_rank(fused.get(qid, ()), subset[qid])
         after = first_relevant_rank(reranked.get(qid, ()), subset[qid])
+        per_question[qid] = {"kind": it.get("kind"), "fused_rank": before, "reranked_rank": after}
         rr_before, rr_after = values["fused"]["mrr"][qid], values["reranked"]["mrr"][qid]
         # p@1 can only drop if the reciprocal rank drops, so one test covers both.
         if rr_after < rr_before:
@@ -101,5 +103,7 @@ def precision_eval(
             "wins": wins,
             "ties": ties,
             "skipped": skipped,
+            # rank of the first relevant passage per question: what the regression check pairs
+            "per_question": per_question,
         }
     )

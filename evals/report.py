@@ -638,6 +638,52 @@ def _precision_section(precision: Mapping | None) -> str:
     )
 
 
+def _diff_section(diff: Mapping | None) -> str:
+    """Per question, what changed since the live version this run would replace."""
+    if not diff:
+        return ""
+    rows = [
+        (
+            esc(f"{r['set']}/{r['id']}"),
+            esc(r["kind"]),
+            esc(r["question"]),
+            f"{_num(r['score_a'], 4)} → {_num(r['score_b'], 4)}",
+            _num(r["delta"], 3),
+            f'<span class="{"bad" if r["crossed"] else "muted"}">{esc(r["mode_a"] or "-")} → {esc(r["mode_b"] or "-")}</span>',
+            f"{esc(r['rank_a'] or '-')} → {esc(r['rank_b'] or '-')}",
+        )
+        for r in diff["moved"]
+    ]
+    kinds = [
+        (
+            esc(kind),
+            str(k["n"]),
+            str(k["moved"]),
+            str(k["crossed"]),
+            f"{_num(k['mean_delta'], 3)} [{_num(k['min_delta'], 3)}, {_num(k['max_delta'], 3)}]",
+        )
+        for kind, k in diff["by_kind"].items()
+    ]
+    moved = (
+        _table(
+            ["question", "kind", "text", "gating score", "change", "mode", "labelled rank"],
+            rows,
+            numeric=(4,),
+            limit=MAX_ROWS,
+        )
+        if rows
+        else '<p class="good">No question moved.</p>'
+    )
+    return (
+        f'<h2>Since the live version {esc(diff.get("live", ""))}</h2><div class="card diff">'
+        f"<p>{len(diff['moved'])} of {diff['n']} questions moved; {len(diff['crossed'])} crossed a threshold "
+        "(listed first).</p>"
+        f"{moved}<h3>Shifts per kind</h3>"
+        + _table(["set/kind", "n", "moved", "crossed", "score shift mean [min, max]"], kinds, numeric=(1, 2, 3))
+        + "</div>"
+    )
+
+
 def _run_info(run_info: Mapping) -> str:
     def show(value: Any) -> str:
         if isinstance(value, Mapping):
@@ -649,7 +695,9 @@ def _run_info(run_info: Mapping) -> str:
     return "<h2>Run</h2>" + _table(["", ""], [(esc(k), show(v)) for k, v in run_info.items()])
 
 
-def render_report(calibration: Mapping, precision: Mapping | None, gate: Mapping, run_info: Mapping) -> str:
+def render_report(
+    calibration: Mapping, precision: Mapping | None, gate: Mapping, run_info: Mapping, diff: Mapping | None = None
+) -> str:
     """The whole report as one HTML string."""
     run_id = run_info.get("run_id", "")
     n = calibration.get("n", {})
@@ -665,13 +713,18 @@ def render_report(calibration: Mapping, precision: Mapping | None, gate: Mapping
         f"{_checks(gate)}"
         f"<h2>Signals</h2>{_signal_summary(calibration)}{cards}"
         f"{_pair_section(calibration)}{_shipped_section(calibration)}"
-        f"{_precision_section(precision)}{_run_info(run_info)}"
+        f"{_precision_section(precision)}{_diff_section(diff)}{_run_info(run_info)}"
         "</main></body></html>\n"
     )
 
 
 def write_report(
-    calibration: Mapping, precision: Mapping | None, gate: Mapping, run_info: Mapping, path: str | os.PathLike
+    calibration: Mapping,
+    precision: Mapping | None,
+    gate: Mapping,
+    run_info: Mapping,
+    path: str | os.PathLike,
+    diff: Mapping | None = None,
 ) -> Path:
     """Render and write report.html atomically."""
-    return write_text(render_report(calibration, precision, gate, run_info), path)
+    return write_text(render_report(calibration, precision, gate, run_info, diff), path)

@@ -26,17 +26,23 @@ class Answer:
     dropped_as_noise: int = 0
 
 
+def mode_for(value: float | None, answer_cfg: dict) -> tuple[str, float]:
+    """The answer mode for a gating-signal value, and the threshold that decided it."""
+    strong, adjacent = answer_cfg["strong"], answer_cfg["adjacent"]
+    if value is not None and value >= strong:
+        return "sourced", strong
+    if value is not None and value >= adjacent:
+        return "adjacent", adjacent
+    # A missing signal (e.g. the reranker failed while it gates) is treated as no source.
+    return answer_cfg["below"], adjacent
+
+
 def decide(retrieval: Retrieval, answer_cfg: dict, max_passages: int = 5) -> Answer:
     signal = answer_cfg["signal"]
     value = retrieval.signals.get(signal)
-    strong, adjacent = answer_cfg["strong"], answer_cfg["adjacent"]
-    if value is not None and value >= strong:
-        mode, threshold = "sourced", strong
-    elif value is not None and value >= adjacent:
-        mode, threshold = "adjacent", adjacent
-    else:
-        # A missing signal (e.g. the reranker failed while it gates) is treated as no source.
-        return Answer(answer_cfg["below"], signal, value, adjacent, retrieval.ranked[:3])
+    mode, threshold = mode_for(value, answer_cfg)
+    if mode not in ("sourced", "adjacent"):
+        return Answer(mode, signal, value, threshold, retrieval.ranked[:3])
     passages, dropped = drop_noise(retrieval.ranked[:max_passages], signal, threshold)
     return Answer(mode, signal, value, threshold, passages, dropped)
 

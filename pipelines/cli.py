@@ -1,4 +1,4 @@
-"""`sourcegate` command line: run, query, calibrate, beir, accept, verify, rollback."""
+"""`sourcegate` command line: run, query, calibrate, beir, accept, verify, rollback, diff."""
 
 from __future__ import annotations
 
@@ -153,7 +153,8 @@ def cmd_beir(args) -> int:
 
 
 def cmd_accept(args) -> int:
-    """Accept a run's reranked precision and decline recall as the new baseline."""
+    """Accept a run's per-question precision and decline outcomes as the baseline."""
+    from evals.regression import baseline_from
     from pipelines.io import read_json, write_json
     from pipelines.lock import writer_lock
 
@@ -161,19 +162,7 @@ def cmd_accept(args) -> int:
     run = Path(args.run)
     if not args.artifacts and run.resolve().parent.name == "runs":  # <artifacts>/runs/<id>: lock that folder
         cfg["artifacts"] = str(run.resolve().parent.parent)
-    precision, calibration = read_json(run / "precision.json"), read_json(run / "calibration.json")
-
-    def gated(metrics: dict) -> dict:  # the gate holds precision@k; nDCG, recall and MRR are reported
-        return {m: v for m, v in metrics.items() if m.startswith("p@")}
-
-    baseline = {
-        "accepted_from": str(run / "precision.json"),
-        "reranked": {
-            "overall": gated(precision["overall"]["reranked"]),
-            "by_kind": {k: gated(v["reranked"]) for k, v in sorted(precision["by_kind"].items())},
-        },
-        "decline_recall_by_kind": {k: v["recall"] for k, v in calibration["shipped"]["decline_recall_by_kind"].items()},
-    }
+    baseline = baseline_from(read_json(run / "precision.json"), read_json(run / "calibration.json"), str(run))
     out = Path(args.out or cfg["evals"]["baseline"])
     with writer_lock(cfg, f"sourcegate accept {run}"):
         write_json(baseline, out)
@@ -217,6 +206,15 @@ def cmd_rollback(args) -> int:
     cfg = load_config(args)
     record = rollback_step(cfg, args.version)
     print(f"rolled back: live index {record['previous']} -> {record['version']} (logged as a rollback)")
+    return 0
+
+
+def cmd_diff(args) -> int:
+    """Per question: gating score, answer mode and labelled rank, run A against run B."""
+    from evals.diff import diff_runs, format_diff
+
+    diff = diff_runs(args.run_a, args.run_b)
+    print(json.dumps(diff, indent=2, sort_keys=True) if args.json else format_diff(diff))
     return 0
 
 
@@ -264,7 +262,7 @@ def main(argv=None) -> int:
     )
     p.set_defaults(func=cmd_beir)
 
-    p = sub.add_parser("accept", help="accept a run's precision and decline recall as the baseline")
+    p = sub.add_parser("accept", help="accept a run's per-question precision and decline outcomes as the baseline")
     p.add_argument("run", help="a run folder"), p.add_argument("--out", help="default: evals.baseline")
     p.add_argument("--artifacts", help="the artifacts folder whose lock is held while writing")
     p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
@@ -283,6 +281,11 @@ def main(argv=None) -> int:
     p.add_argument("version", nargs="?", help="default: the previously promoted version")
     p.add_argument("--artifacts"), p.add_argument("--backend", choices=["embedded", "opensearch"])
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("diff", help="what changed per question between two run folders (scores, modes, ranks)")
+    p.add_argument("run_a", help="the older run folder"), p.add_argument("run_b", help="the newer run folder")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_diff)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

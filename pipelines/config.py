@@ -93,7 +93,12 @@ SCHEMA: dict[str, Any] = {
         "precision_set": (str, "config/evals/precision.jsonl"),
         "ks": (list, [1, 3, 5]),
         "baseline": (str, "config/baselines/precision.json"),
-        "tolerance": (_NUM, 0.02),
+        "regression": {  # per-question paired comparison with the accepted baseline (evals/regression.py)
+            "alpha": (_NUM, 0.05),  # fail when losses exceed wins with one-sided exact McNemar p < alpha
+            "max_losses": (int, 3),  # ... or when more questions than this flipped from pass to fail
+            "min_kind_questions": (int, 10),  # smaller kinds are reported, never gated on alone
+            "hit_k": (int, 1),  # precision outcome: a relevant passage within the top k
+        },
     },
 }
 
@@ -138,6 +143,12 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
             raise ConfigError(f"{dotted}: {value!r} is not one of {sorted(allowed)}")
     if not 0.0 <= cfg["retrieval"]["rerank_weight"] <= 1.0:
         raise ConfigError(f"retrieval.rerank_weight: {cfg['retrieval']['rerank_weight']!r} is not within [0, 1]")
+    regression = cfg["evals"]["regression"]
+    if not 0.0 < regression["alpha"] < 1.0:
+        raise ConfigError(f"evals.regression.alpha: {regression['alpha']!r} is not strictly within (0, 1)")
+    for key in ("max_losses", "min_kind_questions", "hit_k"):
+        if regression[key] < (0 if key == "max_losses" else 1):
+            raise ConfigError(f"evals.regression.{key}: {regression[key]!r} is too small")
     for key in ("promise_coverage", "promise_confidence"):
         if not 0.0 < cfg["calibration"][key] < 1.0:
             raise ConfigError(f"calibration.{key}: {cfg['calibration'][key]!r} is not strictly within (0, 1)")

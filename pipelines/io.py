@@ -11,7 +11,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,14 @@ def write_json(obj: Any, path: str | os.PathLike) -> Path:
     return write_text(
         json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n", path
     )
+
+
+def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
+    """One JSON object per line (sorted keys, NaN as null), atomically."""
+    text = "".join(
+        json.dumps(jsonable(row), sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n" for row in rows
+    )
+    return write_text(text, path)
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:

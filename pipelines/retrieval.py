@@ -188,21 +188,7 @@ class Retriever:
                 c.rerank_probability = p
         ranked = [head[i] for i in order] + fused[self.rerank_depth :]
         timings["rerank"] = lap()
-        dist = found.distribution
-        bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
-        top_scores = (
-            sorted(result.probabilities, reverse=True)[:2]
-            if result is not None
-            else [c.fused_score for c in ranked[:2]]
-        )
-        signals = {
-            "cosine_top": found.best_cosine,
-            "rerank_top": max(result.probabilities) if result and result.probabilities else None,
-            "bm25_top": bm25_top,
-            "bm25_z": dist.zscore(bm25_top),
-            "term_coverage": term_coverage(query, ranked[0].text) if ranked else 0.0,
-            "margin": margin(top_scores),
-        }
+        signals = self.signals(query, fused, found, result)
         signals.update(
             answerability_signals(
                 query,
@@ -216,3 +202,25 @@ class Retriever:
         )
         timings["signals"] = lap()
         return Retrieval(query, fused, ranked, result is not None, signals, timings)
+
+    @staticmethod
+    def signals(query: str, fused: list[Candidate], found, result: Reranked | None) -> dict:
+        """Every signal from a fixed definition, independent of rerank_weight and the final order.
+
+        cosine_top, bm25_top, bm25_z read the whole index (`found`: the search's distribution and
+        best cosine); term_coverage reads the fused top (fused[0]), so it exists whether or not
+        the reranker ran; rerank_top and margin read the cross-encoder's probabilities over the
+        fused head and are None when the reranker failed or is off: never replaced by a score on
+        another scale.
+        """
+        dist = found.distribution
+        bm25_top = float(dist.scores.max()) if len(dist.scores) else 0.0
+        probabilities = result.probabilities if result is not None and result.probabilities else None
+        return {
+            "cosine_top": found.best_cosine,
+            "rerank_top": max(probabilities) if probabilities else None,
+            "bm25_top": bm25_top,
+            "bm25_z": dist.zscore(bm25_top),
+            "term_coverage": term_coverage(query, fused[0].text) if fused else 0.0,
+            "margin": margin(sorted(probabilities, reverse=True)[:2]) if probabilities else None,
+        }

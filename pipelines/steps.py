@@ -24,7 +24,7 @@ from pipelines import manifest as mf
 from pipelines.chunk import chunk_documents, chunker_key, rows_by_document
 from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
 from pipelines.ingest import ingest
-from pipelines.io import read_json, write_json, write_parquet
+from pipelines.io import read_json, write_json, write_jsonl, write_parquet
 from pipelines.lock import held_since, locked
 from pipelines.validate import loadable_chunks, validate_chunks
 
@@ -433,7 +433,7 @@ def evaluate(
     """Calibration sweep + precision evals of one index; writes calibration.json, precision.json."""
     from evals.calibration import calibrate
     from evals.evalset import EvalSetError, check_labels, load_evalset
-    from evals.evaluate import qrels_for, run_questions, shortlist_recall
+    from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall
     from evals.precision import precision_eval
 
     out_dir = Path(out_dir)
@@ -473,6 +473,9 @@ def evaluate(
     )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
     write_json(precision, out_dir / "precision.json")
+    rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg["answer"])
+    rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
+    write_jsonl(rows, out_dir / "questions.jsonl")
     return {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
 
 
@@ -524,10 +527,24 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
     return out
 
 
-def gate_for_dir(cfg: dict, folder: Path, run_info: dict, evaluated: dict | None = None) -> dict:
+def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
+    """Per-question changes since the live version (diff_live.json), when both runs have records."""
+    from evals.diff import QUESTIONS, diff_runs
+
+    if live_folder is None or live_folder == folder or not (live_folder / QUESTIONS).exists():
+        return None
+    diff = {**diff_runs(live_folder, folder), "live": live_folder.name}
+    write_json(diff, folder / "diff_live.json")
+    return diff
+
+
+def gate_for_dir(
+    cfg: dict, folder: Path, run_info: dict, evaluated: dict | None = None, live_folder: Path | None = None
+) -> dict:
     """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
 
-    `evaluated` (what the evaluation judged) is bound into gate.json with the baseline compared against.
+    `evaluated` (what the evaluation judged) is bound into gate.json with the baseline compared against;
+    `live_folder` is the live version's run folder, for the per-question diff since it.
     """
     from evals.gate import evaluate_gate, write_gate
     from evals.report import write_report
@@ -544,13 +561,14 @@ def gate_for_dir(cfg: dict, folder: Path, run_info: dict, evaluated: dict | None
         precision,
         baseline,
         gating_signal=cfg["answer"]["signal"],
-        tolerance=cfg["evals"]["tolerance"],
+        regression=cfg["evals"]["regression"],
         eval_errors=errors,
     )
     if evaluated is not None:
         gate["evaluated"] = verdict.binding(evaluated, baseline_path)
     write_gate(gate, folder)
-    write_report(calibration, precision, gate, run_info, folder / "report.html")
+    diff = diff_with(folder, live_folder) if (folder / "questions.jsonl").exists() else None
+    write_report(calibration, precision, gate, run_info, folder / "report.html", diff)
     return gate
 
 
@@ -559,6 +577,9 @@ def gate_step(cfg: dict, run_id: str) -> dict:
     """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
     folder = run_dir(cfg, run_id)
     info = read_json(folder / "run.json") if (folder / "run.json").exists() else {}
-    gate = gate_for_dir(cfg, folder, info, evaluated=info.get("evaluated"))
+    live = open_store(cfg).live()
+    gate = gate_for_dir(
+        cfg, folder, info, evaluated=info.get("evaluated"), live_folder=run_dir(cfg, live) if live else None
+    )
     update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

@@ -243,6 +243,18 @@ def test_check_shipped_counts_unscored_answers_as_not_kept():
     assert r["coverage"] == 0.5 and r["unscored"] == ["a-001"] and r["wrongly_declined"] == []
 
 
+def test_unscored_questions_are_declined_in_every_check():
+    from evals.calibration import decline_recall_by_kind
+
+    recs = records([0.6, None], [0.1, None, 0.7])
+    shipped = check_shipped(recs, "rerank_top", 0.5)
+    by_kind = decline_recall_by_kind(recs, "rerank_top", 0.5)
+    # d-001 has no score: declined, as at runtime; d-002 (0.7) is answered
+    assert shipped["decline_recall"] == pytest.approx(2 / 3) == by_kind["offtopic"]["recall"]
+    assert [q["id"] for q in shipped["wrongly_answered"]] == ["d-002"]
+    assert shipped["unscored"] == ["a-001", "d-001"] and shipped["unscored_by_label"] == {"answer": 1, "decline": 1}
+
+
 CONFIG = {
     "signals": ["cosine_top", "rerank_top", "bm25_z", "term_coverage"],
     "pair": ["bm25_z", "term_coverage"],

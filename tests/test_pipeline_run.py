@@ -32,6 +32,7 @@ def test_first_night_builds_passes_the_gate_and_promotes(artifacts, capsys):
         "quality.json",
         "calibration.json",
         "precision.json",
+        "questions.jsonl",
         "gate.json",
         "junit.xml",
         "report.html",
@@ -74,6 +75,9 @@ def test_second_night_with_no_change_encodes_nothing(artifacts, capsys):
     second = read(artifacts / "runs" / "20261102-020000" / "calibration.json")
     assert first["signals"] == second["signals"]  # same calibration numbers
     assert (artifacts / "LIVE").read_text().strip() == "20261102-020000"
+    # compared question by question with the live version it replaced: nothing moved
+    diff = read(artifacts / "runs" / "20261102-020000" / "diff_live.json")
+    assert diff["live"] == "20261101-020000" and diff["n"] >= 200 and diff["moved"] == []
 
 
 def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifacts, tmp_path, capsys):

@@ -65,7 +65,7 @@ def make_artifacts(rerank=True):
         it["id"]: ([f"{it['id']}-rel"] if i % 5 else ["y", "z", f"{it['id']}-rel"]) for i, it in enumerate(items)
     }
     precision = precision_eval(items, fused, reranked, qrels)
-    gate = evaluate_gate(calibration, precision, None, gating_signal="rerank_top", tolerance=0.02)
+    gate = evaluate_gate(calibration, precision, None, gating_signal="rerank_top")
     run_info = {
         "run_id": "night-42",
         "models": {"embedder": "all-MiniLM-L6-v2", "reranker": XSS},

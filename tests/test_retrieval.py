@@ -94,7 +94,11 @@ def test_bogus_reranker_path_keeps_fused_order_without_error(demo_index, embedde
         a, b = plain.retrieve(q), failing.retrieve(q)
         assert not b.reranked
         assert [c.chunk_id for c in b.ranked] == [c.chunk_id for c in b.fused] == [c.chunk_id for c in a.fused]
-        assert b.signals["rerank_top"] is None
+        # reranker-based signals are missing, never replaced by fused scores; the others are unchanged
+        assert b.signals["rerank_top"] is None and b.signals["margin"] is None
+        assert {k: v for k, v in b.signals.items() if k not in ("rerank_top", "margin")} == {
+            k: v for k, v in a.signals.items() if k not in ("rerank_top", "margin")
+        }
 
 
 @pytest.mark.models
@@ -113,3 +117,27 @@ def test_rerank_weight_zero_keeps_fused_order_and_signals(demo_index, embedder, 
         assert a.signals["rerank_top"] == b.signals["rerank_top"] and a.signals["margin"] == b.signals["margin"]
         moved += [c.chunk_id for c in a.ranked] != [c.chunk_id for c in a.fused]
     assert moved  # at weight 1 the cross-encoder does reorder
+
+
+CORE_SIGNALS = ("cosine_top", "rerank_top", "bm25_top", "bm25_z", "term_coverage", "margin")
+
+
+@pytest.mark.models
+def test_every_signal_is_identical_at_any_rerank_weight(demo_index, embedder, cross_encoder):
+    """G7: rerank_weight moves the final order, never a signal."""
+    cfg, _, searcher = demo_index
+    retrievers = [
+        Retriever.from_config(
+            searcher, embedder, cross_encoder, {**cfg, "retrieval": {**cfg["retrieval"], "rerank_weight": w}}
+        )
+        for w in (0.0, 0.6, 1.0)
+    ]
+    orders = set()
+    for q in ["How much is a monthly pass?", "Can I bring my bike on the train?", "What is the capital of France?"]:
+        runs = [r.retrieve(q) for r in retrievers]
+        assert all(run.reranked for run in runs)
+        # the six signals defined in Retriever.signals (the answerability ones are defined in their module)
+        core = [{k: run.signals[k] for k in CORE_SIGNALS} for run in runs]
+        assert core[0] == core[1] == core[2]
+        orders |= {tuple(c.chunk_id for c in run.ranked) for run in runs}
+    assert len(orders) > 3  # the weights did change some final order, so the test can fail

@@ -1,0 +1,43 @@
+"""evals.regression: the exact one-sided McNemar p-value and the paired comparison."""
+
+import pytest
+from scipy.stats import binomtest  # installed with sentence-transformers
+
+from evals.regression import binomial_tail, compare, paired
+
+
+def test_binomial_tail_hand_values():
+    assert binomial_tail(0, 0) == 1.0
+    assert binomial_tail(5, 5) == 1 / 32
+    assert binomial_tail(4, 8) == pytest.approx(163 / 256)  # (70 + 56 + 28 + 8 + 1) / 256
+    assert binomial_tail(7, 10) == pytest.approx(176 / 1024)  # (120 + 45 + 10 + 1) / 1024
+    with pytest.raises(ValueError):
+        binomial_tail(3, 2)
+
+
+@pytest.mark.parametrize("discordant", [1, 2, 5, 9, 20, 41])
+def test_binomial_tail_matches_scipy(discordant):
+    for losses in range(discordant + 1):
+        expected = binomtest(losses, discordant, 0.5, alternative="greater").pvalue
+        assert binomial_tail(losses, discordant) == pytest.approx(expected, rel=1e-12)
+
+
+def outcomes(values, kind="k"):
+    return {f"q{i}": {"kind": kind, "ok": v} for i, v in enumerate(values)}
+
+
+def test_paired_counts_flips_and_lists_new_and_missing():
+    base = outcomes([True, True, False, False, True])
+    cur = outcomes([True, False, True, False])
+    cur["q9"] = {"kind": "k", "ok": True}
+    r = paired(base, cur, "ok")
+    assert r["wins"] == ["q2"] and r["losses"] == ["q1"] and r["unchanged"] == 2 and r["n"] == 4
+    assert r["new"] == ["q9"] and r["missing"] == ["q4"]
+
+
+def test_compare_fails_on_significant_losses_only():
+    base = outcomes([True] * 6 + [False] * 4)
+    cur = outcomes([False] * 5 + [True] * 5)  # 5 lost, 4 won: p = P(X >= 5 | 9) = 0.5
+    r = compare(base, cur, "ok", alpha=0.05, max_losses=10, min_kind_questions=1)
+    assert r["overall"]["p_value"] == pytest.approx(0.5) and r["failed"] is False
+    assert compare(base, cur, "ok", alpha=0.05, max_losses=4, min_kind_questions=1)["failed"] is True
