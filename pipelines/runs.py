@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pipelines.io import read_json
+from pipelines.manifest import read_manifest
 
 log = logging.getLogger(__name__)
 DAY_S = 86_400.0
@@ -27,9 +28,12 @@ LEFTOVER_DIRS = ("index.tmp",)  # EmbeddedStore.load's half-built index
 
 
 def created_at(folder: Path) -> float:
-    """When the run in `folder` was created (epoch seconds): run.json's `started_at`, else the folder's mtime."""
-    info = _info(folder)
-    started = info.get("started_at")
+    """When the run in `folder` was created (epoch seconds): its index version's manifest `created`, else
+    run.json's `started_at` (a run that never loaded, or an OpenSearch version), else the folder's mtime."""
+    manifest = read_manifest(folder / "index") if (folder / "index").is_dir() else None
+    if manifest and manifest.get("created"):
+        return datetime.fromisoformat(manifest["created"]).timestamp()
+    started = _info(folder).get("started_at")
     if started:
         return datetime.fromisoformat(started).timestamp()
     return folder.stat().st_mtime if folder.exists() else 0.0

@@ -144,7 +144,8 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
 
     cfg = make_cfg()
     synthetic_chunks(tmp_path / "c.parquet", n=6)
-    for run_id, started in (("manual", "2026-01-02T00:00:00+00:00"), ("zzz-old", "2026-01-01T00:00:00+00:00")):
+    # Loaded (created) in this order: "zzz-old" first, then "manual".
+    for run_id, started in (("zzz-old", "2026-01-01T00:00:00+00:00"), ("manual", "2026-01-02T00:00:00+00:00")):
         folder = steps.run_dir(cfg, run_id)
         folder.mkdir(parents=True)
         write_json({"started_at": started}, folder / "run.json")

@@ -19,9 +19,10 @@ def make_run(runs_dir, name, days_ago, promoted=False, index=True):
     (folder / "embed").mkdir(parents=True)
     (folder / "embed" / "shard-0000.parquet").write_bytes(b"x")
     (folder / "chunks.parquet").write_bytes(b"x")
+    created = datetime.fromtimestamp(NOW - days_ago * DAY_S, UTC).isoformat()
     if index:  # a complete (if empty) version: promote verifies it against its manifest
-        write_manifest(folder / "index", build_manifest(name, rows=0, dimension=0))
-    info = {"started_at": datetime.fromtimestamp(NOW - days_ago * DAY_S, UTC).isoformat()}
+        write_manifest(folder / "index", build_manifest(name, rows=0, dimension=0, created=created))
+    info = {"started_at": created}
     if promoted:
         info["promoted"] = {"version": name}
     write_json(info, folder / "run.json")
@@ -110,3 +111,14 @@ def test_list_runs_falls_back_to_folder_mtime_without_run_json(tmp_path):
     os.utime(tmp_path / "a", (NOW, NOW))
     os.utime(tmp_path / "b", (NOW - 100, NOW - 100))
     assert [r.name for r in list_runs(tmp_path)] == ["b", "a"]
+
+
+def test_a_version_is_ordered_by_its_manifest_creation_time(tmp_path):
+    from pipelines.manifest import MANIFEST_FILE
+    from pipelines.runs import created_at
+
+    folder = make_run(tmp_path, "manual", days_ago=1, index=False)  # run.json says: a day ago
+    assert created_at(folder) == NOW - DAY_S
+    (folder / "index").mkdir()
+    write_json({"created": datetime.fromtimestamp(NOW - 3 * DAY_S, UTC).isoformat()}, folder / "index" / MANIFEST_FILE)
+    assert created_at(folder) == NOW - 3 * DAY_S  # the manifest, once the version has one, decides
