@@ -202,8 +202,8 @@ def test_disk_full_at_load_and_while_writing_artifacts(tiny, small_disk, embedde
     assert night not in store.versions() and not (artifacts / "runs" / night / "index").exists()
     assert not (artifacts / "runs" / night / "index.tmp").exists()  # a failed load cleans up after itself
     assert (artifacts / "LIVE").read_bytes() == live_before
-    with pytest.raises(FileNotFoundError):
-        steps.promote_step(cfg, night)  # no gate.json, no index: nothing to promote
+    with pytest.raises(RuntimeError, match="no gate verdict"):
+        steps.promote_step(cfg, night)  # no verdict, no index: nothing to promote
 
     # 2. Out of space while writing artifacts (the next night's ingest): no file half-written under its name.
     later = "20260103-020000"
