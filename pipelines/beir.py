@@ -25,6 +25,7 @@ from pipelines import steps
 from pipelines.io import read_json, write_json
 from pipelines.retrieval import Retriever
 from pipelines.run import build
+from pipelines.search.analyzer import ANALYZER_ID
 from pipelines.validate import loadable_chunks
 
 DEPTH = 100  # recall@100 needs lists this deep; top-18 lists would cap the union at 36
@@ -51,9 +52,9 @@ def dataset_config(cfg: dict, dataset: Path, out: Path) -> tuple[dict, str]:
     """The config that indexes the dataset under `out/cache`, and its run id (keyed by corpus and config)."""
     corpus = dataset / "corpus.jsonl"
     content = hashlib.sha256(corpus.read_bytes()).hexdigest()  # not mtime: a fresh copy is the same corpus
-    key = hashlib.sha256(json.dumps([content, cfg["embedding"], cfg["chunking"]], sort_keys=True).encode()).hexdigest()[
-        :12
-    ]
+    # the analyser too: an index cached before an analyser change would silently report the old BM25
+    inputs = [content, cfg["embedding"], cfg["chunking"], ANALYZER_ID]
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
     bcfg = copy.deepcopy(cfg)
     bcfg["artifacts"] = str(out / "cache")
     bcfg["corpus"].update(path=str(dataset), format="beir", max_doc_bytes=max(cfg["corpus"]["max_doc_bytes"], 10**7))
