@@ -193,7 +193,7 @@ class Retriever:
             answerability_signals(
                 query,
                 vector,
-                [c.text for c in ranked[:TOP_PASSAGES]],
+                [c.text for c in fused[:TOP_PASSAGES]],  # the fused top: the same at any rerank_weight (G7)
                 [c.text for c in fused],
                 STOPWORDS,
                 self.word_vectors,

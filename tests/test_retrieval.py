@@ -136,8 +136,8 @@ def test_every_signal_is_identical_at_any_rerank_weight(demo_index, embedder, cr
     for q in ["How much is a monthly pass?", "Can I bring my bike on the train?", "What is the capital of France?"]:
         runs = [r.retrieve(q) for r in retrievers]
         assert all(run.reranked for run in runs)
-        # the six signals defined in Retriever.signals (the answerability ones are defined in their module)
-        core = [{k: run.signals[k] for k in CORE_SIGNALS} for run in runs]
-        assert core[0] == core[1] == core[2]
+        # every signal, the answerability ones included (they read the fused top, not the final order)
+        assert set(CORE_SIGNALS) <= set(runs[0].signals)
+        assert runs[0].signals == runs[1].signals == runs[2].signals
         orders |= {tuple(c.chunk_id for c in run.ranked) for run in runs}
     assert len(orders) > 3  # the weights did change some final order, so the test can fail
