@@ -124,7 +124,8 @@ def test_sigkill_inside_each_step_then_rerun(tiny, tmp_path):
     assert not (folder / "index.tmp").exists()
     info = json.loads((folder / "run.json").read_text())
     assert info["counts"]["ingest"]["documents"] == 3
-    assert info["promoted"] == {"version": second, "replaced": first}
+    assert {k: info["promoted"][k] for k in ("version", "replaced")} == {"version": second, "replaced": first}
+    assert info["promoted"]["actor"] == "cli"
     query = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "--config", str(tiny["config"]), "query", "--artifacts"]
         + [str(artifacts), "--json", "Can I bring my bike on the train?"],
