@@ -206,8 +206,17 @@ def decline_outcomes(per_question: Mapping[str, Mapping]) -> dict[str, dict[str,
     }
 
 
-def _baseline_questions(baseline: Mapping | None, part: str) -> Mapping | None:
-    return ((baseline or {}).get("questions") or {}).get(part)
+def _accepted_outcomes(name: str, baseline: Mapping | None, part: str) -> tuple[Mapping | None, dict | None]:
+    """The baseline's per-question outcomes for `part`, or the check's verdict when there are none:
+    passed when nothing was ever accepted, failed (with how to re-accept) when the baseline predates them."""
+    if not baseline:
+        return None, _check(name, True, "No accepted baseline to compare against yet.")
+    accepted = (baseline.get("questions") or {}).get(part)
+    if accepted is None:
+        return None, _check(
+            name, False, f"The accepted baseline has no per-question {part} outcomes to compare with; {REACCEPT}."
+        )
+    return accepted, None
 
 
 def check_precision_regression(
@@ -215,15 +224,9 @@ def check_precision_regression(
 ) -> dict[str, Any]:
     """hit@k per question against the accepted baseline: paired wins/losses, exact McNemar."""
     cfg = {**DEFAULT_REGRESSION, **(regression or {})}
-    if not baseline:
-        return _check("precision_regression", True, "No accepted baseline to compare against yet.")
-    accepted = _baseline_questions(baseline, "precision")
-    if accepted is None:
-        return _check(
-            "precision_regression",
-            False,
-            f"The accepted baseline has no per-question precision outcomes to compare with; {REACCEPT}.",
-        )
+    accepted, refusal = _accepted_outcomes("precision_regression", baseline, "precision")
+    if refusal:
+        return refusal
     if not precision or precision.get("per_question") is None:
         return _check("precision_regression", False, "No per-question precision results to compare with the baseline.")
     k = cfg["hit_k"]
@@ -243,15 +246,9 @@ def check_decline_regression(
 ) -> dict[str, Any]:
     """Declined or not per should-decline question at the shipped threshold, against the baseline."""
     cfg = {**DEFAULT_REGRESSION, **(regression or {})}
-    if not baseline:
-        return _check("decline_regression", True, "No accepted baseline to compare against yet.")
-    accepted = _baseline_questions(baseline, "decline")
-    if accepted is None:
-        return _check(
-            "decline_regression",
-            False,
-            f"The accepted baseline has no per-question decline outcomes to compare with; {REACCEPT}.",
-        )
+    accepted, refusal = _accepted_outcomes("decline_regression", baseline, "decline")
+    if refusal:
+        return refusal
     current = (calibration.get("shipped") or {}).get("per_question")
     if current is None:
         return _check("decline_regression", False, "No per-question decline results to compare with the baseline.")

@@ -158,6 +158,17 @@ def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callabl
     from opensearchpy import ConflictError, NotFoundError
 
     record = holder_record(command)
+
+    def delete_unchanged(doc: dict) -> None:
+        """Delete the lock document only if nobody rewrote it since `doc` was read."""
+        client.delete(
+            index=LOCK_INDEX,
+            id=alias,
+            if_seq_no=doc["_seq_no"],
+            if_primary_term=doc["_primary_term"],
+            refresh="true",
+        )
+
     deadline = time.monotonic() + max(timeout_s, 0.0)
     while True:
         try:
@@ -171,13 +182,7 @@ def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callabl
             holder = doc["_source"]
             if is_stale(holder):
                 try:
-                    client.delete(
-                        index=LOCK_INDEX,
-                        id=alias,
-                        if_seq_no=doc["_seq_no"],
-                        if_primary_term=doc["_primary_term"],
-                        refresh="true",
-                    )
+                    delete_unchanged(doc)
                     log.warning("broke the stale lock of %s on alias %s", describe(holder), alias)
                 except (ConflictError, NotFoundError):
                     pass  # someone else broke or re-took it first
@@ -193,13 +198,7 @@ def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callabl
         try:
             doc = client.get(index=LOCK_INDEX, id=alias)
             if doc["_source"].get("token") == record["token"]:
-                client.delete(
-                    index=LOCK_INDEX,
-                    id=alias,
-                    if_seq_no=doc["_seq_no"],
-                    if_primary_term=doc["_primary_term"],
-                    refresh="true",
-                )
+                delete_unchanged(doc)
         except (NotFoundError, ConflictError):
             pass
 
