@@ -226,3 +226,23 @@ def test_screenshot_in_headless_chromium(tmp_path, artifacts):
     assert len(pixels) > 50, "too few colours: the page did not render"
     banner_red = bytes((0xC5, 0x30, 0x30))  # .banner.fail background
     assert pixels[banner_red] > 1000, "the FAILED banner is not visible"
+
+
+def test_hostile_text_in_every_place_is_escaped():
+    # autoescape covers what the template writes and what the SVG plots draw (evals/plots.py)
+    calibration, precision, gate, _ = make_artifacts()
+    pair = calibration["pair"]
+    for axis, old, new in (("x", "bm25_z", "<script>x()</script>"), ("y", "term_coverage", "<i>y</i>")):
+        # a signal name lands in HTML text, SVG text (rotated on the y axis) and SVG attributes
+        assert pair[axis] == old
+        pair[axis], pair["recommended"][new] = new, pair["recommended"].pop(old)
+        calibration["signals"][new] = calibration["signals"].pop(old)
+        for q in calibration["questions"]:
+            q["signals"][new] = q["signals"].pop(old)
+    gate = {**gate, "reasons": [XSS], "checks": [{"name": XSS, "passed": False, "detail": '"><img src=x>'}]}
+    page = render_report(calibration, precision, gate, {XSS: {XSS: [XSS, 1.5]}})
+    assert "<script" not in page.lower() and "<img" not in page and "<i>" not in page
+    assert 'transform="rotate(-90 12 156)">&lt;i&gt;y&lt;/i&gt;</text>' in page
+    assert 'aria-label="&lt;script&gt;x()&lt;/script&gt; scores by label"' in page
+    assert "&lt;script&gt;x()&lt;/script&gt; threshold</text>" in page
+    assert "&#34;&gt;&lt;img src=x&gt;" in page
