@@ -5,22 +5,19 @@ threshold gap, when the shipped threshold is not inside that gap or declines any
 should-answer question, when reranked hits or declines lost significantly more
 questions than they won against the accepted baseline (paired per question, exact
 McNemar) or more than a set count, or when the eval sets themselves were invalid.
+`write_gate` writes the verdict as gate.json and, serialised by evals/junit.py, junit.xml.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from evals.junit import junit_xml
 from evals.regression import compare, describe
 from pipelines.io import jsonable, write_json, write_text
-
-# Characters XML 1.0 cannot carry even escaped (question text may hold them).
-_XML_ILLEGAL = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _check(name: str, passed: bool, detail: str, **data: Any) -> dict[str, Any]:
@@ -321,35 +318,6 @@ def evaluate_gate(
             },
         }
     )
-
-
-def _xml_text(text: Any) -> str:
-    return _XML_ILLEGAL.sub("\ufffd", str(text))
-
-
-def junit_xml(gate: Mapping) -> str:
-    """One <testcase> per check in one <testsuite name="sourcegate-gate">."""
-    checks = gate["checks"]
-    failures = sum(not c["passed"] for c in checks)
-    suites = ET.Element("testsuites", tests=str(len(checks)), failures=str(failures))
-    suite = ET.SubElement(
-        suites,
-        "testsuite",
-        name="sourcegate-gate",
-        tests=str(len(checks)),
-        failures=str(failures),
-        errors="0",
-        skipped="0",
-    )
-    for c in checks:
-        case = ET.SubElement(suite, "testcase", classname="sourcegate.gate", name=_xml_text(c["name"]))
-        if c["passed"]:
-            ET.SubElement(case, "system-out").text = _xml_text(c["detail"])
-        else:
-            failure = ET.SubElement(case, "failure", message=_xml_text(c["detail"]), type="GateCheckFailed")
-            failure.text = _xml_text(c["detail"])
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
 def write_gate(gate: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from evals.calibration import calibrate
-from evals.gate import evaluate_gate, junit_xml, write_gate
+from evals.gate import evaluate_gate, write_gate
+from evals.junit import junit_xml
 from evals.precision import precision_eval
 from evals.regression import baseline_from
 
