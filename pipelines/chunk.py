@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import pyarrow as pa
+
+from pipelines.batches import iter_batches, write_batches
 
 _HEADING = re.compile(r"(?m)^(#{2,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
 
@@ -167,39 +170,103 @@ def chunker_key(tokenizer_file: str | Path, max_tokens: int, overlap: int, max_s
     return h.hexdigest()[:24]
 
 
-def chunk_documents(
+CHUNK_TEXT_SCHEMA = pa.schema(
+    [
+        ("chunk_id", pa.string()),
+        ("doc_id", pa.string()),
+        ("title", pa.string()),
+        ("section", pa.string()),
+        ("section_id", pa.string()),
+        ("body", pa.string()),
+        ("text", pa.string()),
+        ("text_hash", pa.string()),
+        ("ordinal", pa.int64()),
+    ]
+)
+
+
+class PreviousChunks:
+    """An earlier run's chunk rows, document by document, read in step with this run's documents.
+
+    Both runs' documents.parquet are sorted by doc id (ingest sorts them) and chunks follow their
+    documents, so one forward pass over each file finds every reusable document: memory holds a
+    batch, never the earlier run. An unchanged document is one with the same content hash (which
+    covers its id); a file out of order only costs reuse, never correctness.
+    """
+
+    def __init__(self, documents_parquet: str | Path, chunks_parquet: str | Path, rows: int | None = None):
+        self._docs = (
+            r for t in iter_batches(documents_parquet, ["doc_id", "content_hash"], rows) for r in t.to_pylist()
+        )
+        self._chunks = (r for t in iter_batches(chunks_parquet, rows=rows) for r in t.to_pylist())
+        self._doc = next(self._docs, None)
+        self._chunk = next(self._chunks, None)
+
+    def rows_for(self, doc_id: str, content_hash: str) -> list[dict]:
+        """The earlier run's rows of this document if its content is unchanged, else []."""
+        while self._doc is not None and self._doc["doc_id"] < doc_id:
+            self._skip_rows(self._doc["doc_id"])
+            self._doc = next(self._docs, None)
+        if self._doc is None or self._doc["doc_id"] != doc_id:
+            return []
+        rows = self._skip_rows(doc_id)
+        same = self._doc["content_hash"] == content_hash
+        self._doc = next(self._docs, None)
+        return rows if same else []
+
+    def _skip_rows(self, doc_id: str) -> list[dict]:
+        """Consume (and return) the chunk rows of `doc_id` and of any document sorting before it."""
+        rows = []
+        while self._chunk is not None and self._chunk["doc_id"] <= doc_id:
+            if self._chunk["doc_id"] == doc_id:
+                rows.append(self._chunk)
+            self._chunk = next(self._chunks, None)
+        return rows
+
+
+def chunk_batches(
     documents_parquet: str | Path,
     tok,
     *,
     max_tokens: int = 256,
     overlap: int = 32,
     max_split_pieces: int = 32,
-    reuse: dict[str, list[dict]] | None = None,
+    previous: PreviousChunks | None = None,
     rejected: list[dict] | None = None,
-) -> list[dict]:
-    """Chunk rows of every document, in document order.
+    rows: int | None = None,
+    rechunked: list[int] | None = None,
+) -> Iterator[list[dict]]:
+    """Chunk rows of every document, in document order, one list per batch of documents.
 
-    `reuse` maps a content hash to that document's rows from a run with the same `chunker_key`;
-    those documents are not re-tokenised (the rows are exactly what chunking would give).
+    `previous` (an earlier run with the same `chunker_key`) supplies the rows of unchanged
+    documents, which are not re-tokenised (the rows are exactly what chunking would give).
     A degenerate document is appended to `rejected` ({source, doc_id, reason}), or raises
-    Degenerate when no `rejected` list is given.
+    Degenerate when no `rejected` list is given. `rechunked[0]` counts documents chunked afresh.
     """
-    reuse = reuse or {}
-    rows = []
-    for doc in pq.read_table(documents_parquet).to_pylist():
-        try:
-            rows += reuse.get(doc["content_hash"]) or chunk_document(doc, tok, max_tokens, overlap, max_split_pieces)
-        except Degenerate as exc:
-            if rejected is None:
-                raise
-            rejected.append({"source": doc["source"], "doc_id": doc["doc_id"], "reason": str(exc)})
-    return rows
+    for table in iter_batches(documents_parquet, rows=rows):
+        out = []
+        for doc in table.to_pylist():
+            reused = previous.rows_for(doc["doc_id"], doc["content_hash"]) if previous else []
+            if reused:
+                out += reused
+                continue
+            if rechunked is not None:
+                rechunked[0] += 1
+            try:
+                out += chunk_document(doc, tok, max_tokens, overlap, max_split_pieces)
+            except Degenerate as exc:
+                if rejected is None:
+                    raise
+                rejected.append({"source": doc["source"], "doc_id": doc["doc_id"], "reason": str(exc)})
+        yield out
 
 
-def rows_by_document(documents_parquet: str | Path, chunks_parquet: str | Path) -> dict[str, list[dict]]:
-    """{content hash: its chunk rows} of an earlier run, for `chunk_documents(reuse=...)`."""
-    docs = pq.read_table(documents_parquet, columns=["doc_id", "content_hash"])
-    by_doc: dict[str, list[dict]] = {}
-    for row in pq.read_table(chunks_parquet).to_pylist():
-        by_doc.setdefault(row["doc_id"], []).append(row)
-    return {h: by_doc[d] for d, h in zip(docs["doc_id"].to_pylist(), docs["content_hash"].to_pylist()) if d in by_doc}
+def chunk_documents(documents_parquet: str | Path, tok, **settings) -> list[dict]:
+    """Every chunk row in one list (small corpora and tests; the pipeline streams `chunk_batches`)."""
+    return [row for batch in chunk_batches(documents_parquet, tok, **settings) for row in batch]
+
+
+def write_chunks(batches: Iterable[list[dict]], path: str | Path) -> int:
+    """chunks.text.parquet from batches of rows, one batch in memory at a time; returns the rows."""
+    tables = (pa.Table.from_pylist(b, schema=CHUNK_TEXT_SCHEMA) for b in batches)
+    return write_batches(tables, path, CHUNK_TEXT_SCHEMA)

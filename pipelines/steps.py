@@ -16,15 +16,14 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import faults, models, quarantine, runs, verdict
 from pipelines import manifest as mf
-from pipelines.chunk import chunk_documents, chunker_key, rows_by_document
-from pipelines.embed import Embedder, chunks_table, embed_chunks, load_cache
+from pipelines import models, quarantine, runs, verdict
+from pipelines.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
+from pipelines.embed import Embedder, embed_shard, merge_shards
 from pipelines.ingest import ingest
-from pipelines.io import read_json, write_json, write_jsonl, write_parquet
+from pipelines.io import read_json, write_json, write_jsonl
 from pipelines.lock import held_since, locked
 from pipelines.validate import loadable_chunks, validate_chunks
 
@@ -198,28 +197,29 @@ def chunk_step(cfg: dict, run_id: str) -> int:
     key = chunker_key(Path(model_dir) / "tokenizer.json", *settings)
     prev = previous_run(cfg, run_id)
     with timed(folder, "chunk"):
-        reuse = {}
+        previous = None
         if prev and (prev / "chunks.text.parquet").exists() and read_json(prev / "run.json").get("chunker") == key:
-            reuse = rows_by_document(prev / "documents.parquet", prev / "chunks.text.parquet")
-        rows = chunk_documents(
+            previous = PreviousChunks(prev / "documents.parquet", prev / "chunks.text.parquet")
+        rechunked = [0]
+        batches = chunk_batches(
             folder / "documents.parquet",
             models.tokenizer(model_dir),
             max_tokens=settings[0],
             overlap=settings[1],
             max_split_pieces=settings[2],
-            reuse=reuse,
+            previous=previous,
             rejected=(degenerate := []),
+            rechunked=rechunked,
         )
-        write_parquet(pa.Table.from_pylist(rows), folder / "chunks.text.parquet")
+        count = write_chunks(batches, folder / "chunks.text.parquet")
         quarantine.write_stage(folder, "chunk", degenerate)
-    hashes = pq.read_table(folder / "documents.parquet", columns=["content_hash"])["content_hash"].to_pylist()
     update_run_info(
         folder,
         chunker=key,
-        counts={"chunks": len(rows), "documents_rechunked": sum(h not in reuse for h in hashes)},
+        counts={"chunks": count, "documents_rechunked": rechunked[0]},
         quarantine=quarantine.summary(folder),
     )
-    return len(rows)
+    return count
 
 
 @locked("embed", shared=True)
@@ -232,46 +232,43 @@ def embed_step(
     progress: bool = False,
     use_cache: bool = True,
 ) -> dict:
-    """Embed shard `shard` of `shards` (chunk rows i with i % shards == shard).
+    """Embed shard `shard` of `shards`: a contiguous slice of the chunk rows, read alone.
 
     `use_cache=False` (a full rebuild) encodes every text instead of reusing the previous run's vectors.
     """
     folder = run_dir(cfg, run_id)
-    rows = pq.read_table(folder / "chunks.text.parquet").to_pylist()[shard::shards]
     embedder = embedder or get_embedder(cfg)
     prev = previous_run(cfg, run_id)
-    fingerprint = embedder.fingerprint
-    cache = load_cache(prev / "chunks.parquet" if prev and use_cache else None, embedder.model_id, fingerprint)
-    vectors, stats = embed_chunks(rows, embedder, cache, progress=progress)
-    faults.reached("embed:encoded")
-    table = chunks_table(rows, vectors, embedder.model_id, fingerprint)
-    write_parquet(table, folder / "embed" / f"shard-{shard:04d}.parquet")
+    stats = embed_shard(
+        folder / "chunks.text.parquet",
+        folder / "embed" / f"shard-{shard:04d}.parquet",
+        embedder,
+        shard=shard,
+        shards=shards,
+        cache_source=prev / "chunks.parquet" if prev and use_cache else None,
+        progress=progress,
+    )
     return {
         "shard": shard,
         "encoded": stats.encoded,
         "reused": stats.reused,
         "dimension": embedder.dimension,
-        "fingerprint": fingerprint,
+        "fingerprint": embedder.fingerprint,
     }
 
 
 @locked("merge")
 def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
-    """Join embedded shards back into chunks.parquet in chunk order."""
+    """Join the embedded shards (contiguous slices) back into chunks.parquet in chunk order, batch by batch."""
     folder = run_dir(cfg, run_id)
-    order = pq.read_table(folder / "chunks.text.parquet", columns=["chunk_id"])["chunk_id"].to_pylist()
-    parts = [pq.read_table(folder / "embed" / f"shard-{s['shard']:04d}.parquet") for s in shard_stats]
-    table = pa.concat_tables(parts) if parts else pa.table({})
-    position = {cid: i for i, cid in enumerate(table["chunk_id"].to_pylist())}
-    missing = [c for c in order if c not in position]
-    if missing:
-        raise RuntimeError(f"{len(missing)} chunks have no embedding (first: {missing[0]})")
-    table = table.take(pa.array([position[c] for c in order]))
-    write_parquet(table, folder / "chunks.parquet")
-    encoded = sum(s["encoded"] for s in shard_stats)
     fingerprints = {s.get("fingerprint") for s in shard_stats}
     if len(fingerprints) != 1:
         raise RuntimeError(f"the embed shards were encoded by different models: {sorted(map(str, fingerprints))}")
+    shard_files = [
+        folder / "embed" / f"shard-{s['shard']:04d}.parquet" for s in sorted(shard_stats, key=lambda s: s["shard"])
+    ]
+    merge_shards(folder / "chunks.text.parquet", shard_files, folder / "chunks.parquet")
+    encoded = sum(s["encoded"] for s in shard_stats)
     embedding = {"id": cfg["embedding"]["model_id"], "dimension": shard_stats[0]["dimension"]}
     update_run_info(
         folder,

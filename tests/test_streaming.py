@@ -1,0 +1,130 @@
+"""The build streams in record batches: on a corpus larger than one batch, every step writes exactly
+what it writes when the whole corpus is one batch (same rows, ids, vectors, index files).
+
+`pipelines.batches.BATCH_ROWS` is lowered to a few rows so six demo articles span many batches.
+"""
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import batches, steps
+from pipelines.batches import read_rows, shard_range, write_batches
+from pipelines.io import read_json
+
+
+@pytest.fixture
+def tiny_batches(monkeypatch):
+    def set_rows(n: int) -> None:
+        monkeypatch.setattr(batches, "BATCH_ROWS", n)
+
+    return set_rows
+
+
+def test_row_range_reads_touch_only_their_rows_and_shards_tile_the_table(tmp_path, tiny_batches):
+    tiny_batches(4)
+    schema = pa.schema([("i", pa.int64())])
+    path = tmp_path / "t.parquet"
+    assert write_batches((pa.table({"i": list(range(a, a + 5))}) for a in range(0, 23, 5)), path, schema) == 25
+    assert pq.ParquetFile(path).num_row_groups == 10  # a 5-row table becomes groups of 4 and 1
+    got = [t["i"].to_pylist() for t in read_rows(path, 6, 15)]
+    assert [x for part in got for x in part] == list(range(6, 15)) and max(len(p) for p in got) <= 4
+    ranges = [shard_range(25, s, 3) for s in range(3)]
+    assert ranges == [(0, 8), (8, 16), (16, 25)]
+    assert write_batches(iter([]), tmp_path / "empty.parquet", schema) == 0
+    assert pq.read_table(tmp_path / "empty.parquet").schema == schema
+
+
+def _chunk_night(cfg, run_id):
+    steps.ingest_step(cfg, run_id)
+    n = steps.chunk_step(cfg, run_id)
+    (steps.run_dir(cfg, run_id) / "chunks.parquet").touch()  # what makes a run a chunk baseline
+    return n
+
+
+def test_chunking_in_small_batches_writes_what_one_batch_writes(make_cfg, small_corpus, tmp_path, tiny_batches):
+    one = make_cfg(**{"corpus.path": str(small_corpus)})
+    many = make_cfg(**{"corpus.path": str(small_corpus), "artifacts": str(tmp_path / "many")})
+    _chunk_night(one, "r1")
+    tiny_batches(2)  # 6 documents in 3 batches, ~30 chunks in row groups of 2
+    n = _chunk_night(many, "r1")
+    a, b = (pq.read_table(steps.run_dir(c, "r1") / "chunks.text.parquet") for c in (one, many))
+    assert n == a.num_rows > 6 and a.equals(b)
+    assert pq.ParquetFile(steps.run_dir(many, "r1") / "chunks.text.parquet").num_row_groups > 3
+
+    # a night with two edited documents reuses the others' rows across batch boundaries
+    for path in sorted(small_corpus.glob("*.md"))[1::3]:
+        path.write_text(path.read_text() + "\nOne more sentence at the end.\n")
+    _chunk_night(many, "r2")
+    tiny_batches(1_000_000)
+    fresh = make_cfg(**{"corpus.path": str(small_corpus), "artifacts": str(tmp_path / "fresh")})
+    _chunk_night(fresh, "r2")
+    night, rebuilt = (steps.run_dir(c, "r2") for c in (many, fresh))
+    assert pq.read_table(night / "chunks.text.parquet").equals(pq.read_table(rebuilt / "chunks.text.parquet"))
+    counts = read_json(night / "run.json")["counts"]
+    assert counts["documents_rechunked"] == 2
+
+
+@pytest.mark.models
+def test_embedding_in_small_batches_and_shards_writes_what_one_batch_writes(
+    make_cfg, small_corpus, tmp_path, tiny_batches, embedder
+):
+    one = make_cfg(**{"corpus.path": str(small_corpus)})
+    steps.ingest_step(one, "r1")
+    steps.chunk_step(one, "r1")
+    steps.merge_step(one, "r1", [steps.embed_step(one, "r1", embedder=embedder)])
+    many = make_cfg(**{"corpus.path": str(small_corpus), "artifacts": str(tmp_path / "many")})
+    shutil.copytree(steps.run_dir(one, "r1"), steps.run_dir(many, "r1"))  # the same previous night
+
+    edited = sorted(small_corpus.glob("*.md"))[3]
+    edited.write_text(edited.read_text().replace("\n## ", "\nAn added sentence.\n\n## ", 1))
+    steps.ingest_step(one, "r2")
+    steps.chunk_step(one, "r2")
+    whole = steps.embed_step(one, "r2", embedder=embedder)
+    steps.merge_step(one, "r2", [whole])
+
+    tiny_batches(3)
+    steps.ingest_step(many, "r2")
+    steps.chunk_step(many, "r2")
+    stats = [steps.embed_step(many, "r2", s, 1, embedder=embedder) for s in range(1)]
+    steps.merge_step(many, "r2", stats)
+    a, b = (pq.read_table(steps.run_dir(c, "r2") / "chunks.parquet") for c in (one, many))
+    assert 1 <= whole["encoded"] == stats[0]["encoded"] < a.num_rows
+    assert a.equals(b)  # same ids, same vectors bit for bit: reused from the cache or encoded in one call
+
+    sharded = [steps.embed_step(many, "r2", s, 3, embedder=embedder) for s in range(3)]
+    steps.merge_step(many, "r2", sharded)
+    c = pq.read_table(steps.run_dir(many, "r2") / "chunks.parquet")
+    assert c["chunk_id"].equals(a["chunk_id"]) and sum(s["encoded"] for s in sharded) == whole["encoded"]
+    va, vc = (t["embedding"].combine_chunks().flatten().to_numpy() for t in (a, c))
+    np.testing.assert_allclose(va, vc, atol=1e-6)  # a shard encodes its own texts: other batches of the model
+    assert not list((steps.run_dir(many, "r2") / "embed").glob(".*.tmp"))  # the spilled cache is gone
+
+
+def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small_corpus, tiny_batches):
+    """The shard files are written here by hand (a failure path): no model needed."""
+    from pipelines.embed import chunks_schema, with_vectors
+
+    cfg = make_cfg(**{"corpus.path": str(small_corpus)})
+    steps.ingest_step(cfg, "r1")
+    total = steps.chunk_step(cfg, "r1")
+    folder = steps.run_dir(cfg, "r1")
+    stats = []
+    for shard in range(2):
+        lo, hi = shard_range(total, shard, 2)
+        parts = [
+            with_vectors(t, np.ones((t.num_rows, 4), np.float32) / 2, "m", "f")
+            for t in read_rows(folder / "chunks.text.parquet", lo, hi)
+        ]
+        write_batches(parts, folder / "embed" / f"shard-{shard:04d}.parquet", chunks_schema(4))
+        stats.append({"shard": shard, "encoded": 0, "reused": hi - lo, "dimension": 4, "fingerprint": "f"})
+    assert steps.merge_step(cfg, "r1", stats) == 0
+    assert pq.read_table(folder / "chunks.parquet")["chunk_id"].equals(
+        pq.read_table(folder / "chunks.text.parquet")["chunk_id"]
+    )
+    first_of_second = next(read_rows(folder / "chunks.text.parquet", *shard_range(total, 1, 2)))["chunk_id"][0]
+    with pytest.raises(RuntimeError, match=f"chunks have no embedding \\(first: {first_of_second.as_py()}\\)"):
+        steps.merge_step(cfg, "r1", stats[:1])
