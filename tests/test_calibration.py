@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from evals.calibration import calibrate, calibrate_pair, calibrate_signal, check_shipped, needed_for, sweep
+from evals.calibration import calibrate, calibrate_pair, calibrate_signal, check_shipped
 
 A, D = "answer", "decline"
 
@@ -51,15 +51,6 @@ def test_overlapping_signal_with_ties_hand_computed():
     assert any("fell back" in w for w in mid["warnings"])
 
 
-def test_sweep_is_exact_at_every_distinct_score():
-    scores, labels = labelled([0.2, 0.5, 0.8], [0.1, 0.5, 0.6])
-    s = sweep(scores, labels)
-    assert s["thresholds"] == [0.1, 0.2, 0.5, 0.6, 0.8]
-    assert s["kept"] == pytest.approx([1, 1, 2 / 3, 1 / 3, 1 / 3])
-    assert s["declined"] == pytest.approx([0, 1 / 3, 1 / 3, 2 / 3, 1])
-    assert s["false_decline_rate"] == pytest.approx([0, 0, 1 / 3, 2 / 3, 2 / 3])
-
-
 def test_inverted_signal_is_called_inverted():
     scores, labels = labelled([0.1, 0.2, 0.3, 0.75], [0.7, 0.8, 0.9])
     r = calibrate_signal("bm25_z", scores, labels)
@@ -95,15 +86,6 @@ def test_bad_labels_rejected():
 
 
 # --------------------------------------------------------------------------- what a gap promises
-
-
-def test_needed_for_coverage_hand_computed():
-    # 0.99**298 = 0.0500 > 0.05, 0.99**299 = 0.0495 <= 0.05
-    assert needed_for(0.99, 0.95) == 299
-    assert needed_for(0.95, 0.95) == 59  # log 0.05 / log 0.95 = 58.4
-    assert needed_for(0.5, 0.75) == 2  # exactly 2: no extra question for an integer quotient
-    with pytest.raises(ValueError):
-        needed_for(1.0, 0.95)
 
 
 def test_promise_is_n_over_n_plus_one():
