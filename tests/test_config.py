@@ -34,6 +34,10 @@ def test_defaults_fill_missing_keys(tmp_path):
         ("evals:\n  regression:\n    max_losses: -1\n", "evals.regression.max_losses: -1 is too small"),
         ("lock:\n  timeout_s: soon\n", "lock.timeout_s: expected int or float, got str 'soon'"),
         ("embedding:\n  model_path: 3\n", "embedding.model_path: expected str or null, got int 3"),
+        (
+            "embedding:\n  backend: onnx_int8\n",
+            "embedding.backend: 'onnx_int8' is not one of ['onnx', 'onnx-int8', 'torch']",
+        ),
     ],
 )
 def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):

@@ -29,7 +29,7 @@ def _markers(item) -> set[str]:
 
 
 def _model_patches(trip):
-    from pipelines import embed, rerank
+    from pipelines import embed, embed_backends, rerank
 
     cross_init = rerank.OnnxCrossEncoder.__init__
     st_cross_init = rerank.SentenceTransformersCrossEncoder.__init__
@@ -47,6 +47,8 @@ def _model_patches(trip):
     patches = [
         (embed.Embedder, "__init__", lambda *a, **k: trip("loads the embedding model", "models")),
         (embed.Embedder, "encode", lambda *a, **k: trip("embeds with the real model", "models")),
+        (embed_backends, "ensure_export", lambda *a, **k: trip("exports the embedding model to ONNX", "models")),
+        (embed_backends.OnnxEmbedder, "__init__", lambda *a, **k: trip("loads the ONNX embedding model", "models")),
         (rerank.OnnxCrossEncoder, "__init__", onnx_init),
         (rerank.OnnxCrossEncoder, "score", lambda *a, **k: trip("scores with the cross-encoder", "models")),
         (rerank.SentenceTransformersCrossEncoder, "__init__", st_cross_init_guarded),

@@ -1,0 +1,112 @@
+"""The bi-encoder's ONNX Runtime backends against torch: same vectors (within a stated tolerance),
+their own fingerprints (so the embed cache re-embeds on a switch), an export made once and reused."""
+
+import numpy as np
+import pytest
+
+from pipelines import embed_backends, models, steps
+from pipelines.embed_backends import BACKENDS, OnnxEmbedder, variant_fingerprint
+
+# A handful of texts: short, medium, and one past the model's 256-token window (truncated alike).
+TEXTS = [
+    "what causes croup",
+    "Croup is a respiratory infection of the upper airway, usually caused by the parainfluenza virus.",
+    "The French Revolution began in 1789 with the storming of the Bastille and ended the absolute monarchy.",
+    "BM25 ranks documents by term frequency, inverse document frequency and document length normalisation.",
+    " ".join(f"Sentence {i} repeats the word mitochondria and the number {i * 7}." for i in range(60)),
+]
+# Measured on SciFact chunks (docs/benchmarks.md, benchmark 12): fp32 cosine to torch >= 0.9999999;
+# INT8 (dynamic, per-channel weights) min 0.991. The bounds leave room, not a different model.
+FP32_MIN_COSINE = 0.9999
+INT8_MIN_COSINE = 0.98
+
+
+@pytest.fixture(scope="module")
+def onnx_embedders(tmp_path_factory):
+    """Both ONNX variants, exported once into a cache folder of this module's own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(embed_backends.CACHE_ENV, str(tmp_path_factory.mktemp("onnx-cache")))
+        yield {b: OnnxEmbedder("sentence-transformers/all-MiniLM-L6-v2", None, 32, b) for b in BACKENDS[1:]}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("backend, bound", [("onnx", FP32_MIN_COSINE), ("onnx-int8", INT8_MIN_COSINE)])
+def test_onnx_vectors_match_torch(embedder, onnx_embedders, backend, bound):
+    onnx = onnx_embedders[backend]
+    assert onnx.dimension == embedder.dimension == 384 and onnx.max_tokens == embedder.max_tokens == 256
+    got, want = onnx.encode(TEXTS), embedder.encode(TEXTS)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert cosines(got, want).min() >= bound
+    # each text is nearest its own torch vector: the variants agree on what is similar to what
+    assert (np.argmax(got @ want.T, axis=1) == np.arange(len(TEXTS))).all()
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+def test_a_text_gets_the_same_vector_alone_in_any_order_and_again(onnx_embedders, backend):
+    onnx = onnx_embedders[backend]
+    together = onnx.encode(TEXTS)
+    alone = np.stack([onnx.encode([t])[0] for t in TEXTS])
+    reversed_ = onnx.encode(TEXTS[::-1])[::-1]
+    np.testing.assert_array_equal(together, alone)  # a cached vector equals a fresh one
+    np.testing.assert_array_equal(together, reversed_)
+    np.testing.assert_array_equal(together, onnx.encode(TEXTS))
+    np.testing.assert_array_equal(onnx.encode_query(TEXTS[0]), together[0])
+
+
+@pytest.mark.models
+def test_the_export_is_made_once_and_reused(onnx_embedders):
+    onnx = onnx_embedders["onnx-int8"]
+    made = onnx.onnx_path.stat().st_mtime_ns
+    again = embed_backends.ensure_export(onnx.path, "onnx-int8")
+    assert again == onnx.onnx_path and again.stat().st_mtime_ns == made
+    assert onnx_embedders["onnx"].onnx_path.parent != onnx.onnx_path.parent
+    assert onnx.onnx_path.parent.parent == embed_backends.cache_root()  # under the configured cache folder
+
+
+@pytest.mark.models
+def test_switching_backend_re_embeds_everything(make_cfg, small_corpus, embedder, onnx_embedders):
+    cfg = make_cfg(**{"corpus.path": str(small_corpus)})
+    steps.ingest_step(cfg, "r1")
+    n = steps.chunk_step(cfg, "r1")
+    first = steps.embed_step(cfg, "r1", embedder=embedder)
+    steps.merge_step(cfg, "r1", [first])
+    onnx_cfg = make_cfg(**{"corpus.path": str(small_corpus), "embedding.backend": "onnx"})
+    onnx_cfg["artifacts"] = cfg["artifacts"]
+    assert steps.embedding_fingerprint(onnx_cfg) == onnx_embedders["onnx"].fingerprint != embedder.fingerprint
+    steps.ingest_step(onnx_cfg, "r2")
+    steps.chunk_step(onnx_cfg, "r2")
+    second = steps.embed_step(onnx_cfg, "r2", embedder=onnx_embedders["onnx"])
+    assert first["encoded"] == n and second["encoded"] == n and second["reused"] == 0
+
+
+def test_each_backend_is_its_own_fingerprint():
+    weights = "sha256:" + "ab" * 32
+    prints = {b: variant_fingerprint(weights, b) for b in BACKENDS}
+    assert prints["torch"] == weights  # vectors cached before backends existed stay valid for torch
+    assert len(set(prints.values())) == len(BACKENDS)
+    assert variant_fingerprint("sha256:" + "cd" * 32, "onnx") != prints["onnx"]  # new weights, new export
+    assert {b: variant_fingerprint(weights, b) for b in BACKENDS} == prints  # a function of its inputs
+
+
+def test_an_unknown_backend_is_an_error_naming_the_key():
+    with pytest.raises(ValueError, match=r"embedding\.backend: 'tensorrt' is not one of"):
+        variant_fingerprint("sha256:" + "ab" * 32, "tensorrt")
+    with pytest.raises(ValueError, match=r"embedding\.backend: 'tensorrt'"):
+        embed_backends.load_embedder("m", None, 32, "tensorrt")
+
+
+def test_mean_pooling_ignores_padding_and_normalises():
+    tokens = np.array([[1.0, 0.0], [3.0, 4.0], [100.0, 100.0]], np.float32)
+    got = embed_backends.mean_pool_normalize(tokens, np.array([1, 1, 0]))
+    np.testing.assert_allclose(got, np.array([2.0, 2.0]) / np.sqrt(8.0), rtol=1e-6)
+    assert got.dtype == np.float32
+
+
+def test_the_packaged_model_truncates_at_256_tokens():
+    assert embed_backends._max_seq_length(models.embedding_model_path(None)) == 256
