@@ -53,7 +53,9 @@ def dataset_config(cfg: dict, dataset: Path, out: Path) -> tuple[dict, str]:
     corpus = dataset / "corpus.jsonl"
     content = hashlib.sha256(corpus.read_bytes()).hexdigest()  # not mtime: a fresh copy is the same corpus
     # the analyser too: an index cached before an analyser change would silently report the old BM25
-    inputs = [content, cfg["embedding"], cfg["chunking"], ANALYZER_ID]
+    # torch, the backend from before there was a choice, stays out of the key: its cached indexes stay valid
+    embedding = {k: v for k, v in cfg["embedding"].items() if (k, v) != ("backend", "torch")}
+    inputs = [content, embedding, cfg["chunking"], ANALYZER_ID]
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
     bcfg = copy.deepcopy(cfg)
     bcfg["artifacts"] = str(out / "cache")

@@ -110,3 +110,14 @@ def test_mean_pooling_ignores_padding_and_normalises():
 
 def test_the_packaged_model_truncates_at_256_tokens():
     assert embed_backends._max_seq_length(models.embedding_model_path(None)) == 256
+
+
+def test_a_beir_index_is_cached_per_backend_and_torch_keeps_its_key(tmp_path, make_cfg):
+    from pipelines.beir import dataset_config
+
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "t", "text": "x"}\n')
+    run_id = {b: dataset_config(make_cfg(**{"embedding.backend": b}), tmp_path, tmp_path / "out")[1] for b in BACKENDS}
+    assert len(set(run_id.values())) == len(BACKENDS)
+    before_backends = make_cfg()
+    del before_backends["embedding"]["backend"]  # the config as it was before the key existed
+    assert dataset_config(before_backends, tmp_path, tmp_path / "out")[1] == run_id["torch"]
