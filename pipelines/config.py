@@ -4,6 +4,8 @@ The models below are the single source of truth for keys, types, allowed values 
 defaults. Unknown keys and wrong types are errors that name the dotted key, so a typo
 never silently falls back to a default. Callers get a plain nested dict (`load`); the
 JSON schema (`sourcegate config-schema`) is generated from the same models.
+A new key is one field on its section (type, default, description) and a commented line
+in config/pipeline.yaml; a cross-key rule is a model_validator raising ValueError.
 """
 
 from __future__ import annotations
