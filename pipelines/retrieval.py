@@ -162,18 +162,9 @@ class Retriever:
             by_id[h.chunk_id].knn_rank, by_id[h.chunk_id].cosine = rank, h.score
         return out, found
 
-    def retrieve(self, question: str, context: Sequence[str] = ()) -> Retrieval:
-        query = effective_query(question, context)
-        clock = [time.perf_counter()]
-
-        def lap() -> float:
-            clock.append(time.perf_counter())
-            return clock[-1] - clock[-2]
-
-        vector = self.embedder.encode_query(query)
-        timings = {"embed": lap()}
-        fused, found = self.fuse(query, vector)
-        timings["search"] = lap()
+    def rerank(self, query: str, fused: list[Candidate]) -> tuple[Reranked | None, list[Candidate]]:
+        """The cross-encoder's result over the fused head (None on failure) and the final order:
+        the head blended with its fused scores, then the rest of the fused list."""
         head = fused[: self.rerank_depth]
         result, order = rerank_head(
             self.scorer,
@@ -186,7 +177,21 @@ class Retriever:
         if result is not None:
             for c, p in zip(head, result.probabilities):
                 c.rerank_probability = p
-        ranked = [head[i] for i in order] + fused[self.rerank_depth :]
+        return result, [head[i] for i in order] + fused[self.rerank_depth :]
+
+    def retrieve(self, question: str, context: Sequence[str] = ()) -> Retrieval:
+        query = effective_query(question, context)
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return clock[-1] - clock[-2]
+
+        vector = self.embedder.encode_query(query)
+        timings = {"embed": lap()}
+        fused, found = self.fuse(query, vector)
+        timings["search"] = lap()
+        result, ranked = self.rerank(query, fused)
         timings["rerank"] = lap()
         signals = self.signals(query, fused, found, result)
         signals.update(
