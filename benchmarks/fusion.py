@@ -68,6 +68,7 @@ class PairLogits:
                 raise ValueError(f"{path} holds logits of {saved['model_id']}, not {self.model_id}")
             self.logits = saved["logits"]
         self.new, self.new_seconds = 0, 0.0
+        self.seen: dict[tuple[str, str], float] = {}
 
     @staticmethod
     def key(query: str, passage: str) -> str:
@@ -79,6 +80,9 @@ class PairLogits:
     def score(self, query: str, passages) -> list[tuple[int, float]]:
         out = []
         for i, p in enumerate(passages):
+            if (query, p) in self.seen:  # the grid asks the same pairs hundreds of times: skip the hash
+                out.append((i, self.seen[query, p]))
+                continue
             k = self.key(query, p)
             if k not in self.logits:
                 if self.model is None:
@@ -87,6 +91,7 @@ class PairLogits:
                 self.logits[k] = float(self.model.score(query, [p])[0][1])
                 self.new_seconds += time.perf_counter() - t
                 self.new += 1
+            self.seen[query, p] = self.logits[k]
             out.append((i, self.logits[k]))
         return out
 
@@ -208,10 +213,10 @@ def retriever(searcher, scorer, k: int, depth: int, rerank_depth: int, weight: f
     )
 
 
-def heads(ds: dict, searcher: CachedLists, ks, depths, rerank_depth: int) -> dict[str, list[str]]:
+def heads(queries: dict[str, str], searcher: CachedLists, ks, depths, rerank_depth: int) -> dict[str, list[str]]:
     """qid -> the passages any (k, list depth) setting puts in its top `rerank_depth`."""
     out = {}
-    for qid, text in ds["queries"].items():
+    for qid, text in queries.items():
         head = {}
         for k, depth in itertools.product(ks, depths):
             fused, _ = retriever(searcher, None, k, depth, rerank_depth, 1.0).fuse(text, None)
@@ -220,34 +225,46 @@ def heads(ds: dict, searcher: CachedLists, ks, depths, rerank_depth: int) -> dic
     return out
 
 
-def score_pairs(name: str, ds: dict, todo: dict[str, list[str]], pairs: PairLogits, until: float) -> bool:
-    """Score the missing pairs of `todo` (qid -> passages); False when `until` (epoch s) came first."""
-    todo = {q: m for q, ps in todo.items() if (m := pairs.missing(ds["queries"][q], ps))}
-    total, done, t = sum(len(v) for v in todo.values()), 0, time.perf_counter()
-    log(f"{name}: {total} pairs to score ({len(pairs.logits)} in the memo)")
-    for qid, passages in todo.items():
+def score_round(loaded: dict, rerank_depth: int, ks, depths, subsets: dict[str, list[str]], until: float) -> dict:
+    """Score every pair the grid reranks at `rerank_depth`, one query of each dataset in turn, until
+    `until` (epoch s). Returns dataset -> the queries whose pairs are all scored (a prefix of its subset)."""
+    todo = {}
+    for name, (ds, searcher, pairs) in loaded.items():
+        want = heads({q: ds["queries"][q] for q in subsets[name]}, searcher, ks, depths, rerank_depth)
+        todo[name] = [(q, pairs.missing(ds["queries"][q], ps)) for q, ps in want.items()]
+    total = sum(len(m) for t in todo.values() for _, m in t)
+    log(f"rerank depth {rerank_depth}: {total} pairs to score")
+    done = {name: [] for name in loaded}
+    t, n, last = time.perf_counter(), 0, 0
+    for turn in itertools.zip_longest(*[[(name, q, m) for q, m in todo[name]] for name in todo]):
         if time.time() > until:
-            pairs.save()
-            return False
-        pairs.score(ds["queries"][qid], passages)
-        done += len(passages)
-        if pairs.new >= 1000:
-            pairs.save()
-            rate = done / (time.perf_counter() - t)
-            log(f"{name}: {done}/{total} pairs, {rate:.1f}/s, ~{(total - done) / rate / 60:.0f} min left")
-            pairs.new = 0
-    pairs.save()
-    return True
+            break
+        for name, qid, missing in filter(None, turn):
+            ds, _, pairs = loaded[name]
+            pairs.score(ds["queries"][qid], missing)
+            done[name].append(qid)
+            n += len(missing)
+        if n - last >= 500:
+            last = n
+            for _, _, pairs in loaded.values():
+                pairs.save()
+            rate = n / (time.perf_counter() - t)
+            log(f"depth {rerank_depth}: {n}/{total} pairs, {rate:.2f}/s, ~{(total - n) / rate / 60:.0f} min left")
+    for _, _, pairs in loaded.values():
+        pairs.save()
+    return done
 
 
-def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]]) -> dict[str, dict]:
-    """nDCG@10 (+ recall@100 on BEIR, p@1 on the demo) of chunk-id runs, per system name."""
+def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]], qids=None) -> dict[str, dict]:
+    """nDCG@10 (+ recall@100 on BEIR, p@1 on the demo) of chunk-id runs, per system name, over `qids` (all)."""
     from evals.metrics import ndcg_at, precision_at, recall_at
     from pipelines.beir import doc_ranking
 
-    qrels = ds["qrels"]
+    qids = set(ds["queries"] if qids is None else qids)
+    qrels = {q: r for q, r in ds["qrels"].items() if q in qids}
     out = {}
     for system, run in runs.items():
+        run = {q: r for q, r in run.items() if q in qids}
         if name == "demo":
             judged = {q: qrels[q] for q in run if any(v > 0 for v in qrels.get(q, {}).values())}
             out[system] = {
@@ -263,8 +280,9 @@ def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]]) -> dict
     return {s: {m: round(v, 4) for m, v in ms.items()} for s, ms in out.items()}
 
 
-def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths, weights) -> dict:
-    """Every setting's final-order scores, the hybrid (fused) scores per (k, depth), BM25 and dense."""
+def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths, weights, subset) -> dict:
+    """Every setting's final-order scores on the reranked `subset` of queries; the hybrid (fused)
+    scores per (k, depth), BM25 and dense on all queries and on the subset."""
     from evals.precision import precision_eval
 
     lists = searcher.lists
@@ -272,22 +290,25 @@ def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths,
         "bm25": {q: [c for c, _ in lists[t][0]] for q, t in ds["queries"].items()},
         "dense": {q: [c for c, _ in lists[t][1]] for q, t in ds["queries"].items()},
     }
-    legs, hybrid, final, gate = evaluate(name, ds, base), {}, {}, {}
+    legs, legs_subset = evaluate(name, ds, base), evaluate(name, ds, base, subset)
+    hybrid, hybrid_subset, final, gate = {}, {}, {}, {}
     for k, depth in itertools.product(ks, depths):
         fused = {q: retriever(searcher, None, k, depth, 0, 1.0).fuse(t, None)[0] for q, t in ds["queries"].items()}
         fused_ids = {q: [c.chunk_id for c in f] for q, f in fused.items()}
         hybrid[f"k{k}_n{depth}"] = evaluate(name, ds, {"hybrid": fused_ids})["hybrid"]
+        hybrid_subset[f"k{k}_n{depth}"] = evaluate(name, ds, {"hybrid": fused_ids}, subset)["hybrid"]
         runs = {}
         for rd, w in itertools.product(rerank_depths, weights):
             r = retriever(searcher, pairs, k, depth, rd, w)
             run = {}
-            for q, t in ds["queries"].items():
+            for q in subset:
+                t = ds["queries"][q]
                 result, ranked = r.rerank(t, fused[q])
                 if result is None:
                     raise RuntimeError(f"{name} {q}: the reranker failed; the numbers would not be comparable")
                 run[q] = [c.chunk_id for c in ranked]
             runs[setting_name(k, depth, rd, w)] = run
-            if name == "demo":  # the gate's own arithmetic, for the record of the chosen setting
+            if name == "demo" and len(subset) == len(ds["queries"]):  # the gate's arithmetic, for the record
                 p = precision_eval(ds["items"], fused_ids, run, ds["qrels"])
                 gate[setting_name(k, depth, rd, w)] = {
                     "fused_p@1": round(p["overall"]["fused"]["p@1"], 4),
@@ -295,9 +316,11 @@ def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths,
                     "reranked_ndcg@10": round(p["overall"]["reranked"]["ndcg@10"], 4),
                     "wins_ties_losses": [p["wins"], p["ties"], len(p["losses"])],
                 }
-        final.update(evaluate(name, ds, runs))
+        final.update(evaluate(name, ds, runs, subset))
         log(f"{name}: k={k} n={depth} done")
-    return {"bm25": legs["bm25"], "dense": legs["dense"], "hybrid": hybrid, "final": final, "gate": gate}
+    return {"bm25": legs["bm25"], "dense": legs["dense"], "hybrid": hybrid, "reranked_queries": len(subset),
+            "on_reranked_queries": {"bm25": legs_subset["bm25"], "dense": legs_subset["dense"], "hybrid": hybrid_subset},
+            "final": final, "gate": gate}  # fmt: skip
 
 
 def setting_name(k: int, depth: int, rerank_depth: int, weight: float) -> str:
@@ -360,31 +383,38 @@ def main() -> None:
         searcher = CachedLists({ds["queries"][q]: v for q, v in lists.items()}, stored)
         pairs = PairLogits(args.cache / name / "pair-logits.pkl", model)
         loaded[name] = (ds, searcher, pairs)
-    # pairs by rerank depth, shallowest first across every dataset: a depth counts only when all are scored
+    # pairs by rerank depth, shallowest first, one query of each dataset in turn: at the time limit every
+    # dataset has the same share of its queries scored; deeper heads are scored only on those queries
     t_pairs, scored_depths = time.perf_counter(), []
+    subsets = {name: list(ds["queries"]) for name, (ds, _, _) in loaded.items()}
     for rd in sorted(rerank_depths):
-        complete = all(
-            score_pairs(name, ds, heads(ds, searcher, ks, depths, rd), pairs, until)
-            for name, (ds, searcher, pairs) in loaded.items()
-        )
-        if not complete:
+        done = score_round(loaded, rd, ks, depths, subsets, until)
+        if not scored_depths:  # the first depth fixes the query subset the rerank grid is read on
+            subsets = {name: done[name] for name in done}
+            if not all(subsets.values()):
+                raise SystemExit("no query fully scored at the first rerank depth: raise --score-minutes")
+        elif any(len(done[n]) < len(subsets[n]) for n in done):
             log(f"rerank depth {rd}: scoring stopped at the time limit; depths evaluated: {scored_depths}")
             break
         scored_depths.append(rd)
     new = sum(p.new_seconds for _, _, p in loaded.values())
     res["pair_scoring"] = {"seconds": round(time.perf_counter() - t_pairs, 1), "model_seconds": round(new, 1),
-                           "rerank_depths_scored": scored_depths}  # fmt: skip
+                           "rerank_depths_scored": scored_depths,
+                           "queries_reranked": {n: len(q) for n, q in subsets.items()}}  # fmt: skip
     res["grid"]["rerank_depth"] = scored_depths
     scores, per_dataset = {}, {}
     for name, (ds, searcher, pairs) in loaded.items():
         t = time.perf_counter()
         grid = grid_scores(name, ds, searcher, PairLogits(pairs.path, None, model.model_id), ks, depths,
-                           scored_depths, weights)  # fmt: skip
+                           scored_depths, weights, subsets[name])  # fmt: skip
         per_dataset[name] = {"version": ds["version"], "queries": len(ds["queries"]), **grid,
                              "seconds": round(time.perf_counter() - t, 1)}  # fmt: skip
         scores[name] = {s: v["ndcg@10"] for s, v in grid["final"].items()}
         log(f"{name}: best {max(scores[name].values())}, shipped {scores[name].get(shipped)}")
     res["datasets"] = per_dataset
+    # the fused order alone (no rerank), on every query: the same procedure over (k, list depth)
+    hybrid = {n: {s: v["ndcg@10"] for s, v in per_dataset[n]["hybrid"].items()} for n in names}
+    res["chosen_hybrid"] = choose(hybrid, names, f"k{r['rrf_k']}_n{r['bm25_top_n']}")
     res["chosen"] = choose(scores, names, shipped)
     res["shipped_scores"] = {d: scores[d].get(shipped) for d in names}
     res["leave_one_out"] = {}
