@@ -165,8 +165,8 @@ def sentence_rerank(scorer, query: str, texts: Sequence[str]) -> float | None:
 def collect_demo(index: Path, question_files: Sequence[str], config: str) -> list[dict]:
     from evals.evalset import load_evalset
     from pipelines import config as config_mod
+    from pipelines.factories import retriever_for
     from pipelines.search.embedded import EmbeddedSearcher
-    from pipelines.steps import retriever_for
 
     cfg = config_mod.load(config, {})
     retriever, scorer = retriever_for(cfg, EmbeddedSearcher(index / "index"))

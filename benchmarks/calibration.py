@@ -56,11 +56,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from evals.calibration import calibrate
+    from evals.harness import calibration_config
     from pipelines import config as config_mod
-    from pipelines import steps
 
     cfg = config_mod.load("config/pipeline.yaml", {})
-    ccfg = steps.calibration_config(cfg)
+    ccfg = calibration_config(cfg)
 
     res = Result("calibration", questions=args.questions, repeats=args.repeats, target_s=TARGET_S, config=ccfg)
     records = synthetic_records(args.questions)

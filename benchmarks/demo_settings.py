@@ -3,7 +3,7 @@
 The SciFact grid (benchmark 7b) says what helps on one public dataset; this says what the
 same settings do to the demo's precision evals and calibration, which is what the gate holds.
 One demo index is built (pipelines.run.build into a scratch artifacts folder), then
-`pipelines.steps.evaluate` runs once per (retrieval.rrf_k, retrieval.rerank_weight) with one
+`evals.harness.evaluate` runs once per (retrieval.rrf_k, retrieval.rerank_weight) with one
 shared cross-encoder, so pairs scored for one setting are reused by the next.
 
     .venv/bin/python -m benchmarks.demo_settings [--settings 60:1.0,60:0.6,5:1.0,5:0.6,10:0.6,5:0.5]
@@ -28,8 +28,9 @@ def main() -> None:
     args = ap.parse_args()
     res = Result("demo_settings", settings={})
 
+    from evals.harness import evaluate
     from pipelines import config as config_mod
-    from pipelines import steps
+    from pipelines import factories, steps
     from pipelines.io import read_json
     from pipelines.rerank import load_scorer
     from pipelines.retrieval import Retriever
@@ -44,8 +45,8 @@ def main() -> None:
         for key in ("calibration_set", "precision_set", "baseline"):
             cfg["evals"][key] = str(ROOT / cfg["evals"][key])
         build(cfg, "demo")
-        searcher = steps.open_store(cfg).open("demo")
-        embedder, scorer = steps.get_embedder(cfg), load_scorer("onnx")
+        searcher = factories.open_store(cfg).open("demo")
+        embedder, scorer = factories.get_embedder(cfg), load_scorer("onnx")
         res["reranker"] = scorer.model_id
         for item in args.settings.split(","):
             k, w = item.split(":")
@@ -54,7 +55,7 @@ def main() -> None:
             c["reranker"]["timeout_s"] = 3600.0  # quality, not latency: a busy machine must not drop the reranker
             out = work / f"k{k}-w{w}"
             out.mkdir()
-            steps.evaluate(
+            evaluate(
                 Retriever.from_config(searcher, embedder, scorer, c),
                 steps.run_dir(c, "demo") / "chunks.parquet",
                 c,

@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from pipelines import config as config_mod
-    from pipelines import steps
+    from pipelines import factories
     from pipelines.beir import run_beir
     from pipelines.rerank import OnnxCrossEncoder
 
@@ -47,14 +47,14 @@ def main() -> None:
     if MEMO.exists():
         scorer._memo.update(pickle.loads(MEMO.read_bytes()))
     memo_at_start = len(scorer._memo)
-    real = steps.retriever_for
+    real = factories.retriever_for
 
     def retriever_for(c, searcher):  # the one scorer, so its memo survives between depths
         r, _ = real({**c, "reranker": {**c["reranker"], "kind": "none"}}, searcher)
         r.scorer = scorer
         return r, scorer
 
-    steps.retriever_for = retriever_for
+    factories.retriever_for = retriever_for
     res = Result("quality", published_ndcg10=PUBLISHED, goal_hybrid_rerank_ndcg10=GOAL, depths={})
     for depth in [int(d) for d in args.depths.split(",")]:
         path = OUT / f"beir-depth{depth}.json"

@@ -182,7 +182,7 @@ def shard_list(chunk_count: int) -> list[int]:
 
 
 def live_version(config: dict) -> str:
-    from pipelines.steps import open_store
+    from pipelines.factories import open_store
 
     version = open_store(config).live()
     if not version:

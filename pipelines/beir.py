@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from evals.harness import calibration_config
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
-from pipelines import steps
+from pipelines import factories, steps
 from pipelines.io import read_json, write_json
 from pipelines.retrieval import Retriever
 from pipelines.run import build
@@ -76,7 +77,7 @@ def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> tuple[
     bcfg, run_id = dataset_config(cfg, dataset, out)
     folder = steps.run_dir(bcfg, run_id)
     marker = folder / f"loaded-{bcfg['backend']['kind']}.json"
-    store = steps.open_store(bcfg)
+    store = factories.open_store(bcfg)
     present = run_id in store.versions()
     if marker.exists() and present:
         return bcfg, run_id
@@ -139,9 +140,9 @@ def run_beir(
     t_index = time.perf_counter() - t0
     chunks = pq.read_table(loadable_chunks(steps.run_dir(bcfg, version)), columns=["chunk_id", "doc_id"])
     doc_of = dict(zip(chunks.column("chunk_id").to_pylist(), chunks.column("doc_id").to_pylist()))
-    searcher = steps.open_store(bcfg).open(version)
+    searcher = factories.open_store(bcfg).open(version)
     depth = rerank_depth or cfg["retrieval"]["rerank_depth"]
-    retriever, scorer = steps.retriever_for(cfg, searcher)
+    retriever, scorer = factories.retriever_for(cfg, searcher)
     deep = Retriever.from_config(
         searcher, retriever.embedder, scorer, cfg, bm25_top_n=DEPTH, knn_top_n=DEPTH, rerank_depth=depth
     )
@@ -193,5 +194,5 @@ def calibrate_beir(cfg: dict, retriever, queries: dict[str, str], decline: str, 
         for qid, text in queries.items()
     ]
     items += [{**it, "label": "decline"} for it in load_evalset(decline)]
-    calibration = calibrate(run_questions(retriever, items), steps.calibration_config(cfg))
+    calibration = calibrate(run_questions(retriever, items), calibration_config(cfg))
     return write_json(calibration, out / "calibration.json")

@@ -55,7 +55,7 @@ def cmd_run(args) -> int:
 
 def cmd_query(args) -> int:
     from pipelines.answer import decide
-    from pipelines.steps import open_store, retriever_for
+    from pipelines.factories import open_store, retriever_for
 
     cfg = load_config(args)
     if args.index:
@@ -106,8 +106,9 @@ def _fmt(value, spec: str = ".4f") -> str:
 
 
 def cmd_calibrate(args) -> int:
+    from evals.harness import evaluate, gate_for_dir
+    from pipelines.factories import open_store, retriever_for
     from pipelines.search.embedded import open_run_folder
-    from pipelines.steps import evaluate, gate_for_dir, open_store, retriever_for
 
     cfg = load_config(args)
     index = Path(args.index)
@@ -180,8 +181,8 @@ def cmd_runs(args) -> int:
 
 def cmd_verify(args) -> int:
     """Check one index version against its manifest: 0 when intact, 2 naming each bad file."""
+    from pipelines.factories import open_store
     from pipelines.manifest import IntegrityError, manifest_hash
-    from pipelines.steps import open_store
 
     cfg = load_config(args)
     try:

@@ -6,7 +6,7 @@ promote only if the gate passed -> retention. A failed night leaves the live ind
 
 from __future__ import annotations
 
-from pipelines import steps
+from pipelines import factories, steps
 from pipelines.io import read_json
 from pipelines.lock import writer_lock
 
@@ -47,6 +47,6 @@ def _run_locked(cfg: dict, run_id: str, progress: bool) -> dict:
         "passed": gate["passed"],
         "reasons": gate["reasons"],
         "summary": summary,
-        "live": steps.open_store(cfg).live(),
+        "live": factories.open_store(cfg).live(),
         "built": built,
     }

@@ -13,17 +13,18 @@ import subprocess
 import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from functools import lru_cache
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from evals.harness import evaluate, gate_for_dir
 from pipelines import embed_backends, models, quarantine, runs, verdict
 from pipelines import manifest as mf
 from pipelines.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
-from pipelines.embed import Embedder, embed_shard, merge_shards
+from pipelines.embed import embed_shard, merge_shards
+from pipelines.factories import get_embedder, open_store, retriever_for
 from pipelines.ingest import ingest
-from pipelines.io import read_json, write_json, write_jsonl
+from pipelines.io import read_json, write_json
 from pipelines.lock import held_since, locked
 from pipelines.validate import loadable_chunks, validate_chunks
 
@@ -99,34 +100,6 @@ def versions() -> dict:
         "apache-airflow",
     ]
     return {n: models.package_version(n) for n in names}
-
-
-@lru_cache(maxsize=2)
-def embedder_for(model_id: str, model_path: str | None, batch_size: int, backend: str = "torch") -> Embedder:
-    return embed_backends.load_embedder(model_id, model_path, batch_size, backend)
-
-
-_SCORERS: dict[tuple[str, str | None], object] = {}
-
-
-def scorer_for(kind: str, model_path: str | None):
-    """One cross-encoder per process, so its memoised pair scores (exact: one pair per session run)
-    carry over between evaluations. A scorer that failed to load is not remembered: None is logged
-    by load_scorer and the next call tries again."""
-    from pipelines.rerank import load_scorer
-
-    key = (kind, model_path)
-    if key not in _SCORERS:
-        scorer = load_scorer(kind, model_path)
-        if scorer is None:
-            return None
-        _SCORERS[key] = scorer
-    return _SCORERS[key]
-
-
-def get_embedder(cfg: dict) -> Embedder:
-    e = cfg["embedding"]
-    return embedder_for(e["model_id"], e["model_path"], e["batch_size"], e["backend"])
 
 
 # --- steps --------------------------------------------------------------------------
@@ -291,17 +264,6 @@ def validate_step(cfg: dict, run_id: str) -> bool:
     return report["success"]
 
 
-def open_store(cfg: dict):
-    if cfg["backend"]["kind"] == "opensearch":
-        from pipelines.search.opensearch import OpenSearchStore
-
-        return OpenSearchStore.from_config(cfg)
-    from pipelines.search.embedded import EmbeddedStore
-
-    root = Path(cfg["artifacts"])
-    return EmbeddedStore(root / "runs", root / "LIVE")
-
-
 def version_inputs(cfg: dict, folder: Path) -> dict:
     """What this run's index version is built from (the manifest's `inputs`), from run.json."""
     info = read_json(folder / "run.json")
@@ -423,78 +385,6 @@ def cleanup_step(cfg: dict) -> dict:
 # --- evaluation and the gate -----------------------------------------------------------
 
 
-def calibration_config(cfg: dict) -> dict:
-    return {**cfg["calibration"], "gating": {k: cfg["answer"][k] for k in ("signal", "adjacent", "strong")}}
-
-
-def evaluate(
-    retriever,
-    chunks_parquet: Path,
-    cfg: dict,
-    out_dir: Path,
-    *,
-    calibration_set: str | None = None,
-    precision_set: str | None = None,
-    progress: bool = False,
-) -> dict:
-    """Calibration sweep + precision evals of one index; writes calibration.json, precision.json."""
-    from evals.calibration import calibrate
-    from evals.evalset import EvalSetError, check_labels, load_evalset
-    from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall
-    from evals.precision import precision_eval
-
-    out_dir = Path(out_dir)
-    chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
-    errors: list[str] = []
-    sets = {}
-    for name, path in (
-        ("calibration", calibration_set or cfg["evals"]["calibration_set"]),
-        ("precision", precision_set or cfg["evals"]["precision_set"]),
-    ):
-        try:
-            sets[name] = load_evalset(path)
-            if name == "precision":  # precision needs labels; declines have none to be precise about
-                sets[name] = [it for it in sets[name] if it["label"] == "answer"]
-            errors += check_labels(sets[name], chunks, str(path))
-        except EvalSetError as exc:
-            errors.append(str(exc))
-            sets[name] = []
-    write_json({"errors": errors}, out_dir / "eval_errors.json")
-    records = run_questions(retriever, sets["calibration"], progress=progress)
-    calibration = calibrate(records, calibration_config(cfg)) if records else {"signals": {}, "error": "no questions"}
-    by_id = {c["chunk_id"]: c for c in chunks}
-    calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg["retrieval"]["rerank_depth"])
-    write_json(calibration, out_dir / "calibration.json")
-
-    p_records = run_questions(retriever, sets["precision"], progress=progress)
-    precision = (
-        precision_eval(
-            sets["precision"],
-            {r["id"]: r["fused"] for r in p_records},
-            {r["id"]: r["ranked"] for r in p_records},
-            qrels_for(sets["precision"], chunks),
-            ks=tuple(cfg["evals"]["ks"]),
-        )
-        if p_records
-        else {"error": "no questions"}
-    )
-    precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
-    write_json(precision, out_dir / "precision.json")
-    rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg["answer"])
-    rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
-    write_jsonl(rows, out_dir / "questions.jsonl")
-    return {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
-
-
-def retriever_for(cfg: dict, searcher):
-    from pipelines.retrieval import Retriever
-
-    embedder = get_embedder(cfg)
-    mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
-    scorer = scorer_for(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
-    return Retriever.from_config(searcher, embedder, scorer, cfg), scorer
-
-
 def reranker_fingerprint(cfg: dict) -> str | None:
     """The cross-encoder's files' fingerprint (recorded beside its id), None when there is none."""
     kind, path = cfg["reranker"]["kind"], cfg["reranker"]["model_path"]
@@ -531,51 +421,6 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
         },
     )
     return out
-
-
-def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
-    """Per-question changes since the live version (diff_live.json), when both runs have records."""
-    from evals.diff import QUESTIONS, diff_runs
-
-    if live_folder is None or live_folder == folder or not (live_folder / QUESTIONS).exists():
-        return None
-    diff = {**diff_runs(live_folder, folder), "live": live_folder.name}
-    write_json(diff, folder / "diff_live.json")
-    return diff
-
-
-def gate_for_dir(
-    cfg: dict, folder: Path, run_info: dict, evaluated: dict | None = None, live_folder: Path | None = None
-) -> dict:
-    """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
-
-    `evaluated` (what the evaluation judged) is bound into gate.json with the baseline compared against;
-    `live_folder` is the live version's run folder, for the per-question diff since it.
-    """
-    from evals.gate import evaluate_gate, write_gate
-    from evals.report import write_report
-
-    calibration = read_json(folder / "calibration.json")
-    precision = read_json(folder / "precision.json")
-    errors = read_json(folder / "eval_errors.json")["errors"]
-    baseline_path = Path(cfg["evals"]["baseline"])
-    baseline = read_json(baseline_path) if baseline_path.exists() else {}
-    if not baseline_path.exists():
-        errors = errors + [f"{baseline_path}: accepted precision baseline not found"]
-    gate = evaluate_gate(
-        calibration,
-        precision,
-        baseline,
-        gating_signal=cfg["answer"]["signal"],
-        regression=cfg["evals"]["regression"],
-        eval_errors=errors,
-    )
-    if evaluated is not None:
-        gate["evaluated"] = verdict.binding(evaluated, baseline_path)
-    write_gate(gate, folder)
-    diff = diff_with(folder, live_folder) if (folder / "questions.jsonl").exists() else None
-    write_report(calibration, precision, gate, run_info, folder / "report.html", diff)
-    return gate
 
 
 @locked("gate")

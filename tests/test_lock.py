@@ -138,6 +138,7 @@ def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
 def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
     """A version created before the live one is promoted only through the rollback path."""
     from pipelines import steps
+    from pipelines.factories import open_store
     from pipelines.io import write_json
     from tests.test_embedded_backend import synthetic_chunks
     from tests.test_verdicts import pass_gate
@@ -149,14 +150,14 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
         folder = steps.run_dir(cfg, run_id)
         folder.mkdir(parents=True)
         write_json({"started_at": started}, folder / "run.json")
-        steps.open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))
+        open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))
         pass_gate(cfg, run_id)  # a passed verdict bound to this version (pipelines/verdict.py)
     steps.promote_step(cfg, "manual")
     with pytest.raises(RuntimeError, match="created before the live version manual"):
         steps.promote_step(cfg, "zzz-old")  # newer by name, older by creation time
-    assert steps.open_store(cfg).live() == "manual"
+    assert open_store(cfg).live() == "manual"
     steps.promote_step(cfg, "zzz-old", allow_older=True)
-    assert steps.open_store(cfg).live() == "zzz-old"
+    assert open_store(cfg).live() == "zzz-old"
 
 
 @pytest.mark.opensearch

@@ -14,6 +14,7 @@ import pytest
 from pipelines import manifest as mf
 from pipelines import steps, verdict
 from pipelines.cli import main
+from pipelines.factories import open_store
 from pipelines.io import write_json
 from tests.test_embedded_backend import synthetic_chunks
 
@@ -22,7 +23,7 @@ INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256
 
 def pass_gate(cfg: dict, version: str, passed: bool = True) -> dict:
     """gate.json for a loaded `version`, bound to it as evaluate_step + gate_step bind a verdict."""
-    facts = verdict.evaluated(cfg, steps.open_store(cfg).manifest(version), verdict.eval_sets(cfg))
+    facts = verdict.evaluated(cfg, open_store(cfg).manifest(version), verdict.eval_sets(cfg))
     gate = {"passed": passed, "reasons": [], "evaluated": verdict.binding(facts, cfg["evals"]["baseline"])}
     write_json(gate, steps.run_dir(cfg, version) / "gate.json")
     return gate
@@ -45,7 +46,7 @@ def night(make_cfg, tmp_path):
         }
     )
     synthetic_chunks(tmp_path / "c.parquet", n=9)
-    store = steps.open_store(cfg)
+    store = open_store(cfg)
 
     def make(version: str, passed: bool = True) -> dict:
         store.load(version, str(tmp_path / "c.parquet"), inputs=INPUTS)

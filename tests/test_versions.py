@@ -16,6 +16,7 @@ from pipelines import manifest as mf
 from pipelines import models
 from pipelines.cli import main
 from pipelines.embed import chunks_table, load_cache
+from pipelines.factories import get_embedder, open_store, retriever_for
 from pipelines.io import write_parquet
 from pipelines.search.embedded import EmbeddedStore, open_run_folder
 from tests.test_embedded_backend import synthetic_chunks
@@ -190,7 +191,7 @@ def test_rerunning_a_promoted_night_reuses_it_or_refuses_naming_what_differs(mak
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     n = build_night(cfg, "r1", embedder)
-    store = steps.open_store(cfg)
+    store = open_store(cfg)
     manifest = store.manifest("r1")
     assert manifest["rows"] == n and manifest["inputs"]["model_fingerprint"] == embedder.fingerprint
     assert manifest["inputs"]["chunker"] and manifest["inputs"]["code_version"]
@@ -234,11 +235,11 @@ def test_same_model_id_with_other_weights_re_embeds_and_cannot_query_the_index(
         else:
             target.symlink_to(path)
     other_cfg = make_cfg(**{"corpus.path": str(small_corpus), "embedding.model_path": str(copy)})
-    other = steps.get_embedder(other_cfg)
+    other = get_embedder(other_cfg)
     assert other.model_id == embedder.model_id and other.fingerprint != embedder.fingerprint
     steps.ingest_step(other_cfg, "r2")
     steps.chunk_step(other_cfg, "r2")
     stats = steps.embed_step(other_cfg, "r2", embedder=other)
     assert stats["encoded"] == n and stats["reused"] == 0  # nothing reused from r1's vectors
     with pytest.raises(mf.IntegrityError, match="model fingerprint"):
-        steps.retriever_for(other_cfg, steps.open_store(cfg).open("r1"))
+        retriever_for(other_cfg, open_store(cfg).open("r1"))

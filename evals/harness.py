@@ -1,0 +1,120 @@
+"""The evaluation of one index: the labelled sets through a retriever into calibration.json,
+precision.json and questions.jsonl, then the gate verdict and the report from those files.
+
+The retriever is anything with `retrieve(question, context)` (pipelines.retrieval.Retriever);
+the evaluate and gate steps, `sourcegate calibrate` and the benchmarks all run this one harness.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from evals.calibration import calibrate
+from evals.diff import QUESTIONS, diff_runs
+from evals.evalset import EvalSetError, check_labels, load_evalset
+from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall
+from evals.gate import evaluate_gate, write_gate
+from evals.precision import precision_eval
+from evals.report import write_report
+from pipelines import verdict
+from pipelines.io import read_json, write_json, write_jsonl
+
+
+def calibration_config(cfg: dict) -> dict:
+    return {**cfg["calibration"], "gating": {k: cfg["answer"][k] for k in ("signal", "adjacent", "strong")}}
+
+
+def evaluate(
+    retriever,
+    chunks_parquet: Path,
+    cfg: dict,
+    out_dir: Path,
+    *,
+    calibration_set: str | None = None,
+    precision_set: str | None = None,
+    progress: bool = False,
+) -> dict:
+    """Calibration sweep + precision evals of one index; writes calibration.json, precision.json."""
+    out_dir = Path(out_dir)
+    chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
+    errors: list[str] = []
+    sets = {}
+    for name, path in (
+        ("calibration", calibration_set or cfg["evals"]["calibration_set"]),
+        ("precision", precision_set or cfg["evals"]["precision_set"]),
+    ):
+        try:
+            sets[name] = load_evalset(path)
+            if name == "precision":  # precision needs labels; declines have none to be precise about
+                sets[name] = [it for it in sets[name] if it["label"] == "answer"]
+            errors += check_labels(sets[name], chunks, str(path))
+        except EvalSetError as exc:
+            errors.append(str(exc))
+            sets[name] = []
+    write_json({"errors": errors}, out_dir / "eval_errors.json")
+    records = run_questions(retriever, sets["calibration"], progress=progress)
+    calibration = calibrate(records, calibration_config(cfg)) if records else {"signals": {}, "error": "no questions"}
+    by_id = {c["chunk_id"]: c for c in chunks}
+    calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg["retrieval"]["rerank_depth"])
+    write_json(calibration, out_dir / "calibration.json")
+
+    p_records = run_questions(retriever, sets["precision"], progress=progress)
+    precision = (
+        precision_eval(
+            sets["precision"],
+            {r["id"]: r["fused"] for r in p_records},
+            {r["id"]: r["ranked"] for r in p_records},
+            qrels_for(sets["precision"], chunks),
+            ks=tuple(cfg["evals"]["ks"]),
+        )
+        if p_records
+        else {"error": "no questions"}
+    )
+    precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
+    write_json(precision, out_dir / "precision.json")
+    rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg["answer"])
+    rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
+    write_jsonl(rows, out_dir / "questions.jsonl")
+    return {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
+
+
+def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
+    """Per-question changes since the live version (diff_live.json), when both runs have records."""
+    if live_folder is None or live_folder == folder or not (live_folder / QUESTIONS).exists():
+        return None
+    diff = {**diff_runs(live_folder, folder), "live": live_folder.name}
+    write_json(diff, folder / "diff_live.json")
+    return diff
+
+
+def gate_for_dir(
+    cfg: dict, folder: Path, run_info: dict, evaluated: dict | None = None, live_folder: Path | None = None
+) -> dict:
+    """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
+
+    `evaluated` (what the evaluation judged) is bound into gate.json with the baseline compared against;
+    `live_folder` is the live version's run folder, for the per-question diff since it.
+    """
+    calibration = read_json(folder / "calibration.json")
+    precision = read_json(folder / "precision.json")
+    errors = read_json(folder / "eval_errors.json")["errors"]
+    baseline_path = Path(cfg["evals"]["baseline"])
+    baseline = read_json(baseline_path) if baseline_path.exists() else {}
+    if not baseline_path.exists():
+        errors = errors + [f"{baseline_path}: accepted precision baseline not found"]
+    gate = evaluate_gate(
+        calibration,
+        precision,
+        baseline,
+        gating_signal=cfg["answer"]["signal"],
+        regression=cfg["evals"]["regression"],
+        eval_errors=errors,
+    )
+    if evaluated is not None:
+        gate["evaluated"] = verdict.binding(evaluated, baseline_path)
+    write_gate(gate, folder)
+    diff = diff_with(folder, live_folder) if (folder / "questions.jsonl").exists() else None
+    write_report(calibration, precision, gate, run_info, folder / "report.html", diff)
+    return gate

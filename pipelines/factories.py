@@ -1,0 +1,62 @@
+"""The models, stores and retriever a config names, built once per process.
+
+Steps, the CLI, the BEIR runner and the benchmarks get their embedder, cross-encoder,
+index store and `Retriever` here, so each is built the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pipelines import embed_backends
+from pipelines import manifest as mf
+from pipelines.embed import Embedder
+
+
+@lru_cache(maxsize=2)
+def embedder_for(model_id: str, model_path: str | None, batch_size: int, backend: str = "torch") -> Embedder:
+    return embed_backends.load_embedder(model_id, model_path, batch_size, backend)
+
+
+_SCORERS: dict[tuple[str, str | None], object] = {}
+
+
+def scorer_for(kind: str, model_path: str | None):
+    """One cross-encoder per process, so its memoised pair scores (exact: one pair per session run)
+    carry over between evaluations. A scorer that failed to load is not remembered: None is logged
+    by load_scorer and the next call tries again."""
+    from pipelines.rerank import load_scorer
+
+    key = (kind, model_path)
+    if key not in _SCORERS:
+        scorer = load_scorer(kind, model_path)
+        if scorer is None:
+            return None
+        _SCORERS[key] = scorer
+    return _SCORERS[key]
+
+
+def get_embedder(cfg: dict) -> Embedder:
+    e = cfg["embedding"]
+    return embedder_for(e["model_id"], e["model_path"], e["batch_size"], e["backend"])
+
+
+def open_store(cfg: dict):
+    if cfg["backend"]["kind"] == "opensearch":
+        from pipelines.search.opensearch import OpenSearchStore
+
+        return OpenSearchStore.from_config(cfg)
+    from pipelines.search.embedded import EmbeddedStore
+
+    root = Path(cfg["artifacts"])
+    return EmbeddedStore(root / "runs", root / "LIVE")
+
+
+def retriever_for(cfg: dict, searcher):
+    from pipelines.retrieval import Retriever
+
+    embedder = get_embedder(cfg)
+    mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
+    scorer = scorer_for(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
+    return Retriever.from_config(searcher, embedder, scorer, cfg), scorer
