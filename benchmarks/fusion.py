@@ -127,7 +127,7 @@ def content_key(*parts) -> str:
 
 def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     """The demo corpus built once under `cache/demo` (keyed by its files, embedding, chunking, analyser)."""
-    from pipelines import steps
+    from pipelines import factories, steps
     from pipelines.run import build
     from pipelines.search.analyzer import ANALYZER_ID
 
@@ -139,7 +139,7 @@ def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     dcfg["artifacts"] = str(cache / "demo" / "cache")
     dcfg["corpus"]["path"] = str(corpus)
     marker = steps.run_dir(dcfg, run_id) / "loaded-embedded.json"
-    if not (marker.exists() and run_id in steps.open_store(dcfg).versions()):
+    if not (marker.exists() and run_id in factories.open_store(dcfg).versions()):
         build(dcfg, run_id)
         marker.write_text(json.dumps({"version": run_id}) + "\n")
     return dcfg, run_id
@@ -149,7 +149,7 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
     """Queries, labels, the searcher and chunk table of one dataset (its index built if missing)."""
     from evals.evalset import load_evalset
     from evals.evaluate import qrels_for
-    from pipelines import steps
+    from pipelines import factories, steps
     from pipelines.beir import index_dataset, load_queries
     from pipelines.retrieval import effective_query
     from pipelines.validate import loadable_chunks
@@ -168,21 +168,21 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
         chunks_parquet = loadable_chunks(steps.run_dir(dcfg, version))
     table = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id"])
     doc_of = dict(zip(table.column("chunk_id").to_pylist(), table.column("doc_id").to_pylist()))
-    searcher = steps.open_store(dcfg).open(version)
+    searcher = factories.open_store(dcfg).open(version)
     return {"cfg": dcfg, "version": version, "queries": queries, "qrels": qrels, "items": items,
             "doc_of": doc_of, "searcher": searcher}  # fmt: skip
 
 
 def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple[list, list]]:
     """qid -> (BM25 list, kNN list), each [(chunk_id, score)] DEPTH deep; searched once, then read from disk."""
-    from pipelines import steps
+    from pipelines import factories
     from pipelines.search.base import hybrid_search
 
     path = cache / name / f"fusion-lists-{ds['version']}.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
     todo = [q for q in ds["queries"] if q not in saved or saved[q]["query"] != ds["queries"][q]]
     if todo:
-        embedder = steps.get_embedder(cfg)
+        embedder = factories.get_embedder(cfg)
         t = time.perf_counter()
         for qid in todo:
             text = ds["queries"][qid]
