@@ -15,8 +15,10 @@ Reported per signal (higher = more answerable) and per should-decline kind:
   given share of the training folds' should-answer questions, scored on the held-out fold; the
   held-out should-answer coverage is reported next to it, since a threshold fitted on 80% of
   the questions need not keep 100% of the rest;
-- `combined`: a logistic regression over the listed signals, fitted inside each training fold
-  (standardised, L2, sklearn defaults), thresholded like a single signal.
+- `combined`: the shipped combiner's logistic regression (`pipelines/combiner.py`: standardised,
+  L2 1.0, Newton) over the listed signals, fitted inside each training fold, thresholded like a
+  single signal. `answerability`, the accepted combiner's own score, is in `held_out` only: it
+  was fitted on `calibration.jsonl`, so only the other set is held out from it.
 The demo mode also scores `sentence_rerank`, the cross-encoder's best probability over single
 sentences of the top passage, a candidate that costs ~5 more cross-encoder pairs a question.
 """
@@ -31,48 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import Result
+from pipelines.combiner import auc, fit_arrays, folds, probabilities, threshold_for, training_rows
+from pipelines.combiner import cross_validate as combiner_cv
 
 COVERAGES = (1.0, 0.99, 0.95)
 SIGNALS = ["rerank_top", "cosine_top", "bm25_z", "term_coverage", "concept_coverage", "sentence_cosine"]
 
 
-def auc(answer: np.ndarray, decline: np.ndarray) -> float:
-    """P(answer score > decline score), ties count half (Mann-Whitney)."""
-    if not len(answer) or not len(decline):
-        return float("nan")
-    greater = (answer[:, None] > decline[None, :]).mean()
-    ties = (answer[:, None] == decline[None, :]).mean()
-    return float(greater + ties / 2)
-
-
-def threshold_for(answer: np.ndarray, coverage: float) -> float:
-    """The highest threshold (score >= t answers) that keeps `coverage` of these answers."""
-    keep = int(np.ceil(coverage * len(answer)))
-    return float(np.sort(answer)[::-1][keep - 1]) if keep else float("inf")
-
-
 def recall_at(answer: np.ndarray, decline: np.ndarray, coverage: float) -> float:
     t = threshold_for(answer, coverage)
     return float((decline < t).mean()) if len(decline) else float("nan")
-
-
-def folds(labels: Sequence[str], k: int, seed: int) -> np.ndarray:
-    """Fold number per question, stratified by label/kind, seeded."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros(len(labels), int)
-    for value in sorted(set(labels)):
-        idx = np.flatnonzero(np.asarray(labels) == value)
-        rng.shuffle(idx)
-        out[idx] = np.arange(len(idx)) % k
-    return out
-
-
-def fit_combiner(x: np.ndarray, y: np.ndarray):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x, y)
 
 
 def cross_validated(
@@ -81,19 +51,28 @@ def cross_validated(
     """Held-out decline recall and answer coverage of a threshold fitted on the other folds."""
     fold = folds(strata, k, seed)
     declined = np.zeros(len(x), bool)
+    scores = np.zeros(len(x))
     for f in range(k):
         train, test = fold != f, fold == f
-        if combine:
-            model = fit_combiner(x[train], is_answer[train].astype(int))
-            score_train, score_test = model.predict_proba(x[train])[:, 1], model.predict_proba(x[test])[:, 1]
+        if combine:  # the shipped combiner's fit (pipelines/combiner.py), inside the training folds only
+            params = fit_arrays(x[train], is_answer[train])
+            score_train, score_test = probabilities(params, x[train]), probabilities(params, x[test])
         else:
             score_train, score_test = x[train, 0], x[test, 0]
         t = threshold_for(score_train[is_answer[train]], coverage)
         declined[test] = score_test < t
-    return {"declined": declined}
+        scores[test] = score_test
+    return {"declined": declined, "scores": scores}
 
 
-def table(records: Sequence[Mapping], signals: Sequence[str], k: int = 5, seed: int = 14, repeats: int = 5) -> dict:
+def table(
+    records: Sequence[Mapping],
+    signals: Sequence[str],
+    k: int = 5,
+    seed: int = 14,
+    repeats: int = 5,
+    combined_over: Sequence[str] | None = None,
+) -> dict:
     """Per signal (and the combiner), per should-decline kind: AUC, in-sample and cross-validated recall."""
     records = [r for r in records if all(r["signals"].get(s) is not None for s in signals)]
     is_answer = np.array([r["label"] == "answer" for r in records])
@@ -103,7 +82,8 @@ def table(records: Sequence[Mapping], signals: Sequence[str], k: int = 5, seed: 
     matrix = np.array([[float(r["signals"][s]) for s in signals] for r in records])
     out = {"n_answer": int(is_answer.sum()), "n_decline": {kd: int((kinds == kd).sum()) for kd in decline_kinds}}
     columns = {s: matrix[:, [i]] for i, s in enumerate(signals)}
-    columns["combined"] = matrix
+    combined_over = list(combined_over or signals)
+    columns["combined"] = matrix[:, [signals.index(s) for s in combined_over]]
     rows = {}
     for name, x in columns.items():
         combine = name == "combined"
@@ -114,8 +94,16 @@ def table(records: Sequence[Mapping], signals: Sequence[str], k: int = 5, seed: 
             entry = {}
             if not combine:
                 a, d = score[is_answer], score[kinds == kd]
-                entry["auc"] = round(auc(a, d), 3)
+                entry["auc"] = round(auc(a, d) if len(a) and len(d) else float("nan"), 3)
                 entry.update({f"recall@{c:g}": round(recall_at(a, d, c), 3) for c in COVERAGES})
+            if combine:  # out-of-fold probabilities: the combiner's AUC on questions it was not fitted on
+                aucs = []
+                for rep in range(repeats):
+                    oof = cross_validated(
+                        x[mask], is_answer[mask], [s for s, m in zip(strata, mask) if m], 1.0, k, seed + rep, True
+                    )["scores"]
+                    aucs.append(auc(oof[is_answer[mask]], oof[~is_answer[mask]]))
+                entry["cv_auc"] = round(float(np.mean(aucs)), 3)
             for c in COVERAGES:
                 recalls, coverage = [], []
                 for rep in range(repeats):
@@ -129,7 +117,14 @@ def table(records: Sequence[Mapping], signals: Sequence[str], k: int = 5, seed: 
             row[kd] = entry
         rows[name] = row
     out["signals"] = rows
-    out["protocol"] = f"stratified {k}-fold, {repeats} seeds from {seed}; combined = logistic regression over {signals}"
+    out["protocol"] = (
+        f"stratified {k}-fold, {repeats} seeds from {seed}; combined = logistic regression over {combined_over}, "
+        "fitted per kind (should-answer vs that kind)"
+    )
+    # the shipped protocol (pipelines/combiner.cross_validate): one fit against every should-decline kind
+    out["combined_all_kinds"] = [
+        combiner_cv(training_rows(records, combined_over), k=k, seed=seed + rep) for rep in range(repeats)
+    ]
     return out
 
 
@@ -185,14 +180,16 @@ def collect_demo(index: Path, question_files: Sequence[str], config: str) -> lis
 
 def markdown(table_: Mapping, kind: str) -> str:
     """One kind's rows as a Markdown table (docs/benchmarks.md)."""
-    head = "| signal | AUC | recall@100% | @99% | @95% | CV recall@100% (held-out coverage) | CV @95% (coverage) |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    head = "| signal | AUC | recall@100% | @99% | @95% | CV recall@100% (held-out coverage) | CV @99% | CV @95% |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for name, row in table_["signals"].items():
         e = row.get(kind)
         if not e:
             continue
         cells = [str(e.get(k, "–")) for k in ("auc", "recall@1", "recall@0.99", "recall@0.95")]
-        cv = [f"{e[f'cv_recall@{c}']} ({e[f'cv_coverage@{c}']})" for c in ("1", "0.95")]
+        if "cv_auc" in e:
+            cells[0] = f"{e['cv_auc']} (CV)"
+        cv = [f"{e[f'cv_recall@{c}']} ({e[f'cv_coverage@{c}']})" for c in ("1", "0.99", "0.95")]
         lines.append(f"| `{name}` | " + " | ".join(cells + cv) + " |")
     return "\n".join(lines)
 
@@ -225,11 +222,12 @@ def main() -> None:
             "source": "demo",
             "index": str(args.index),
             "questions": args.questions,
-            "all": table(singles, signals),
+            "all": table(singles, signals, combined_over=args.signals),
             "held_out": held_out(
                 [r for r in singles if r["set"] == "calibration"],
                 [r for r in singles if r["set"] != "calibration"],
-                signals,
+                signals
+                + (["answerability"] if all(r["signals"].get("answerability") is not None for r in singles) else []),
             ),
         }
     else:
@@ -241,6 +239,13 @@ def main() -> None:
     for kind in result["all"]["n_decline"]:
         print(f"\n{kind} (n = {result['all']['n_decline'][kind]}; {result['all']['n_answer']} should-answer)")
         print(markdown(result["all"], kind))
+    runs = result["all"]["combined_all_kinds"]
+    mean = {
+        kd: round(float(np.mean([r["decline_recall_by_kind"][kd] for r in runs])), 3)
+        for kd in runs[0]["decline_recall_by_kind"]
+    }
+    kept = round(float(np.mean([r["answer_kept"] for r in runs])), 3)
+    print(f"\ncombined, one fit against every kind (shipped protocol), mean of {len(runs)} seeds: kept {kept}, {mean}")
     if "held_out" in result:
         print(json.dumps(result["held_out"], indent=1))
 

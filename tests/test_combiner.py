@@ -1,0 +1,96 @@
+"""The answerability combiner (pipelines/combiner.py): fitted deterministically, loaded strictly.
+
+Fast tier: hand-made signal rows, no model, no index.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipelines import combiner
+
+FEATURES = ["concept_coverage", "rerank_top"]
+
+
+def questions(n_answer: int = 30, n_decline: int = 20, seed: int = 3, separable: bool = True) -> list[dict]:
+    """Should-answer rows high on concept_coverage, should-decline rows low (with rerank_top as noise)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n_answer + n_decline):
+        answer = i < n_answer
+        cover = rng.uniform(0.6, 1.0) if answer else rng.uniform(0.0, 0.55 if separable else 0.8)
+        rows.append(
+            {
+                "id": f"q{i}",
+                "label": "answer" if answer else "decline",
+                "kind": "single" if answer else ("near_topic" if i % 2 else "off_topic"),
+                "signals": {"concept_coverage": cover, "rerank_top": rng.uniform(0.0, 1.0), "cosine_top": 0.5},
+            }
+        )
+    return rows
+
+
+def test_the_fit_is_deterministic_and_hashes_its_training_rows():
+    a, b = combiner.fit(questions(), FEATURES), combiner.fit(questions(), FEATURES)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    other = combiner.fit(questions(seed=4), FEATURES)
+    assert other["training"]["sha256"] != a["training"]["sha256"] and other["coef"] != a["coef"]
+    assert a["training"]["n"] == {"answer": 30, "decline": 20} and a["features"] == FEATURES
+
+
+def test_a_fitted_model_separates_a_separable_set():
+    rows = questions()
+    model = combiner.fit(rows, FEATURES)
+    score = {r["id"]: combiner.score(model, r["signals"]) for r in rows}
+    lowest_answer = min(score[r["id"]] for r in rows if r["label"] == "answer")
+    highest_decline = max(score[r["id"]] for r in rows if r["label"] == "decline")
+    assert lowest_answer > highest_decline  # a gap: every should-answer above every should-decline
+    assert model["coef"][0] > 0  # the separating signal carries the weight, in the "answerable" direction
+    cv = model["cross_validated"]
+    assert (
+        cv["auc"] == 1.0
+        and cv["answer_kept"] >= 0.9
+        and set(cv["decline_recall_by_kind"])
+        == {
+            "near_topic",
+            "off_topic",
+        }
+    )
+
+
+def test_a_missing_feature_scores_none_and_rows_without_one_are_left_out():
+    rows = questions()
+    model = combiner.fit(rows, FEATURES)
+    assert combiner.score(model, {"concept_coverage": 0.9, "rerank_top": None}) is None
+    rows[0]["signals"]["rerank_top"] = None  # the reranker failed on one question
+    assert combiner.fit(rows, FEATURES)["training"]["left_out"] == 1
+
+
+def test_too_few_labelled_rows_or_its_own_score_as_a_feature_are_errors():
+    with pytest.raises(combiner.CombinerError, match="need at least 2 of each"):
+        combiner.fit([r for r in questions() if r["label"] == "answer"], FEATURES)
+    with pytest.raises(combiner.CombinerError, match="its own score"):
+        combiner.fit(questions(), ["answerability"])
+
+
+def test_missing_or_mismatched_coefficient_files_are_clear_errors(tmp_path):
+    path = tmp_path / "combiner.json"
+    with pytest.raises(combiner.CombinerError, match="not found.*sourcegate calibrate"):
+        combiner.load(path, FEATURES)
+    path.write_text("{not json")
+    with pytest.raises(combiner.CombinerError, match="not readable JSON"):
+        combiner.load(path, FEATURES)
+    model = combiner.fit(questions(), FEATURES)
+    combiner.write(model, path)
+    assert combiner.load(path, FEATURES) == json.loads(path.read_text())
+    with pytest.raises(combiner.CombinerError, match=r"fitted on \['concept_coverage', 'rerank_top'\]"):
+        combiner.load(path, ["rerank_top", "concept_coverage"])  # same signals, other order: other coefficients
+    combiner.write({**model, "coef": model["coef"][:1]}, path)
+    with pytest.raises(combiner.CombinerError, match="does not hold 2 means, scales and coefficients"):
+        combiner.load(path, FEATURES)
+    combiner.write({**model, "format": "something-else"}, path)
+    with pytest.raises(combiner.CombinerError, match="is not a sourcegate-answerability-combiner/1 file"):
+        combiner.load(path, FEATURES)
