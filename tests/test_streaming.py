@@ -128,3 +128,54 @@ def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small
     first_of_second = next(read_rows(folder / "chunks.text.parquet", *shard_range(total, 1, 2)))["chunk_id"][0]
     with pytest.raises(RuntimeError, match=f"chunks have no embedding \\(first: {first_of_second.as_py()}\\)"):
         steps.merge_step(cfg, "r1", stats[:1])
+
+
+def test_validation_in_small_batches_reports_and_quarantines_what_one_batch_does(tmp_path, tiny_batches):
+    from pipelines.validate import VALID_CHUNKS, validate_chunks
+    from tests.test_validate import _hostile_chunks
+
+    one, many = tmp_path / "one", tmp_path / "many"
+    reports = {}
+    for folder, rows in ((one, None), (many, 2)):
+        reports[folder] = validate_chunks(_hostile_chunks(folder), folder, dimension=4, max_chars=300, rows=rows)
+    assert reports[one] == reports[many] and reports[one]["rows_loaded"] == 3
+    assert reports[one]["great_expectations_sample"]["agrees"]
+    for name in ("quarantine.jsonl", "quality.json"):
+        assert (one / name).read_text() == (many / name).read_text()
+    assert pq.read_table(one / VALID_CHUNKS).equals(pq.read_table(many / VALID_CHUNKS))
+
+
+def test_the_embedded_index_built_in_small_batches_is_the_one_batch_index(tmp_path, tiny_batches):
+    from pipelines.search.embedded import EmbeddedStore
+    from tests.test_embedded_backend import synthetic_chunks
+
+    rows, vectors = synthetic_chunks(tmp_path / "c.parquet", n=50)
+    store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
+    store.load("v1", str(tmp_path / "c.parquet"))
+    tiny_batches(7)
+    store.load("v2", str(tmp_path / "c.parquet"))
+    a, b = store.open("v1"), store.open("v2")
+    assert (store.folder("v1") / "embeddings.npy").read_bytes() == (store.folder("v2") / "embeddings.npy").read_bytes()
+    np.testing.assert_array_equal(np.load(store.folder("v1") / "embeddings.npy"), vectors)  # np.save's file
+    assert isinstance(b.vectors, np.memmap)
+    assert a.table.equals(b.table) and a.bm25_index.vocab == b.bm25_index.vocab
+    wa, wb = a.bm25_index.weights, b.bm25_index.weights
+    assert wa.indices.dtype == wb.indices.dtype and wa.data.dtype == wb.data.dtype
+    for part in ("data", "indices", "indptr"):
+        np.testing.assert_array_equal(getattr(wa, part), getattr(wb, part))
+    assert pq.ParquetFile(store.folder("v2") / "chunks.parquet").num_row_groups == 8
+
+
+def test_bm25_built_batch_by_batch_equals_the_one_batch_build():
+    from pipelines.search.analyzer import analyze
+    from pipelines.search.bm25 import BM25Builder, BM25Index
+
+    texts = ["the bus fare", "", "train pass and bus pass", "refunds", "night bus to the airport", "pass"] * 5
+    tokens = [analyze(t) for t in texts]
+    whole = BM25Index.build(tokens)
+    builder = BM25Builder()
+    for lo in range(0, len(tokens), 4):
+        builder.add(tokens[lo : lo + 4])
+    parts = builder.build()
+    assert parts.vocab == whole.vocab and (parts.weights != whole.weights).nnz == 0
+    np.testing.assert_array_equal(parts.scores("bus pass"), whole.scores("bus pass"))

@@ -72,13 +72,17 @@ def lucene_length(lengths: np.ndarray) -> np.ndarray:
     return np.where(n < free, n, free + _from_int4(_int4(np.maximum(n - free, 0))))
 
 
-def bm25_weights(rows, cols, tf, lengths, n_chunks: int, k1: float = K1, b: float = B) -> np.ndarray:
-    """Lucene BM25 weight of each (term row, chunk col) posting with term frequency tf."""
+def bm25_weights(rows, cols, tf, lengths, n_chunks: int, k1: float = K1, b: float = B, df=None) -> np.ndarray:
+    """Lucene BM25 weight of each (term row, chunk col) posting with term frequency tf.
+
+    `df` (postings per term over the whole corpus) is counted from `rows` unless given: a caller
+    weighing the postings a slice at a time gives the corpus's."""
     lengths = np.asarray(lengths, np.int64)
     has_terms = lengths > 0
     docs = int(has_terms.sum())
     avgdl = lengths.sum() / docs if docs else 1.0
-    df = np.bincount(rows, minlength=int(rows.max()) + 1 if len(rows) else 0).astype(np.float64)
+    if df is None:
+        df = np.bincount(rows, minlength=int(rows.max()) + 1 if len(rows) else 0).astype(np.float64)
     idf = np.log1p((docs - df + 0.5) / (df + 0.5))
     dl = lucene_length(lengths).astype(np.float64)
     tf = np.asarray(tf, np.float64)
@@ -98,17 +102,7 @@ class BM25Index:
     @classmethod
     def build(cls, corpus: list[list[str]], k1: float = K1, b: float = B) -> BM25Index:
         """From analysed chunks (``analyze(text)`` each)."""
-        n = len(corpus)
-        # Term ids in first-seen order; one (chunk, term) key per posting, counted by np.unique
-        # (Python touches each token once; numpy does the counting and the weights).
-        vocab: dict[str, int] = {}
-        flat = np.fromiter((vocab.setdefault(t, len(vocab)) for tokens in corpus for t in tokens), np.int64)
-        lengths = np.fromiter((len(t) for t in corpus), np.int64, count=n)
-        width = max(len(vocab), 1)
-        keys, counts = np.unique(np.repeat(np.arange(n, dtype=np.int64), lengths) * width + flat, return_counts=True)
-        rows, cols = keys % width, keys // width
-        w = bm25_weights(rows, cols, counts, lengths, n, k1, b)
-        return cls(vocab, sparse.csr_matrix((w, (rows, cols)), shape=(len(vocab), n)))
+        return BM25Builder().add(corpus).build(k1, b)
 
     @classmethod
     def from_texts(cls, texts: list[str], k1: float = K1, b: float = B) -> BM25Index:
@@ -139,3 +133,53 @@ class BM25Index:
         meta = folder / "bm25_meta.json"
         analyzer = json.loads(meta.read_text(encoding="utf-8"))["analyzer"] if meta.exists() else LEGACY_ANALYZER
         return cls({t: i for i, t in enumerate(terms)}, sparse.load_npz(folder / "bm25.npz").tocsr(), analyzer)
+
+
+class BM25Builder:
+    """Builds a BM25Index batch by batch: only one batch's token lists exist at a time.
+
+    Each batch becomes the next columns of a term x chunk count matrix (CSC: term ids and counts,
+    int32, per chunk). Term ids are assigned in first-seen order over the whole corpus, so the
+    index is the same whatever the batches. The weights need N, avgdl and each term's df, known
+    only at the end: `build` computes them, then the CSR matrix queries are answered from.
+    """
+
+    def __init__(self):
+        self.vocab: dict[str, int] = {}
+        self._terms: list[np.ndarray] = []
+        self._counts: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self._postings: list[np.ndarray] = []  # per chunk
+
+    def add(self, corpus: list[list[str]]) -> BM25Builder:
+        """The next chunks, analysed (``analyze(text)`` each)."""
+        vocab, n = self.vocab, len(corpus)
+        # One (chunk, term) key per posting, counted by np.unique (Python touches each token once).
+        flat = np.fromiter((vocab.setdefault(t, len(vocab)) for tokens in corpus for t in tokens), np.int64)
+        lengths = np.fromiter((len(t) for t in corpus), np.int64, count=n)
+        width = max(len(vocab), 1)
+        keys, counts = np.unique(np.repeat(np.arange(n, dtype=np.int64), lengths) * width + flat, return_counts=True)
+        self._terms.append((keys % width).astype(np.int32))  # sorted by chunk, then term: CSC order
+        self._counts.append(counts.astype(np.int32))
+        self._postings.append(np.bincount(keys // width, minlength=n))
+        self._lengths.append(lengths)
+        return self
+
+    def build(self, k1: float = K1, b: float = B) -> BM25Index:
+        terms = np.concatenate(self._terms) if self._terms else np.zeros(0, np.int32)
+        counts = np.concatenate(self._counts) if self._counts else np.zeros(0, np.int32)
+        self._terms, self._counts = [], []
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
+        n, n_terms = len(lengths), len(self.vocab)
+        per_chunk = np.zeros(n + 1, np.int64)
+        per_chunk[1:] = np.cumsum(np.concatenate(self._postings)) if n else []
+        weights = np.empty(len(terms), np.float64)
+        df = np.bincount(terms, minlength=n_terms).astype(np.float64)
+        for lo in range(0, n, 65_536):  # the weights a slice of chunks at a time: bounded temporaries
+            hi = min(lo + 65_536, n)
+            a, z = per_chunk[lo], per_chunk[hi]
+            cols = np.repeat(np.arange(lo, hi), np.diff(per_chunk[lo : hi + 1]))
+            weights[a:z] = bm25_weights(terms[a:z], cols, counts[a:z], lengths, n, k1, b, df=df)
+        del counts
+        matrix = sparse.csc_matrix((weights, terms, per_chunk), shape=(n_terms, n))
+        return BM25Index(self.vocab, matrix.tocsr())

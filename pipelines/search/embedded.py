@@ -19,10 +19,12 @@ import pyarrow.parquet as pq
 
 from pipelines import faults, verdict
 from pipelines import manifest as mf
+from pipelines.batches import iter_batches, write_batches
 from pipelines.embed import embedding_matrix
 from pipelines.io import write_text
+from pipelines.search.analyzer import analyze
 from pipelines.search.base import Hit, HybridResult, ScoreDistribution, hybrid_by_calls
-from pipelines.search.bm25 import BM25Index
+from pipelines.search.bm25 import BM25Builder, BM25Index
 
 log = logging.getLogger(__name__)
 STORED = ["chunk_id", "doc_id", "title", "section", "section_id", "text"]
@@ -128,22 +130,14 @@ class EmbeddedStore:
                 raise refusal
             log.info("index version %s is complete and built from the same inputs: reused", version)
             return existing["rows"]
-        table = pq.read_table(chunks_parquet)
         tmp = folder.with_name("index.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        vectors = np.ascontiguousarray(embedding_matrix(table))
         try:
-            pq.write_table(table.select(STORED), tmp / "chunks.parquet")
-            np.save(tmp / "embeddings.npy", vectors)
-            faults.reached("load:partial")
-            BM25Index.from_texts(table["text"].to_pylist()).save(tmp)
-            count = len(EmbeddedSearcher(tmp).ids)
-            if count != table.num_rows:
-                raise RuntimeError(f"index {version}: {count} chunks indexed, expected {table.num_rows}")
+            count, dimension = write_index_files(chunks_parquet, tmp)
             files = mf.file_entries(tmp, [p.name for p in tmp.iterdir() if p.is_file()])
             manifest = mf.build_manifest(
-                version, rows=count, dimension=vectors.shape[1], inputs=inputs, files=files, backend="embedded"
+                version, rows=count, dimension=dimension, inputs=inputs, files=files, backend="embedded"
             )
             mf.write_manifest(tmp, manifest)  # last: the completion mark
         except BaseException:
@@ -199,6 +193,40 @@ class EmbeddedStore:
         if version is None:
             raise FileNotFoundError(f"no live index (pointer {self.live_file} missing); run `sourcegate run` first")
         return EmbeddedSearcher(self.folder(version), manifest=self.verify(version, hashes=hashes))
+
+
+def write_index_files(chunks_parquet: str | Path, folder: Path, rows: int | None = None) -> tuple[int, int]:
+    """chunks.parquet (stored columns), embeddings.npy and the BM25 files of a version, one batch at a time.
+
+    Memory: a batch, plus what the index needs to serve: the BM25 matrix and its vocabulary (the
+    vectors go to disk as they come and are read back memory-mapped). Returns (chunks, dimension).
+    """
+    source = pq.ParquetFile(chunks_parquet)
+    total, dimension = source.metadata.num_rows, source.schema_arrow.field("embedding").type.list_size
+    stored = source.schema_arrow
+    stored = pa.schema([stored.field(name) for name in STORED])
+    bm25, vectors_written = BM25Builder(), 0
+    with open(folder / "embeddings.npy", "wb") as npy:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False}
+        np.lib.format.write_array_header_1_0(npy, header | {"shape": (total, dimension)})  # np.save's header
+
+        def tables():
+            nonlocal vectors_written
+            for table in iter_batches(chunks_parquet, [*STORED, "embedding"], rows):
+                vectors = np.ascontiguousarray(embedding_matrix(table), np.float32)
+                npy.write(vectors.tobytes())
+                vectors_written += len(vectors)
+                bm25.add([analyze(t) for t in table["text"].to_pylist()])
+                yield table.select(STORED)
+
+        count = write_batches(tables(), folder / "chunks.parquet", stored)
+    faults.reached("load:partial")
+    index = bm25.build()
+    index.save(folder)
+    indexed = {count, vectors_written, index.size, len(np.load(folder / "embeddings.npy", mmap_mode="r"))}
+    if indexed != {total}:
+        raise RuntimeError(f"index {folder}: {sorted(indexed)} chunks indexed, expected {total}")
+    return total, dimension
 
 
 def open_run_folder(run_folder: str | Path, hashes: bool = True) -> EmbeddedSearcher:
