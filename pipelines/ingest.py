@@ -11,17 +11,18 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import unicodedata
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
 from pipelines import quarantine as quarantine_file
-from pipelines.io import write_parquet
+from pipelines.batches import batch_rows, write_batches
 
 DOCUMENT_SCHEMA = pa.schema(
     [
@@ -62,42 +63,92 @@ def ingest(
     fmt: str = "markdown",
     max_doc_bytes: int = 200_000,
     previous_documents: str | Path | None = None,
+    rows: int | None = None,
 ) -> IngestResult:
-    """Read `source`, write documents/quarantine/manifest into `out_dir`."""
+    """Read `source`, write documents/quarantine/manifest into `out_dir`.
+
+    Streams: parsed documents are staged to Parquet a batch at a time (`rows`); duckdb then keeps the
+    first occurrence of each id, sorts by id and diffs against the previous run out of core, so
+    memory holds a batch and the rejected inputs, never the corpus.
+    """
     source, out_dir = Path(source), Path(out_dir)
     if not source.exists():
         raise FileNotFoundError(f"corpus source not found: {source}")
+    out_dir.mkdir(parents=True, exist_ok=True)
     reader = read_markdown_folder if fmt == "markdown" else read_beir_corpus
-    docs, rejected = [], []
-    seen: set[str] = set()
-    for origin, parsed in reader(source, max_doc_bytes):
-        if isinstance(parsed, Rejected):
-            rejected.append({"source": origin, "reason": str(parsed)})
-            continue
-        if parsed["doc_id"] in seen:
-            rejected.append(
-                {
-                    "source": origin,
-                    "doc_id": parsed["doc_id"],
-                    "reason": f"duplicate id: {parsed['doc_id']!r} (first occurrence kept)",
-                }
-            )
-            continue
-        seen.add(parsed["doc_id"])
-        parsed["source"] = origin
-        parsed["content_hash"] = content_hash(parsed)
-        docs.append(parsed)
-    docs.sort(key=lambda d: d["doc_id"])
+    rejected: list[dict] = []
+    staging = out_dir / ".documents.staging.tmp"
+    spill = out_dir / ".duckdb.tmp"
 
-    documents = write_parquet(pa.Table.from_pylist(docs, schema=DOCUMENT_SCHEMA), out_dir / "documents.parquet")
+    def staged():
+        batch = []
+        for seq, (origin, parsed) in enumerate(reader(source, max_doc_bytes)):
+            if isinstance(parsed, Rejected):
+                rejected.append({"seq": seq, "source": origin, "reason": str(parsed)})
+                continue
+            batch.append({**parsed, "source": origin, "content_hash": content_hash(parsed), "seq": seq})
+            if len(batch) >= batch_rows(rows):
+                yield pa.Table.from_pylist(batch, schema=STAGING_SCHEMA)
+                batch = []
+        yield pa.Table.from_pylist(batch, schema=STAGING_SCHEMA)
+
+    try:
+        write_batches(staged(), staging, STAGING_SCHEMA)
+        with _duckdb(spill) as con:
+            con.execute(f"CREATE VIEW staged AS {FIRST_OCCURRENCE.format(staged=_literal(staging))}")
+            for seq, origin, doc_id in con.execute("SELECT seq, source, doc_id FROM staged WHERE nth > 1").fetchall():
+                reason = f"duplicate id: {doc_id!r} (first occurrence kept)"
+                rejected.append({"seq": seq, "source": origin, "doc_id": doc_id, "reason": reason})
+            fields = ", ".join(DOCUMENT_SCHEMA.names)
+            docs = con.sql(f"SELECT {fields} FROM staged WHERE nth = 1 ORDER BY doc_id").to_arrow_reader(
+                batch_rows(rows)
+            )
+            count = write_batches(
+                (pa.Table.from_batches([b]) for b in docs), out_dir / "documents.parquet", DOCUMENT_SCHEMA
+            )
+            manifest_rows = diff_manifest(con, out_dir / "documents.parquet", previous_documents, rows)
+            write_batches(manifest_rows, out_dir / "manifest.parquet", MANIFEST_SCHEMA)
+            statuses = dict(
+                con.execute(
+                    "SELECT status, count(*) FROM read_parquet(?) GROUP BY status", [str(out_dir / "manifest.parquet")]
+                ).fetchall()
+            )
+    finally:
+        staging.unlink(missing_ok=True)
+        shutil.rmtree(spill, ignore_errors=True)
+    rejected = [{k: v for k, v in r.items() if k != "seq"} for r in sorted(rejected, key=lambda r: r["seq"])]
     quarantine = quarantine_file.write_stage(out_dir, "ingest", rejected)
-    manifest_rows = diff_manifest(docs, previous_documents)
-    manifest = write_parquet(pa.Table.from_pylist(manifest_rows, schema=MANIFEST_SCHEMA), out_dir / "manifest.parquet")
-    counts = {s: sum(r["status"] == s for r in manifest_rows) for s in ("added", "changed", "deleted", "unchanged")}
+    counts = {s: statuses.get(s, 0) for s in ("added", "changed", "deleted", "unchanged")}
     counts.update(
-        documents=len(docs), quarantined=len(rejected), quarantine_reasons=quarantine_file.reason_counts(rejected)
+        documents=count, quarantined=len(rejected), quarantine_reasons=quarantine_file.reason_counts(rejected)
     )
-    return IngestResult(documents, quarantine, manifest, counts)
+    return IngestResult(out_dir / "documents.parquet", quarantine, out_dir / "manifest.parquet", counts)
+
+
+STAGING_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("seq", pa.int64()))
+# The first occurrence of each id (in reading order) is the document; later ones are duplicates.
+FIRST_OCCURRENCE = "SELECT *, row_number() OVER (PARTITION BY doc_id ORDER BY seq) AS nth FROM read_parquet({staged})"
+
+
+def _literal(path: Path) -> str:
+    """A path as a SQL string literal (for statements duckdb cannot prepare)."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+@contextmanager
+def _duckdb(spill: Path):
+    """An in-process duckdb that sorts and joins out of core: bounded memory, spilling to `spill`."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        con.execute("SET memory_limit = '1GB'")
+        con.execute("SET threads = 2")
+        con.execute(f"SET temp_directory = {_literal(spill)}")
+        con.execute("SET preserve_insertion_order = true")
+        yield con
+    finally:
+        con.close()
 
 
 def content_hash(doc: dict) -> str:
@@ -107,20 +158,29 @@ def content_hash(doc: dict) -> str:
     return h.hexdigest()
 
 
-def diff_manifest(docs: list[dict], previous_documents: str | Path | None) -> list[dict]:
-    """What this run saw against the previous run: added / changed / unchanged / deleted."""
-    before: dict[str, str] = {}
+# Every document of this run in id order, then every document only the previous run had (in id
+# order): added / changed / unchanged / deleted. duckdb sorts strings by their UTF-8 bytes, which
+# is code point order, as Python's sort.
+DIFF = """
+SELECT coalesce(n.doc_id, p.doc_id) AS doc_id, coalesce(n.content_hash, p.content_hash) AS content_hash,
+       CASE WHEN p.doc_id IS NULL THEN 'added' WHEN n.doc_id IS NULL THEN 'deleted'
+            WHEN n.content_hash = p.content_hash THEN 'unchanged' ELSE 'changed' END AS status
+FROM (SELECT doc_id, content_hash FROM read_parquet(?)) n
+FULL OUTER JOIN ({previous}) p ON n.doc_id = p.doc_id
+ORDER BY n.doc_id IS NULL, coalesce(n.doc_id, p.doc_id)
+"""
+
+
+def diff_manifest(con, documents: Path, previous_documents: str | Path | None, rows: int | None = None):
+    """What this run saw against the previous run, as tables of manifest rows."""
+    params = [str(documents)]
     if previous_documents and Path(previous_documents).exists():
-        t = pq.read_table(previous_documents, columns=["doc_id", "content_hash"])
-        before = dict(zip(t["doc_id"].to_pylist(), t["content_hash"].to_pylist()))
-    rows = []
-    for d in docs:
-        old = before.get(d["doc_id"])
-        status = "added" if old is None else "unchanged" if old == d["content_hash"] else "changed"
-        rows.append({"doc_id": d["doc_id"], "content_hash": d["content_hash"], "status": status})
-    now = {d["doc_id"] for d in docs}
-    rows += [{"doc_id": i, "content_hash": h, "status": "deleted"} for i, h in sorted(before.items()) if i not in now]
-    return rows
+        previous = "SELECT doc_id, content_hash FROM read_parquet(?)"
+        params.append(str(previous_documents))
+    else:
+        previous = "SELECT NULL::VARCHAR AS doc_id, NULL::VARCHAR AS content_hash WHERE false"
+    reader = con.sql(DIFF.format(previous=previous), params=params).to_arrow_reader(batch_rows(rows))
+    return (pa.Table.from_batches([b]) for b in reader)
 
 
 # --- Markdown folder -------------------------------------------------------------

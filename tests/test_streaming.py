@@ -179,3 +179,36 @@ def test_bm25_built_batch_by_batch_equals_the_one_batch_build():
     parts = builder.build()
     assert parts.vocab == whole.vocab and (parts.weights != whole.weights).nnz == 0
     np.testing.assert_array_equal(parts.scores("bus pass"), whole.scores("bus pass"))
+
+
+def test_ingest_in_small_batches_writes_what_one_batch_writes(tmp_path, small_corpus):
+    from pipelines.ingest import ingest
+    from tests.conftest import DATA
+
+    outs = {rows: ingest(DATA / "bad_beir", tmp_path / f"beir-{rows}", fmt="beir", rows=rows) for rows in (None, 2)}
+    a, b = outs[None], outs[2]
+    assert a.counts == b.counts and a.counts["documents"] == 2 and a.counts["quarantine_reasons"]["duplicate id"]
+    assert (a.quarantine.read_text() == b.quarantine.read_text()) and pq.read_table(a.documents).equals(
+        pq.read_table(b.documents)
+    )
+    first = ingest(small_corpus, tmp_path / "r1")
+    docs = sorted(small_corpus.glob("*.md"))
+    docs[0].unlink()
+    docs[1].write_text(docs[1].read_text() + "\nEdited.\n")
+    (small_corpus / "zz-new.md").write_text("# New\n\nA new article about night buses.\n")
+    nights = {
+        rows: ingest(small_corpus, tmp_path / f"r2-{rows}", previous_documents=first.documents, rows=rows)
+        for rows in (None, 2)
+    }
+    assert nights[None].counts == nights[2].counts
+    assert {k: nights[2].counts[k] for k in ("added", "changed", "deleted", "unchanged")} == {
+        "added": 1,
+        "changed": 1,
+        "deleted": 1,
+        "unchanged": 4,
+    }
+    for name in ("documents", "manifest"):
+        x, y = (pq.read_table(getattr(nights[r], name)) for r in (None, 2))
+        assert x.equals(y)
+    ids = pq.read_table(nights[2].documents)["doc_id"].to_pylist()
+    assert ids == sorted(ids) and not list((tmp_path / "r2-2").glob(".*"))  # sorted; no staging left behind
