@@ -278,10 +278,20 @@ def version_inputs(cfg: dict, folder: Path) -> dict:
     }
 
 
+def live_chunks(cfg: dict, store) -> Path | None:
+    """The Parquet the live version was loaded from (its run folder's), None when nothing is live."""
+    live = store.live()
+    return loadable_chunks(run_dir(cfg, live)) if live and RUN_ID.match(live) else None
+
+
 @locked("load")
-def load_step(cfg: dict, run_id: str) -> int:
+def load_step(cfg: dict, run_id: str, full: bool = False) -> int:
     """Load this run's index version; a complete one (a rerun) is reused if built from the same inputs,
-    refused otherwise, and never rebuilt (not even when it is live)."""
+    refused otherwise, and never rebuilt (not even when it is live).
+
+    On OpenSearch the version is built from the live one (clone + the night's delta) when it can,
+    unless `full`; run.json's `load` records the mode, the reason and the delta's counts.
+    """
     folder = run_dir(cfg, run_id)
     inputs = version_inputs(cfg, folder)
     store = open_store(cfg)
@@ -292,6 +302,9 @@ def load_step(cfg: dict, run_id: str) -> int:
             if refusal:
                 raise refusal
             count = existing["rows"]
+        elif cfg["backend"]["kind"] == "opensearch":
+            base = None if full else live_chunks(cfg, store)
+            count = store.load(run_id, str(loadable_chunks(folder)), inputs=inputs, base_chunks=base)
         else:
             count = store.load(run_id, str(loadable_chunks(folder)), inputs=inputs)
         manifest = store.manifest(run_id)
@@ -300,6 +313,7 @@ def load_step(cfg: dict, run_id: str) -> int:
         counts={"indexed": count},
         backend=cfg["backend"]["kind"],
         index_version={"manifest_sha256": mf.manifest_hash(manifest), "reused": existing is not None},
+        **({"load": manifest["build"]} if manifest.get("build") else {}),
     )
     return count
 

@@ -25,6 +25,9 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,10 +37,12 @@ import pyarrow.parquet as pq
 
 from pipelines import manifest as mf
 from pipelines import verdict
+from pipelines.search import delta as delta_mod
 from pipelines.search.analyzer import opensearch_analysis
 from pipelines.search.base import Hit, HybridResult, ScoreDistribution
 from pipelines.search.bm25 import K1 as BM25_K1
 from pipelines.search.bm25 import B as BM25_B
+from pipelines.search.delta import Delta
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,7 @@ HNSW = {
 _PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _FORBIDDEN_IN_INDEX = re.compile(r"[^a-z0-9._-]")
 _META_KEY = "sourcegate"
+_FILTER_BATCH = 8192  # Parquet rows read per batch when only a night's delta is indexed
 
 
 def index_body(dimension: int, *, shards: int = 1, meta: dict | None = None) -> dict:
@@ -96,6 +102,50 @@ def ids_checksum(ids: Iterable[str]) -> str:
     for chunk_id in sorted(ids):
         digest.update(chunk_id.encode("utf-8") + b"\n")
     return digest.hexdigest()
+
+
+def indexed_columns(names: Iterable[str]) -> list[str]:
+    """The Parquet columns a version indexes, in load order (the embedding last)."""
+    present = set(names)
+    return (
+        [c for c in REQUIRED_COLUMNS if c != "embedding"]
+        + [c for c in OPTIONAL_COLUMNS if c in present]
+        + ["embedding"]
+    )
+
+
+@dataclass
+class _Night:
+    """One load: what it reads, and its ``build`` record (mode, reason, delta counts, wall per step)."""
+
+    chunks_parquet: str
+    rows: int
+    dim: int
+    columns: list[str]
+    inputs: Mapping
+    body_sha256: str
+    build: dict = field(default_factory=lambda: {"mode": "full", "reason": None, "from": None, "steps_s": {}})
+
+    def full(self, reason: str) -> None:
+        self.build.update({"mode": "full", "reason": reason, "from": None})
+        return None
+
+    @contextmanager
+    def step(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.build["steps_s"][name] = round(time.perf_counter() - start, 3)
+
+
+def _own_meta(meta: dict, index: str) -> dict:
+    """An index's own ``_meta``: a clone carries its source's (manifest of another index) until its load
+    writes its own, and is then an incomplete version, never the source's copy."""
+    source = (meta.get("manifest") or {}).get("index")
+    if source not in (None, index):
+        return {"status": f"clone of {source} interrupted before its own _meta"}
+    return meta
 
 
 def _copy(d: dict) -> dict:
@@ -369,7 +419,7 @@ class OpenSearchStore:
         except NotFoundError:
             return None
         mapping = resp.get(index, {}).get("mappings", {})
-        return (mapping.get("_meta") or {}).get(_META_KEY) or {}
+        return _own_meta((mapping.get("_meta") or {}).get(_META_KEY) or {}, index)
 
     def _set_meta(self, index: str, meta: dict) -> None:
         self.client.indices.put_mapping(index=index, body={"_meta": {_META_KEY: meta}})
@@ -381,8 +431,20 @@ class OpenSearchStore:
         meta = self._meta(self.index_name(version)) or {}
         return meta.get("manifest") if meta.get("status") == "complete" else None
 
-    def load(self, version: str, chunks_parquet: str, inputs: Mapping | None = None) -> int:
-        """Build `version`, or reuse it when it is complete and built from `inputs` (never rebuild it)."""
+    def load(
+        self,
+        version: str,
+        chunks_parquet: str,
+        inputs: Mapping | None = None,
+        *,
+        base_chunks: str | Path | None = None,
+    ) -> int:
+        """Build `version`, or reuse it when it is complete and built from `inputs` (never rebuild it).
+
+        With `base_chunks`, the Parquet the live version was loaded from, the version is built from the
+        live one when it can (`_load_delta`: clone + the night's delta); else by a full bulk load. The
+        manifest's ``build`` says which, why, the delta's counts and the wall time of each step.
+        """
         from opensearchpy import ConnectionError as OSConnectionError
 
         index = self.index_name(version)
@@ -391,33 +453,17 @@ class OpenSearchStore:
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
             raise ValueError(f"{chunks_parquet}: missing column(s) {missing}")
-        columns = (
-            [c for c in REQUIRED_COLUMNS if c != "embedding"]
-            + [c for c in OPTIONAL_COLUMNS if c in names]
-            + ["embedding"]
-        )
+        columns = indexed_columns(names)
         rows = pf.metadata.num_rows
         dim = _embedding_dimension(pf)
+        body_sha256 = mf.sha256_json(index_body(dim, shards=self.shards))
 
         try:
             if self.live() == version:
                 raise mf.VersionConflict(f"refusing to rebuild {index}: it is the live version")
-            existing = self._meta(index)
-            if existing is not None:
-                if existing.get("version") not in (None, version):
-                    raise ValueError(
-                        f"index {index} already holds version {existing.get('version')!r}, "
-                        f"not {version!r} (names collide after sanitising)"
-                    )
-                done = existing.get("manifest") if existing.get("status") == "complete" else None
-                if done is not None:
-                    refusal = mf.conflict(version, done, inputs or {})
-                    if refusal:
-                        raise refusal
-                    log.info("index %s is complete and built from the same inputs: reused", index)
-                    return int(done["rows"])
-                log.warning("index %s exists (status %s); deleting it to rebuild", index, existing.get("status"))
-                self.client.indices.delete(index=index)
+            reused = self._reuse_or_clear(index, version, inputs)
+            if reused is not None:
+                return reused
             meta = {
                 "prefix": self.prefix,
                 "version": version,
@@ -426,39 +472,13 @@ class OpenSearchStore:
                 "rows": rows,
                 "dimension": dim,
             }
-            self.client.indices.create(index=index, body=index_body(dim, shards=self.shards, meta=meta))
-            log.info("loading %d chunks (dim %d) from %s into %s", rows, dim, chunks_parquet, index)
-            try:
-                sent = self._bulk_load(index, pf, columns, dim, rows)
-                self.client.indices.put_settings(
-                    index=index, body={"index": {"refresh_interval": "1s", "number_of_replicas": self.replicas}}
-                )
-                self.client.indices.refresh(index=index)
-                count = int(self.client.count(index=index)["count"])
-                if count != rows:
-                    raise RuntimeError(
-                        f"index {index}: _count is {count} after loading {sent} chunk(s), but {chunks_parquet} "
-                        f"has {rows} rows (duplicate chunk_id?); not promotable"
-                    )
-                ids = pq.read_table(chunks_parquet, columns=["chunk_id"])["chunk_id"].to_pylist()
-                manifest = mf.build_manifest(
-                    version,
-                    rows=count,
-                    dimension=dim,
-                    inputs=inputs,
-                    backend="opensearch",
-                    index=index,
-                    ids_sha256=ids_checksum(ids),
-                )
-                # the manifest goes in with the complete mark, in one request: the completion mark
-                self._set_meta(index, {**meta, "status": "complete", "count": count, "manifest": manifest})
-            except OSConnectionError:
-                raise
-            except Exception:
-                # best effort; the index stays "loading", which is not promotable either
-                with contextlib.suppress(Exception):
-                    self._set_meta(index, {**meta, "status": "failed"})
-                raise
+            night = _Night(chunks_parquet, rows, dim, columns, inputs or {}, body_sha256)
+            delta = self._plan(night, base_chunks)
+            log.info("%s: %s load (%s)", index, night.build["mode"], night.build["reason"])
+            if delta is None:
+                count = self._load_full(version, index, meta, pf, night)
+            else:
+                count = self._load_delta(version, index, meta, pf, night, delta)
         except OSConnectionError as e:
             raise RuntimeError(
                 f"lost the connection to OpenSearch while loading {index} from {chunks_parquet}: {e}. "
@@ -467,26 +487,181 @@ class OpenSearchStore:
         log.info("loaded %s: %d chunks", index, count)
         return count
 
-    def _batches(self, pf: pq.ParquetFile, columns: list[str], dim: int) -> Iterator[list[dict]]:
-        for batch in pf.iter_batches(batch_size=self.chunk_size, columns=columns):
-            vectors = _vectors(batch.column(batch.schema.get_field_index("embedding")), dim)
-            fields = {c: batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns if c != "embedding"}
-            actions = []
-            for i in range(batch.num_rows):
-                source = {c: fields[c][i] for c in fields}
-                source["embedding"] = vectors[i].tolist()
-                chunk_id = source["chunk_id"]
-                if not chunk_id:
-                    raise ValueError("a chunk has an empty chunk_id")
-                actions.append({"_index": None, "_id": chunk_id, "_source": source})
-            yield actions
+    def _reuse_or_clear(self, index: str, version: str, inputs: Mapping | None) -> int | None:
+        """The row count of a complete `index` built from `inputs` (reused); else clear what is there."""
+        existing = self._meta(index)
+        if existing is None:
+            return None
+        if existing.get("version") not in (None, version):
+            raise ValueError(
+                f"index {index} already holds version {existing.get('version')!r}, "
+                f"not {version!r} (names collide after sanitising)"
+            )
+        done = existing.get("manifest") if existing.get("status") == "complete" else None
+        if done is not None:
+            refusal = mf.conflict(version, done, inputs or {})
+            if refusal:
+                raise refusal
+            log.info("index %s is complete and built from the same inputs: reused", index)
+            return int(done["rows"])
+        log.warning("index %s exists (status %s); deleting it to rebuild", index, existing.get("status"))
+        self.client.indices.delete(index=index)
+        return None
 
-    def _bulk_load(self, index: str, pf: pq.ParquetFile, columns: list[str], dim: int, rows: int) -> int:
+    def _plan(self, night: _Night, base_chunks: str | Path | None) -> Delta | None:
+        """The delta from the live version, or None for a full load; `night.build` says why."""
+        live = self.live()
+        if live is None:
+            return night.full("no previous version")
+        if base_chunks is None:
+            return night.full("full load requested")
+        try:
+            live_manifest = self.verify(live, hashes=False)
+        except mf.IntegrityError as exc:
+            return night.full(f"the live version {live} failed its check ({exc})")
+        reason = delta_mod.full_load_reason(live_manifest, night.inputs, night.body_sha256)
+        if reason:
+            return night.full(reason)
+        base = Path(base_chunks)
+        if not base.is_file():
+            return night.full(f"the live version's Parquet {base} is missing")
+        if indexed_columns(pq.ParquetFile(base).schema_arrow.names) != night.columns:
+            return night.full("the indexed columns changed since the live version")
+        with night.step("delta"):
+            base_ids = pq.read_table(base, columns=["chunk_id"])["chunk_id"].to_pylist()
+            if ids_checksum(base_ids) != live_manifest.get("ids_sha256"):
+                return night.full(f"{base} does not hold the live version {live}'s chunk ids")
+            delta = delta_mod.compute_delta(base, night.chunks_parquet, night.columns)
+        night.build.update(delta.counts())
+        if delta.fraction > delta_mod.MAX_DELTA_FRACTION:
+            return night.full(
+                f"the night touches {delta.fraction:.0%} of the live version's chunks "
+                f"(over {delta_mod.MAX_DELTA_FRACTION:.0%}: a full load is as fast and leaves no deleted documents)"
+            )
+        night.build.update({"mode": "delta", "reason": f"built from the live version {live}", "from": live})
+        return delta
+
+    def _load_full(self, version: str, index: str, meta: dict, pf: pq.ParquetFile, night: _Night) -> int:
+        self.client.indices.create(index=index, body=index_body(night.dim, shards=self.shards, meta=meta))
+        log.info("loading %d chunks (dim %d) from %s into %s", night.rows, night.dim, night.chunks_parquet, index)
+        try:
+            with night.step("bulk"):
+                self._bulk_load(index, pf, night.columns, night.dim, night.rows)
+            return self._complete(version, index, meta, night, check_ids=False)
+        except Exception as exc:
+            from opensearchpy import ConnectionError as OSConnectionError
+
+            if not isinstance(exc, OSConnectionError):  # best effort; "loading" is not promotable either
+                with contextlib.suppress(Exception):
+                    self._set_meta(index, {**meta, "status": "failed"})
+            raise
+
+    def _load_delta(self, version: str, index: str, meta: dict, pf: pq.ParquetFile, night: _Night, delta: Delta) -> int:
+        """Clone the live index to `index`, apply `delta`, verify it against the Parquet.
+
+        Any failure deletes the clone (best effort: without a connection it stays "loading", never
+        promotable, and the next load of this version deletes it); the alias never moved.
+        """
+        live_index = self.index_name(night.build["from"])
+        # `_clone` needs a write block on its source. The live index is immutable once promoted (no
+        # step writes to a version after its load; promotion and rollback only move the alias), so
+        # the block is harmless: it keeps serving reads, and it stays set.
+        with night.step("write_block"):
+            self.client.indices.put_settings(index=live_index, body={"index": {"blocks": {"write": True}}})
+        try:
+            with night.step("clone"):
+                settings = {"index.number_of_replicas": 0, "index.refresh_interval": "-1"}
+                self.client.indices.clone(index=live_index, target=index, body={"settings": settings})
+                # the clone carries the live index's _meta (see `_own_meta`) and write block until here
+                self._set_meta(index, {**meta, "built_from": night.build["from"]})
+                self.client.indices.put_settings(index=index, body={"index": {"blocks": {"write": None}}})
+            with night.step("delete"):
+                for start in range(0, len(delta.removed), self.chunk_size):
+                    ids = delta.removed[start : start + self.chunk_size]
+                    self._send([{"_op_type": "delete", "_index": index, "_id": c} for c in ids])
+            with night.step("bulk"):
+                # an `index` action on an id the clone holds replaces that document: changed chunks
+                # need no delete of their own
+                only = pa.array(delta.upserts, pa.string())
+                self._bulk_load(index, pf, night.columns, night.dim, len(delta.upserts), only=only)
+            return self._complete(version, index, meta, night, check_ids=True)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self.client.indices.delete(index=index)
+            raise
+
+    def _complete(self, version: str, index: str, meta: dict, night: _Night, *, check_ids: bool) -> int:
+        """Refresh, check `_count` (and with `check_ids` the ids the index holds) against the Parquet,
+        then write the manifest with the complete mark, in one request: the completion mark."""
+        with night.step("refresh"):
+            self.client.indices.put_settings(
+                index=index, body={"index": {"refresh_interval": "1s", "number_of_replicas": self.replicas}}
+            )
+            self.client.indices.refresh(index=index)
+        with night.step("verify"):
+            count = int(self.client.count(index=index)["count"])
+            if count != night.rows:
+                raise RuntimeError(
+                    f"index {index}: _count is {count} after the {night.build['mode']} load, but "
+                    f"{night.chunks_parquet} has {night.rows} rows (duplicate chunk_id?); not promotable"
+                )
+            ids = pq.read_table(night.chunks_parquet, columns=["chunk_id"])["chunk_id"].to_pylist()
+            ids_sha256 = ids_checksum(ids)
+            if check_ids and self._ids_checksum(index) != ids_sha256:
+                raise RuntimeError(
+                    f"index {index}: after the {night.build['mode']} load its chunk ids differ from "
+                    f"{night.chunks_parquet}'s (same count {count}); not promotable"
+                )
+        manifest = mf.build_manifest(
+            version,
+            rows=count,
+            dimension=night.dim,
+            inputs=night.inputs or None,
+            backend="opensearch",
+            index=index,
+            ids_sha256=ids_sha256,
+            index_body_sha256=night.body_sha256,
+            build=night.build,
+        )
+        self._set_meta(index, {**meta, "status": "complete", "count": count, "manifest": manifest})
+        return count
+
+    def _actions(self, batch: pa.RecordBatch, columns: list[str], dim: int) -> list[dict]:
+        vectors = _vectors(batch.column(batch.schema.get_field_index("embedding")), dim)
+        fields = {c: batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns if c != "embedding"}
+        actions = []
+        for i in range(batch.num_rows):
+            source = {c: fields[c][i] for c in fields}
+            source["embedding"] = vectors[i].tolist()
+            chunk_id = source["chunk_id"]
+            if not chunk_id:
+                raise ValueError("a chunk has an empty chunk_id")
+            actions.append({"_index": None, "_id": chunk_id, "_source": source})
+        return actions
+
+    def _batches(
+        self, pf: pq.ParquetFile, columns: list[str], dim: int, only: pa.Array | None = None
+    ) -> Iterator[list[dict]]:
+        """Bulk actions, `chunk_size` at a time; with `only`, for the rows whose chunk_id is in it."""
+        pending: list[dict] = []
+        for batch in pf.iter_batches(batch_size=self.chunk_size if only is None else _FILTER_BATCH, columns=columns):
+            if only is not None:
+                batch = batch.filter(pc.is_in(batch.column(batch.schema.get_field_index("chunk_id")), value_set=only))
+            pending.extend(self._actions(batch, columns, dim))
+            while len(pending) >= self.chunk_size:
+                yield pending[: self.chunk_size]
+                pending = pending[self.chunk_size :]
+        if pending:
+            yield pending
+
+    def _bulk_load(
+        self, index: str, pf: pq.ParquetFile, columns: list[str], dim: int, rows: int, only: pa.Array | None = None
+    ) -> int:
         from tqdm import tqdm
 
         sent = 0
         with tqdm(total=rows, desc=f"load {index}", unit="chunk", disable=not self.progress, mininterval=2.0) as bar:
-            for actions in self._batches(pf, columns, dim):
+            for actions in self._batches(pf, columns, dim, only):
                 for a in actions:
                     a["_index"] = index
                 n = self._send(actions)
@@ -615,7 +790,7 @@ class OpenSearchStore:
         created = self.client.indices.get_settings(index=f"{self.prefix}-*", name="index.creation_date")
         found = []
         for name, body in resp.items():
-            meta = ((body.get("mappings") or {}).get("_meta") or {}).get(_META_KEY) or {}
+            meta = _own_meta(((body.get("mappings") or {}).get("_meta") or {}).get(_META_KEY) or {}, name)
             if meta.get("prefix") == self.prefix and meta.get("version"):
                 when = int(created.get(name, {}).get("settings", {}).get("index", {}).get("creation_date", 0))
                 found.append((when, meta["version"]))
