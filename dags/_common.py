@@ -122,7 +122,10 @@ def nightly_params() -> dict:
             False,
             type="boolean",
             title="full rebuild",
-            description="re-encode every chunk instead of reusing the previous run's vectors",
+            description=(
+                "re-encode every chunk instead of reusing the previous run's vectors, and on OpenSearch "
+                "load every chunk instead of building from the live version"
+            ),
         ),
         "shards": Param(
             DEFAULT_SHARDS,

@@ -80,7 +80,7 @@ def sourcegate_nightly():
     def load() -> int:
         from pipelines import steps
 
-        return steps.load_step(cfg(), run_id())
+        return steps.load_step(cfg(), run_id(), full=params()["full_rebuild"])
 
     @task
     def evaluate() -> dict:

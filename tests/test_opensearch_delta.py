@@ -262,3 +262,48 @@ def test_fallbacks_to_a_full_load_say_why(store, nights, tmp_path):
     assert build["mode"] == "full" and build["changed"] == 300 and f"over {MAX_DELTA_FRACTION:.0%}" in build["reason"]
     for v in ("v2", "v3", "v4", "v5"):
         assert store.verify(v)["rows"] == store.manifest(v)["rows"]
+
+
+# --- the load step: run.json says what each night did --------------------------------------------
+
+
+@pytest.mark.opensearch
+@pytest.mark.models
+def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, small_corpus, embedder, os_client):
+    from pipelines import steps
+    from pipelines.io import read_json
+
+    prefix = f"sgdelta-{uuid.uuid4().hex[:12]}"
+
+    def night(cfg, run_id, full=False) -> dict:
+        steps.ingest_step(cfg, run_id)
+        steps.chunk_step(cfg, run_id)
+        steps.merge_step(cfg, run_id, [steps.embed_step(cfg, run_id, embedder=embedder)])
+        steps.validate_step(cfg, run_id)
+        steps.load_step(cfg, run_id, full=full)
+        OpenSearchStore(os_client, prefix).promote(run_id)  # the gate's verdict is not what is tested here
+        return read_json(steps.run_dir(cfg, run_id) / "run.json")["load"]
+
+    cfg = make_cfg(**{"corpus.path": str(small_corpus), "backend.kind": "opensearch"})
+    cfg["backend"]["opensearch"]["index_prefix"] = prefix
+    try:
+        first = night(cfg, "20261201-010000")
+        assert (first["mode"], first["reason"], first["from"]) == ("full", "no previous version", None)
+        docs = sorted(small_corpus.glob("*.md"))
+        docs[0].unlink()  # its chunks are removed
+        docs[1].write_text(docs[1].read_text() + "\nA sentence added tonight.\n")  # its last chunk changes
+        (small_corpus / "new-article.md").write_text("# A new article\n\nIt arrived tonight with one section.\n")
+        second = night(cfg, "20261202-010000")
+        assert (second["mode"], second["from"]) == ("delta", "20261201-010000")
+        assert second["removed"] >= 2 and second["added"] >= 2 and second["unchanged"] > 0, second
+        chunks = pq.read_table(steps.run_dir(cfg, "20261202-010000") / "chunks.parquet")
+        assert os_client.count(index=prefix)["count"] == chunks.num_rows
+        assert OpenSearchStore(os_client, prefix).verify("20261202-010000")  # ids' checksum included
+        assert night(cfg, "20261203-010000", full=True)["reason"] == "full load requested"
+        smaller = make_cfg(**{"corpus.path": str(small_corpus), "backend.kind": "opensearch"})
+        smaller["backend"]["opensearch"]["index_prefix"] = prefix
+        smaller["artifacts"], smaller["chunking"]["max_tokens"] = cfg["artifacts"], 128
+        fourth = night(smaller, "20261204-010000")
+        assert fourth["mode"] == "full" and "chunker config changed" in fourth["reason"]
+    finally:
+        os_client.indices.delete(index=f"{prefix}-*", ignore_unavailable=True)

@@ -67,14 +67,6 @@ def test_two_nights_promote_and_retention_keeps_two(os_config, prefix, client, c
     assert gate["passed"]
     assert run(config, artifacts, "20261102-020000") == 0
     assert run(config, artifacts, "20261103-020000") == 0
-    # the first night loads every chunk; the next ones clone the live version (the same corpus: no change)
-    loads = [
-        json.loads((artifacts / "runs" / r / "run.json").read_text())["load"]
-        for r in ("20261101-020000", "20261102-020000", "20261103-020000")
-    ]
-    assert (loads[0]["mode"], loads[0]["reason"]) == ("full", "no previous version")
-    assert [(x["mode"], x["from"]) for x in loads[1:]] == [("delta", "20261101-020000"), ("delta", "20261102-020000")]
-    assert loads[2]["added"] == loads[2]["changed"] == loads[2]["removed"] == 0 and loads[2]["unchanged"] > 0
     assert store.live() == "20261103-020000"
     assert store.versions() == ["20261102-020000", "20261103-020000"]  # the oldest was removed
     count = client.count(index=prefix)["count"]

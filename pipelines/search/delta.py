@@ -12,7 +12,6 @@ work is one hash per row.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +67,9 @@ def _row_hashes_of(batch: pa.RecordBatch, columns: Sequence[str]) -> list[bytes]
         flat = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
         vectors = flat.reshape(batch.num_rows, -1) if batch.num_rows else flat.reshape(0, 0)
     out = []
-    for i in range(batch.num_rows):
-        digest = hashlib.blake2b(json.dumps([col[i] for col in scalars], ensure_ascii=False).encode(), digest_size=16)
+    # repr() quotes strings and escapes the separator, so the joined fields read back one way only
+    for i, fields in enumerate(zip(*scalars)) if scalars else enumerate([()] * batch.num_rows):
+        digest = hashlib.blake2b("\x1f".join(map(repr, fields)).encode("utf-8", "surrogatepass"), digest_size=16)
         if vectors is not None:
             digest.update(vectors[i].tobytes())
         out.append(digest.digest())
