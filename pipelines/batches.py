@@ -31,9 +31,16 @@ def iter_batches(
     path: str | os.PathLike, columns: list[str] | None = None, rows: int | None = None
 ) -> Iterator[pa.Table]:
     """The file as tables of at most `rows` rows, in order."""
-    source = pq.ParquetFile(path)
+    source = open_parquet(path)
     for batch in source.iter_batches(batch_size=batch_rows(rows), columns=columns):
         yield pa.Table.from_batches([batch])
+
+
+def open_parquet(path: str | os.PathLike) -> pq.ParquetFile:
+    """A reader that keeps one row group's data at a time. With pre-buffering (pyarrow's default),
+    `iter_batches` keeps every row group it has read until the reader is dropped: measured on a
+    1M-chunk chunks.parquet, +125 MB of Arrow memory per batch of 65,536 rows."""
+    return pq.ParquetFile(path, pre_buffer=False)
 
 
 def num_rows(path: str | os.PathLike) -> int:
@@ -44,7 +51,7 @@ def read_rows(
     path: str | os.PathLike, start: int, stop: int, columns: list[str] | None = None, rows: int | None = None
 ) -> Iterator[pa.Table]:
     """Rows [start, stop) as tables of at most `rows` rows, reading only the row groups that hold them."""
-    source = pq.ParquetFile(path)
+    source = open_parquet(path)
     size = batch_rows(rows)
     first = 0
     for group in range(source.num_row_groups):
