@@ -28,10 +28,10 @@ def main() -> None:
     args = ap.parse_args()
     res = Result("demo_settings", settings={})
 
+    from artifact_io import read_json
     from evals.harness import evaluate
     from pipelines import config as config_mod
     from pipelines import factories, steps
-    from pipelines.io import read_json
     from pipelines.rerank import load_scorer
     from pipelines.retrieval import Retriever
     from pipelines.run import build

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from artifact_io import jsonable
 from evals.sweep import (
     ANSWER,
     DECLINE,
@@ -27,7 +28,6 @@ from evals.sweep import (
     split_by_label,
     sweep_arrays,
 )
-from pipelines.io import jsonable
 
 SWEEP_POINTS = 200  # curve points kept in the artifact; numbers stay exact
 HEATMAP_SIZE = 25  # grid per axis for the 2-D sweep picture

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from evals.answer_modes import mode_for
 from evals.evalset import relevant
 from evals.metrics import first_relevant_rank
-from pipelines.answer import mode_for
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from artifact_io import jsonable, write_json, write_text
 from evals.junit import junit_xml
 from evals.regression import compare, describe
-from pipelines.io import jsonable, write_json, write_text
 
 
 def _check(name: str, passed: bool, detail: str, **data: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from artifact_io import read_json, write_json, write_jsonl
 from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
 from evals.evalset import EvalSetError, check_labels, load_evalset
@@ -18,8 +19,6 @@ from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_re
 from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
 from evals.report import write_report
-from pipelines import verdict
-from pipelines.io import read_json, write_json, write_jsonl
 
 
 def calibration_config(cfg: dict) -> dict:
@@ -94,7 +93,8 @@ def gate_for_dir(
 ) -> dict:
     """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
 
-    `evaluated` (what the evaluation judged) is bound into gate.json with the baseline compared against;
+    `evaluated` is what the evaluation judged, already bound to the baseline it is compared against
+    (`pipelines.verdict.binding`), stored in gate.json as is;
     `live_folder` is the live version's run folder, for the per-question diff since it.
     """
     calibration = read_json(folder / "calibration.json")
@@ -113,7 +113,7 @@ def gate_for_dir(
         eval_errors=errors,
     )
     if evaluated is not None:
-        gate["evaluated"] = verdict.binding(evaluated, baseline_path)
+        gate["evaluated"] = evaluated
     write_gate(gate, folder)
     diff = diff_with(folder, live_folder) if (folder / "questions.jsonl").exists() else None
     write_report(calibration, precision, gate, run_info, folder / "report.html", diff)

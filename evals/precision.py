@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from artifact_io import jsonable
 from evals.metrics import first_relevant_rank, mrr, ndcg_at, precision_at, recall_at
-from pipelines.io import jsonable
 
 SYSTEMS = ("fused", "reranked")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from artifact_io import write_text
 from evals import plots
 from evals.plots import num, pct
-from pipelines.io import write_text
 
 MAX_ROWS = 100  # per question table; the JSON artifacts hold the rest
 TEMPLATES = Path(__file__).parent / "templates"

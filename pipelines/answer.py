@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from evals.answer_modes import mode_for
 from pipelines.retrieval import Candidate, Retrieval
 
 # Which per-passage score is on the same scale as each gating signal (for the noise cut).
@@ -24,17 +25,6 @@ class Answer:
     threshold: float
     passages: list[Candidate]
     dropped_as_noise: int = 0
-
-
-def mode_for(value: float | None, answer_cfg: dict) -> tuple[str, float]:
-    """The answer mode for a gating-signal value, and the threshold that decided it."""
-    strong, adjacent = answer_cfg["strong"], answer_cfg["adjacent"]
-    if value is not None and value >= strong:
-        return "sourced", strong
-    if value is not None and value >= adjacent:
-        return "adjacent", adjacent
-    # A missing signal (e.g. the reranker failed while it gates) is treated as no source.
-    return answer_cfg["below"], adjacent
 
 
 def decide(retrieval: Retrieval, answer_cfg: dict, max_passages: int = 5) -> Answer:

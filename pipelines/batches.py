@@ -3,7 +3,7 @@
 Every build step reads its input with `iter_batches` (or `read_rows` for a row range: an embed
 shard reads only its slice) and writes its output with `write_batches`, one row group per batch,
 so a later step's row-range read touches only the row groups it needs. Writes are atomic like
-every artifact (`pipelines.io.atomic_write`).
+every artifact (`artifact_io.atomic_write`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.io import atomic_write
+from artifact_io import atomic_write
 
 # Rows per record batch and per written row group. 65,536 chunks of 256 tokens are ~100 MB of
 # text and vectors: large enough that per-batch overheads vanish, small enough to bound memory.

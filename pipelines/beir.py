@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from artifact_io import read_json, write_json
 from evals.harness import calibration_config
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from pipelines import factories, steps
-from pipelines.io import read_json, write_json
 from pipelines.retrieval import Retriever
 from pipelines.run import build
 from pipelines.search.analyzer import ANALYZER_ID

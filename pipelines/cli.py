@@ -155,8 +155,8 @@ def cmd_beir(args) -> int:
 
 def cmd_accept(args) -> int:
     """Accept a run's per-question precision and decline outcomes as the baseline."""
+    from artifact_io import read_json, write_json
     from evals.regression import baseline_from
-    from pipelines.io import read_json, write_json
     from pipelines.lock import writer_lock
 
     cfg = load_config(args)

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from artifact_io import write_json
 from pipelines import faults
-from pipelines.io import write_json
 
 log = logging.getLogger(__name__)
 

@@ -124,7 +124,7 @@ def conflict(version: str, existing: Mapping, wanted: Mapping) -> VersionConflic
 
 
 def write_manifest(folder: str | Path, manifest: Mapping) -> Path:
-    from pipelines.io import write_json
+    from artifact_io import write_json
 
     return write_json(manifest, Path(folder) / MANIFEST_FILE)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipelines.io import write_text
+from artifact_io import write_text
 
 FILE = "quarantine.jsonl"
 

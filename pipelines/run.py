@@ -6,8 +6,8 @@ promote only if the gate passed -> retention. A failed night leaves the live ind
 
 from __future__ import annotations
 
+from artifact_io import read_json
 from pipelines import factories, steps
-from pipelines.io import read_json
 from pipelines.lock import writer_lock
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from pipelines.io import read_json
+from artifact_io import read_json
 from pipelines.manifest import read_manifest
 
 log = logging.getLogger(__name__)
 DAY_S = 86_400.0
 DELETING = ".deleting-"  # a folder being removed: renamed first, so a crash never leaves half a run that looks whole
-LEFTOVER_FILES = (".*.tmp",)  # pipelines.io.atomic_write's temp files
+LEFTOVER_FILES = (".*.tmp",)  # artifact_io.atomic_write's temp files
 LEFTOVER_DIRS = ("index.tmp",)  # EmbeddedStore.load's half-built index
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from artifact_io import read_json, write_json
 from evals.harness import evaluate, gate_for_dir
 from pipelines import embed_backends, models, quarantine, runs, verdict
 from pipelines import manifest as mf
@@ -24,7 +25,6 @@ from pipelines.chunk import PreviousChunks, chunk_batches, chunker_key, write_ch
 from pipelines.embed import embed_shard, merge_shards
 from pipelines.factories import get_embedder, open_store, retriever_for
 from pipelines.ingest import ingest
-from pipelines.io import read_json, write_json
 from pipelines.lock import held_since, locked
 from pipelines.validate import loadable_chunks, validate_chunks
 
@@ -443,8 +443,8 @@ def gate_step(cfg: dict, run_id: str) -> dict:
     folder = run_dir(cfg, run_id)
     info = read_json(folder / "run.json") if (folder / "run.json").exists() else {}
     live = open_store(cfg).live()
-    gate = gate_for_dir(
-        cfg, folder, info, evaluated=info.get("evaluated"), live_folder=run_dir(cfg, live) if live else None
-    )
+    evaluated = info.get("evaluated")  # what evaluate_step judged, bound to the baseline the gate compares against
+    bound = verdict.binding(evaluated, Path(cfg["evals"]["baseline"])) if evaluated is not None else None
+    gate = gate_for_dir(cfg, folder, info, evaluated=bound, live_folder=run_dir(cfg, live) if live else None)
     update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

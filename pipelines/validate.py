@@ -25,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from artifact_io import write_json
 from pipelines import quarantine
 from pipelines.batches import iter_batches, write_batches
 from pipelines.embed import embedding_matrix
-from pipelines.io import write_json
 
 log = logging.getLogger(__name__)
 VALID_CHUNKS = "chunks.valid.parquet"

@@ -84,7 +84,7 @@ def test_airflow_services_wired_to_opensearch(compose):
         assert deps["airflow-init"]["condition"] == "service_completed_successfully", name
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         targets = {str(v).split(":")[1] if ":" in str(v) else str(v) for v in svc["volumes"]}
-        for folder in ("dags", "plugins", "config", "pipelines", "evals", "artifacts"):
+        for folder in ("dags", "plugins", "config", "pipelines", "evals", "artifact_io", "artifacts"):
             assert f"/opt/sourcegate/{folder}" in targets, f"{name} does not mount {folder}"
         assert any(str(v).startswith("artifacts:") for v in svc["volumes"]), f"{name}: artifacts is not a volume"
     assert "artifacts" in compose["volumes"]

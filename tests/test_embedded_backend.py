@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from artifact_io import write_parquet
 from pipelines.embed import chunks_table
-from pipelines.io import write_parquet
 from pipelines.search.base import ScoreDistribution, retain
 from pipelines.search.embedded import EmbeddedStore, top_k
 

@@ -137,9 +137,9 @@ def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
 
 def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
     """A version created before the live one is promoted only through the rollback path."""
+    from artifact_io import write_json
     from pipelines import steps
     from pipelines.factories import open_store
-    from pipelines.io import write_json
     from tests.test_embedded_backend import synthetic_chunks
     from tests.test_verdicts import pass_gate
 

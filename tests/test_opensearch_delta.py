@@ -270,8 +270,8 @@ def test_fallbacks_to_a_full_load_say_why(store, nights, tmp_path):
 @pytest.mark.opensearch
 @pytest.mark.models
 def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, small_corpus, embedder, os_client):
+    from artifact_io import read_json
     from pipelines import steps
-    from pipelines.io import read_json
 
     prefix = f"sgdelta-{uuid.uuid4().hex[:12]}"
 

@@ -16,9 +16,9 @@ import uuid
 import numpy as np
 import pytest
 
+from artifact_io import write_parquet
 from pipelines.cli import main
 from pipelines.embed import chunks_table
-from pipelines.io import write_parquet
 from pipelines.search.opensearch import OpenSearchStore
 from pipelines.search.opensearch_client import client_from_env
 from tests.conftest import ROOT

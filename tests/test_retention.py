@@ -6,7 +6,7 @@ import os
 import time
 from datetime import UTC, datetime
 
-from pipelines.io import write_json
+from artifact_io import write_json
 from pipelines.manifest import build_manifest, write_manifest
 from pipelines.runs import DAY_S, Run, doomed_runs, list_runs, retain_runs
 from pipelines.search.embedded import EmbeddedStore

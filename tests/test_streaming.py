@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from artifact_io import read_json
 from pipelines import batches, steps
 from pipelines.batches import read_rows, shard_range, write_batches
-from pipelines.io import read_json
 
 
 @pytest.fixture

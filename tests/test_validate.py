@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from artifact_io import write_json
 from pipelines.embed import chunks_table
-from pipelines.io import write_json
 from pipelines.validate import VALID_CHUNKS, ValidationFailed, loadable_chunks, validate_chunks
 
 DIM = 4
@@ -115,8 +115,8 @@ def test_quarantining_every_document_fails_the_run(tmp_path):
 
 
 def test_validate_and_load_steps_go_on_without_the_quarantined_documents(make_cfg):
+    from artifact_io import read_json
     from pipelines import steps
-    from pipelines.io import read_json
 
     cfg = make_cfg()
     folder = steps.run_dir(cfg, "r1")

@@ -11,11 +11,11 @@ import shutil
 
 import pytest
 
+from artifact_io import write_json
 from pipelines import manifest as mf
 from pipelines import steps, verdict
 from pipelines.cli import main
 from pipelines.factories import open_store
-from pipelines.io import write_json
 from tests.test_embedded_backend import synthetic_chunks
 
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}

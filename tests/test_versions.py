@@ -12,12 +12,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from artifact_io import write_parquet
 from pipelines import manifest as mf
 from pipelines import models
 from pipelines.cli import main
 from pipelines.embed import chunks_table, load_cache
 from pipelines.factories import get_embedder, open_store, retriever_for
-from pipelines.io import write_parquet
 from pipelines.search.embedded import EmbeddedStore, open_run_folder
 from tests.test_embedded_backend import synthetic_chunks
 

@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from artifact_io import write_text
 from pipelines import faults, verdict
 from pipelines import manifest as mf
 from pipelines.batches import iter_batches, write_batches
 from pipelines.embed import embedding_matrix
-from pipelines.io import write_text
 from pipelines.search.analyzer import analyze
 from pipelines.search.base import Hit, HybridResult, ScoreDistribution, hybrid_by_calls
 from pipelines.search.bm25 import BM25Builder, BM25Index

@@ -3,6 +3,9 @@
 Every write goes to a temp file beside the target and is moved into place with
 os.replace, so the gate, a maintainer's browser or the Airflow plugin sees either the
 old file or the whole new one.
+
+The bottom layer: `pipelines/` and `evals/` both write their artifacts through it, and it
+imports neither (tests/test_layers.py).
 """
 
 from __future__ import annotations

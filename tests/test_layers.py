@@ -1,0 +1,107 @@
+"""The packages' layers, and imports that still name something after a move (read from source, no import).
+
+artifact_io (atomic artifact files) is the bottom; evals/ (plain data in, plain data out) sits on it;
+pipelines/ (steps, backends, CLI) sits on both. A lower layer never imports a higher one, not even
+inside a function, so an evaluation never reaches up into the pipeline it judges.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("artifact_io", "evals", "pipelines", "benchmarks", "dags", "plugins", "tests")  # first-party
+# A lower layer and the first-party packages it may import (besides itself).
+MAY_IMPORT = {"artifact_io": set(), "evals": {"artifact_io"}}
+
+
+def imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, imported names) for every absolute import in the file, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def first_party_files() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def module_file(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def top_level_names(path: Path) -> set[str] | None:
+    """Names a module defines or imports at top level (None: a star import, so any name may exist)."""
+    names: set[str] = set()
+    body = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            body += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            body += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_a_lower_layer_imports_nothing_above_it(package):
+    allowed = MAY_IMPORT[package] | {package}
+    upward = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, module, _ in imports(path)
+        if module.split(".")[0] in PACKAGES and module.split(".")[0] not in allowed
+    ]
+    assert not upward, f"{package}/ may import only {sorted(allowed)}:\n" + "\n".join(upward)
+
+
+def test_every_first_party_import_names_something_that_exists():
+    """A moved or renamed module or function leaves no import behind, even in code the fast tier never runs
+    (benchmarks, DAG task bodies, lazy imports inside functions)."""
+    dangling = []
+    for path in first_party_files():
+        for line, module, names in imports(path):
+            if module.split(".")[0] not in PACKAGES:
+                continue
+            where = f"{path.relative_to(ROOT)}:{line}"
+            target = module_file(module)
+            if target is None:
+                dangling.append(f"{where}: no module {module}")
+                continue
+            defined = top_level_names(target)
+            for name in names:
+                if module_file(f"{module}.{name}") is None and defined is not None and name not in defined:
+                    dangling.append(f"{where}: {module} has no {name}")
+    assert not dangling, "\n".join(dangling)
+
+
+def test_the_checks_see_a_dangling_and_an_upward_import(tmp_path):
+    """The scanner reads imports inside functions too (where this project puts its lazy ones)."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def f():\n    from pipelines.no_such_module import x\n    from pipelines.steps import nothing_here\n"
+    )
+    found = imports(source)
+    assert [(line, module) for line, module, _ in found] == [(2, "pipelines.no_such_module"), (3, "pipelines.steps")]
+    assert module_file("pipelines.no_such_module") is None and module_file("pipelines.steps") is not None
+    assert "nothing_here" not in top_level_names(ROOT / "pipelines" / "steps.py")
+    assert "evaluate_step" in top_level_names(ROOT / "pipelines" / "steps.py")
