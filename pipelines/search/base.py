@@ -6,11 +6,14 @@ the embedded default and OpenSearch are interchangeable.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+# What a hit carries back to retrieval (SearchBackend.chunks, HybridResult.stored), on every backend.
+STORED_FIELDS = ("chunk_id", "doc_id", "title", "section", "section_id", "text")
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,21 @@ class IndexStore(Protocol):
 
     def open(self, version: str | None = None) -> SearchBackend:
         """A searcher over `version` (default: the live one)."""
+
+
+def oldest_first(created: Iterable[tuple[float, str]]) -> list[str]:
+    """Versions from (creation time, version) pairs, oldest first; a tie goes by name.
+
+    Never by name alone: a version's name is a free run id (`manual` sorts after any date), and
+    retention and rollback read this order.
+    """
+    return [version for _, version in sorted(created)]
+
+
+def refuse_dropping_live(store: IndexStore, version: str) -> None:
+    """The live version is never dropped: a failed or pruned night leaves the last good index serving."""
+    if version == store.live():
+        raise ValueError(f"refusing to drop the live index version {version}")
 
 
 def retain(store: IndexStore, keep: int) -> list[str]:

@@ -23,11 +23,18 @@ from pipelines import manifest as mf
 from pipelines.batches import iter_batches, write_batches
 from pipelines.embed import embedding_matrix
 from pipelines.search.analyzer import analyze
-from pipelines.search.base import Hit, HybridResult, ScoreDistribution, hybrid_by_calls
+from pipelines.search.base import (
+    STORED_FIELDS,
+    Hit,
+    HybridResult,
+    ScoreDistribution,
+    hybrid_by_calls,
+    oldest_first,
+    refuse_dropping_live,
+)
 from pipelines.search.bm25 import BM25Builder, BM25Index
 
 log = logging.getLogger(__name__)
-STORED = ["chunk_id", "doc_id", "title", "section", "section_id", "text"]
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -46,7 +53,7 @@ class EmbeddedSearcher:
         self.folder = Path(folder)
         self.manifest = manifest
         # Stored columns stay columnar (Arrow): a dict per chunk costs ~3x the files in RAM.
-        self.table = pq.read_table(self.folder / "chunks.parquet", columns=STORED)
+        self.table = pq.read_table(self.folder / "chunks.parquet", columns=list(STORED_FIELDS))
         self.ids = self.table.column("chunk_id").to_pylist()
         self.position = {cid: i for i, cid in enumerate(self.ids)}
         self.vectors = np.load(self.folder / "embeddings.npy", mmap_mode="r")
@@ -180,11 +187,10 @@ class EmbeddedStore:
         from pipelines.runs import created_at
 
         folders = [p.parent for p in self.runs.glob("*/index") if p.is_dir()]
-        return [f.name for f in sorted(folders, key=lambda f: (created_at(f), f.name))]  # by creation, not name
+        return oldest_first((created_at(f), f.name) for f in folders)
 
     def drop(self, version: str) -> None:
-        if version == self.live():
-            raise ValueError(f"refusing to drop the live index version {version}")
+        refuse_dropping_live(self, version)
         shutil.rmtree(self.folder(version), ignore_errors=True)
 
     def open(self, version: str | None = None, hashes: bool = True) -> EmbeddedSearcher:
@@ -204,7 +210,7 @@ def write_index_files(chunks_parquet: str | Path, folder: Path, rows: int | None
     source = pq.ParquetFile(chunks_parquet)
     total, dimension = source.metadata.num_rows, source.schema_arrow.field("embedding").type.list_size
     stored = source.schema_arrow
-    stored = pa.schema([stored.field(name) for name in STORED])
+    stored = pa.schema([stored.field(name) for name in STORED_FIELDS])
     bm25, vectors_written = BM25Builder(), 0
     with open(folder / "embeddings.npy", "wb") as npy:
         header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False}
@@ -212,12 +218,12 @@ def write_index_files(chunks_parquet: str | Path, folder: Path, rows: int | None
 
         def tables():
             nonlocal vectors_written
-            for table in iter_batches(chunks_parquet, [*STORED, "embedding"], rows):
+            for table in iter_batches(chunks_parquet, [*STORED_FIELDS, "embedding"], rows):
                 vectors = np.ascontiguousarray(embedding_matrix(table), np.float32)
                 npy.write(vectors.tobytes())
                 vectors_written += len(vectors)
                 bm25.add([analyze(t) for t in table["text"].to_pylist()])
-                yield table.select(STORED)
+                yield table.select(list(STORED_FIELDS))
 
         count = write_batches(tables(), folder / "chunks.parquet", stored)
     faults.reached("load:partial")

@@ -39,7 +39,14 @@ from pipelines import manifest as mf
 from pipelines import verdict
 from pipelines.search import delta as delta_mod
 from pipelines.search.analyzer import opensearch_analysis
-from pipelines.search.base import Hit, HybridResult, ScoreDistribution
+from pipelines.search.base import (
+    STORED_FIELDS,
+    Hit,
+    HybridResult,
+    ScoreDistribution,
+    oldest_first,
+    refuse_dropping_live,
+)
 from pipelines.search.bm25 import K1 as BM25_K1
 from pipelines.search.bm25 import B as BM25_B
 from pipelines.search.delta import Delta
@@ -50,7 +57,6 @@ DEFAULT_PREFIX = "sourcegate"
 REQUIRED_COLUMNS = ("chunk_id", "doc_id", "title", "section", "text", "embedding")
 # Optional parquet columns indexed when present (for inspection; not searched).
 OPTIONAL_COLUMNS = {"section_id": "keyword", "text_hash": "keyword", "ordinal": "long", "model_id": "keyword"}
-STORED_FIELDS = ("chunk_id", "doc_id", "title", "section", "section_id", "text")
 HNSW = {
     "name": "hnsw",
     "engine": "lucene",
@@ -794,11 +800,10 @@ class OpenSearchStore:
             if meta.get("prefix") == self.prefix and meta.get("version"):
                 when = int(created.get(name, {}).get("settings", {}).get("index", {}).get("creation_date", 0))
                 found.append((when, meta["version"]))
-        return [version for _, version in sorted(found)]  # by creation, not by name
+        return oldest_first(found)
 
     def drop(self, version: str) -> None:
-        if version == self.live():
-            raise ValueError(f"refusing to drop the live index version {version}")
+        refuse_dropping_live(self, version)
         index = self.index_name(version)
         if self._meta(index) is None:
             log.warning("drop: no index %s", index)
