@@ -120,7 +120,7 @@ def build_direct(folder: Path, offsets, flat, vectors, texts, words) -> None:
     terms = remap[stem_flat]
     keys, tf = np.unique(docs * len(order) + terms, return_counts=True)
     rows, cols = keys % len(order), keys // len(order)
-    w = bm25_weights(rows, cols, tf, lengths, n)
+    w = bm25_weights(rows, cols, tf, lengths)
     weights = sparse.csr_matrix((w, (rows, cols)), shape=(len(order), n))
     sparse.save_npz(folder / "bm25.npz", weights)
     (folder / "bm25_vocab.json").write_text(json.dumps([unique_stems[i] for i in order]), encoding="utf-8")

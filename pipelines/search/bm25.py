@@ -72,7 +72,7 @@ def lucene_length(lengths: np.ndarray) -> np.ndarray:
     return np.where(n < free, n, free + _from_int4(_int4(np.maximum(n - free, 0))))
 
 
-def bm25_weights(rows, cols, tf, lengths, n_chunks: int, k1: float = K1, b: float = B, df=None) -> np.ndarray:
+def bm25_weights(rows, cols, tf, lengths, k1: float = K1, b: float = B, df=None) -> np.ndarray:
     """Lucene BM25 weight of each (term row, chunk col) posting with term frequency tf.
 
     `df` (postings per term over the whole corpus) is counted from `rows` unless given: a caller
@@ -179,7 +179,7 @@ class BM25Builder:
             hi = min(lo + 65_536, n)
             a, z = per_chunk[lo], per_chunk[hi]
             cols = np.repeat(np.arange(lo, hi), np.diff(per_chunk[lo : hi + 1]))
-            weights[a:z] = bm25_weights(terms[a:z], cols, counts[a:z], lengths, n, k1, b, df=df)
+            weights[a:z] = bm25_weights(terms[a:z], cols, counts[a:z], lengths, k1, b, df=df)
         del counts
         matrix = sparse.csc_matrix((weights, terms, per_chunk), shape=(n_terms, n))
         return BM25Index(self.vocab, matrix.tocsr())
