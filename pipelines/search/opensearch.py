@@ -756,9 +756,12 @@ class OpenSearchStore:
         return manifest
 
     def _ids_checksum(self, index: str) -> str:
+        """The ids' SHA-256 from a scroll over ``_id``, 10,000 a page (benchmarks/opensearch_night.py: 6-26%
+        faster than 1,000). Reading ``chunk_id`` doc values is ~9x cheaper still, but checks the field,
+        not the ``_id`` a search returns."""
         from opensearchpy.helpers import scan
 
-        hits = scan(self.client, index=index, query={"_source": False, "query": {"match_all": {}}}, size=1000)
+        hits = scan(self.client, index=index, query={"_source": False, "query": {"match_all": {}}}, size=10_000)
         return ids_checksum(h["_id"] for h in hits)
 
     def promote(self, version: str) -> None:
