@@ -55,6 +55,7 @@ PATH_KEYS = (
     "evals.calibration_set",
     "evals.precision_set",
     "evals.baseline",
+    "answerability.combiner",
 )
 
 

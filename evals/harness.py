@@ -7,6 +7,7 @@ the evaluate and gate steps, `sourcegate calibrate` and the benchmarks all run t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -34,8 +35,14 @@ def evaluate(
     calibration_set: str | None = None,
     precision_set: str | None = None,
     progress: bool = False,
+    before_sweep: Callable[[list[dict]], dict | None] | None = None,
 ) -> dict:
-    """Calibration sweep + precision evals of one index; writes calibration.json, precision.json."""
+    """Calibration sweep + precision evals of one index; writes calibration.json, precision.json.
+
+    `before_sweep(records)` runs on the calibration records before the sweep (`sourcegate
+    calibrate` refits the answerability combiner there and rescores its signal); what it
+    returns is recorded under calibration.json's `combiner`.
+    """
     out_dir = Path(out_dir)
     chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
     errors: list[str] = []
@@ -54,7 +61,10 @@ def evaluate(
             sets[name] = []
     write_json({"errors": errors}, out_dir / "eval_errors.json")
     records = run_questions(retriever, sets["calibration"], progress=progress)
+    combiner = before_sweep(records) if before_sweep else None
     calibration = calibrate(records, calibration_config(cfg)) if records else {"signals": {}, "error": "no questions"}
+    if before_sweep:
+        calibration["combiner"] = combiner
     by_id = {c["chunk_id"]: c for c in chunks}
     calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg["retrieval"]["rerank_depth"])
     write_json(calibration, out_dir / "calibration.json")

@@ -188,6 +188,7 @@ def calibrate_beir(cfg: dict, retriever, queries: dict[str, str], decline: str, 
     from evals.calibration import calibrate
     from evals.evalset import load_evalset
     from evals.evaluate import run_questions
+    from pipelines.combiner import describe
 
     items = [
         {"id": f"q-{qid}", "question": text, "label": "answer", "kind": "beir", "context": [], "expected": []}
@@ -195,4 +196,6 @@ def calibrate_beir(cfg: dict, retriever, queries: dict[str, str], decline: str, 
     ]
     items += [{**it, "label": "decline"} for it in load_evalset(decline)]
     calibration = calibrate(run_questions(retriever, items), calibration_config(cfg))
+    # the accepted combiner, applied as is (fitted on the demo's questions: never refitted here)
+    calibration["combiner"] = describe(retriever.combiner, cfg["answerability"]["combiner"], refit=False)
     return write_json(calibration, out / "calibration.json")

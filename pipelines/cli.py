@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from pipelines import combiner
 from pipelines import config as config_mod
 from pipelines.manifest import IntegrityError
 
@@ -127,12 +128,15 @@ def cmd_calibrate(args) -> int:
         calibration_set=args.questions,
         precision_set=args.questions,
         progress=not args.quiet,
+        before_sweep=combiner.before_sweep(retriever, cfg, out, refit=True),  # a candidate; `accept` adopts it
     )
     gate = gate_for_dir(cfg, out, run_info={"index": str(index), "questions": args.questions})
     print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")
     for reason in gate["reasons"]:
         print(f"  - {reason}")
     print(f"calibration: {out}/calibration.json\nreport: {out}/report.html")
+    if (out / "answerability_combiner.json").exists():
+        print(f"answerability combiner (not in use until accepted): {out}/answerability_combiner.json")
     return 0 if gate["passed"] else 1
 
 
@@ -165,10 +169,31 @@ def cmd_accept(args) -> int:
         cfg["artifacts"] = str(run.resolve().parent.parent)
     baseline = baseline_from(read_json(run / "precision.json"), read_json(run / "calibration.json"), str(run))
     out = Path(args.out or cfg["evals"]["baseline"])
+    fitted = accepted_combiner(cfg, read_json(run / "calibration.json"))
     with writer_lock(cfg, f"sourcegate accept {run}"):
         write_json(baseline, out)
+        if fitted is not None:
+            combiner.write(fitted, cfg["answerability"]["combiner"])
     print(f"baseline written: {out} (from {run})")
+    if fitted is not None:
+        cv = fitted["cross_validated"]
+        print(
+            f"answerability combiner written: {cfg['answerability']['combiner']} (fitted on {fitted['training']['n']}, "
+            f"training sha256 {fitted['training']['sha256'][:12]}; cross-validated: keeps {cv['answer_kept']:.1%} "
+            f"of should-answer, declines {cv['decline_recall_by_kind']})"
+        )
     return 0
+
+
+def accepted_combiner(cfg: dict, calibration: dict) -> dict | None:
+    """The answerability combiner refitted on a run's calibration questions (None: none configured).
+
+    The fit reads only the per-question signals calibration.json records, so accepting a
+    `sourcegate calibrate` folder writes the very file that calibration fitted and swept.
+    """
+    if not cfg["answerability"]["combiner"]:
+        return None
+    return combiner.fit(calibration.get("questions") or [], cfg["answerability"]["features"])
 
 
 def cmd_runs(args) -> int:
@@ -306,7 +331,8 @@ def main(argv=None) -> int:
     except IntegrityError as exc:  # a corrupt or incomplete version: never served, never a traceback
         print(f"sourcegate: integrity error: {exc}", file=sys.stderr)
         return 2
-    except (config_mod.ConfigError, OSError, ValueError, RuntimeError) as exc:  # OSError: e.g. a full disk
+    # OSError: e.g. a full disk; RuntimeError: e.g. a missing or stale answerability combiner (CombinerError)
+    except (config_mod.ConfigError, OSError, ValueError, RuntimeError) as exc:
         print(f"sourcegate: error: {exc}", file=sys.stderr)
         return 2
 

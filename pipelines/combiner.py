@@ -222,3 +222,24 @@ def describe(model: Mapping | None, path: str | Path | None, refit: bool) -> dic
         **{k: model[k] for k in ("features", "mean", "scale", "coef", "intercept", "l2", "training")},
         "cross_validated": model.get("cross_validated"),
     }
+
+
+def before_sweep(retriever, cfg: Mapping, out_dir: str | Path, refit: bool):
+    """The evaluation harness's hook: what calibration.json records about the combiner.
+
+    A night (`refit` False) records the accepted combiner its `answerability` was scored with.
+    `sourcegate calibrate` (`refit` True) fits a candidate on these very questions, writes it
+    beside the calibration (answerability_combiner.json; only `sourcegate accept` adopts it),
+    rescores `answerability` with it and has the rest of the evaluation use it.
+    """
+
+    def hook(records: list[dict]) -> dict | None:
+        path = cfg["answerability"]["combiner"]
+        if refit and records:
+            retriever.combiner = fit(records, cfg["answerability"]["features"])
+            path = write(retriever.combiner, Path(out_dir) / "answerability_combiner.json")
+            for r in records:
+                r["signals"][SIGNAL] = score(retriever.combiner, r["signals"])
+        return describe(getattr(retriever, "combiner", None), path, refit)
+
+    return hook

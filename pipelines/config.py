@@ -95,8 +95,25 @@ class Reranker(Section):
     timeout_s: Number = number(30.0)
 
 
+# Per-question signals of `Retriever.retrieve` a combiner may read, and every signal that may gate.
+Feature = Literal[
+    "cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin", "concept_coverage", "sentence_cosine"
+]
+GatingSignal = Literal[
+    "cosine_top",
+    "rerank_top",
+    "bm25_z",
+    "bm25_top",
+    "term_coverage",
+    "margin",
+    "concept_coverage",
+    "sentence_cosine",
+    "answerability",
+]
+
+
 class Answer(Section):
-    signal: Literal["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"] = "rerank_top"
+    signal: GatingSignal = "rerank_top"
     strong: Number = number(0.5, ">= strong: sourced")
     adjacent: Number = number(0.14, ">= adjacent: adjacent; below: `below`")
     below: Literal["decline", "open"] = "decline"
@@ -106,6 +123,29 @@ class Answer(Section):
     def _adjacent_below_strong(self) -> Answer:
         if self.adjacent > self.strong:
             raise ValueError("answer.adjacent must be <= answer.strong")
+        return self
+
+
+class Answerability(Section):
+    """The combined signal `answerability` (pipelines/combiner.py)."""
+
+    combiner: str | None = Field(
+        None, description="the accepted coefficients, written only by `sourcegate accept`; null: no combined signal"
+    )
+    features: list[str] = Field(
+        ["rerank_top", "cosine_top", "bm25_z", "term_coverage", "concept_coverage", "sentence_cosine"],
+        description="the signals the combiner reads, in its coefficients' order",
+    )
+
+    @model_validator(mode="after")
+    def _known_features(self) -> Answerability:
+        allowed = typing.get_args(Feature)
+        unknown = [f for f in self.features if f not in allowed]
+        if unknown or not self.features:
+            raise ValueError(
+                f"answerability.features: {unknown or self.features!r} is not a list of signals the combiner can read "
+                f"(each one of {sorted(allowed)})"
+            )
         return self
 
 
@@ -157,6 +197,7 @@ class PipelineConfig(Section):
     retrieval: Retrieval = Field(default_factory=Retrieval)
     reranker: Reranker = Field(default_factory=Reranker)
     answer: Answer = Field(default_factory=Answer)
+    answerability: Answerability = Field(default_factory=Answerability)
     calibration: Calibration = Field(default_factory=Calibration)
     evals: Evals = Field(default_factory=Evals)
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from pipelines import combiner as combiner_mod
 from pipelines.answerability import TOP_PASSAGES, WordVectors, answerability_signals
 from pipelines.rerank import Reranked, safe_rerank
 from pipelines.search.analyzer import STOPWORDS
@@ -108,6 +109,12 @@ def margin(scores: Sequence[float]) -> float:
     return (scores[0] - scores[1]) / scores[0]
 
 
+def combiner_for(cfg: dict) -> dict | None:
+    """The accepted answerability combiner the config names (CombinerError if it is missing or stale)."""
+    section = cfg["answerability"]
+    return combiner_mod.load(section["combiner"], section["features"]) if section["combiner"] else None
+
+
 class Retriever:
     def __init__(
         self,
@@ -121,8 +128,10 @@ class Retriever:
         rerank_depth: int = 12,
         rerank_weight: float = 1.0,
         rerank_timeout_s: float = 30.0,
+        combiner: dict | None = None,
     ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
+        self.combiner = combiner  # the accepted answerability combiner (pipelines/combiner.py), or None
         self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
         self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
         self.word_vectors = WordVectors(embedder)
@@ -138,6 +147,7 @@ class Retriever:
             "rerank_depth": r["rerank_depth"],
             "rerank_weight": r["rerank_weight"],
             "rerank_timeout_s": cfg["reranker"]["timeout_s"],
+            "combiner": combiner_for(cfg),
         }
         return cls(searcher, embedder, scorer, **{**options, **overrides})
 
@@ -205,6 +215,8 @@ class Retriever:
                 self.embedder.encode,
             )
         )
+        # the accepted coefficients over the signals above; None without a combiner or a feature
+        signals[combiner_mod.SIGNAL] = combiner_mod.score(self.combiner, signals) if self.combiner else None
         timings["signals"] = lap()
         return Retrieval(query, fused, ranked, result is not None, signals, timings)
 

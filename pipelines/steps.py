@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json
 from evals.harness import evaluate, gate_for_dir
-from pipelines import embed_backends, models, quarantine, runs, verdict
+from pipelines import combiner, embed_backends, models, quarantine, runs, verdict
 from pipelines import manifest as mf
 from pipelines.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
 from pipelines.embed import embed_shard, merge_shards
@@ -420,7 +420,14 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
     retriever, scorer = retriever_for(cfg, searcher)
     facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))
     with timed(folder, "evaluate"):
-        out = evaluate(retriever, loadable_chunks(run_dir(cfg, version)), cfg, folder, progress=progress)
+        out = evaluate(
+            retriever,
+            loadable_chunks(run_dir(cfg, version)),
+            cfg,
+            folder,
+            progress=progress,
+            before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
+        )
     update_run_info(
         folder,
         evaluated_version=version,

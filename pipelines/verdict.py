@@ -29,18 +29,25 @@ def file_hash(path: str | Path) -> str | None:
     return sha256_file(path) if Path(path).is_file() else None
 
 
+def file_fact(path: str | None) -> dict | None:
+    """A bound file (the answerability combiner): its path and content hash; None when not configured."""
+    return {"path": str(path), "sha256": file_hash(path)} if path else None
+
+
 def eval_sets(cfg: Mapping) -> list[str]:
     """The eval sets an evaluation reads (their content is part of what a verdict judged)."""
     return [cfg["evals"]["calibration_set"], cfg["evals"]["precision_set"]]
 
 
 def evaluated(cfg: Mapping, manifest: Mapping | None, eval_sets: list[str]) -> dict:
-    """What one evaluation judged: the version (by manifest hash), the eval sets, the config."""
+    """What one evaluation judged: the version (by manifest hash), the eval sets, the config, and the
+    accepted answerability combiner its signals were scored with (a re-accepted one needs a new verdict)."""
     return {
         "version": (manifest or {}).get("version"),
         "manifest_sha256": manifest_hash(manifest) if manifest else None,
         "eval_sets": {str(p): file_hash(p) for p in eval_sets},
         "config_sha256": sha256_json(cfg),
+        "combiner": file_fact((cfg.get("answerability") or {}).get("combiner")),
     }
 
 
@@ -69,6 +76,10 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
             found.append(f"eval set {path} changed since the evaluation")
     if recorded.get("config_sha256") != current["config_sha256"]:
         found.append("the config differs from the one the evaluation ran with")
+    if recorded.get("combiner") != current.get("combiner"):
+        found.append(
+            f"the answerability combiner {(current.get('combiner') or {}).get('path')} changed since the evaluation"
+        )
     if recorded.get("baseline") != current["baseline"]:
         base = current["baseline"]
         found.append(f"the baseline {base['path']} differs from the one the gate compared against")

@@ -46,7 +46,20 @@ def test_beir_evaluates_four_systems_and_reuses_its_index(tmp_path):
     # every chunk is within the 100-deep kNN list of so small a corpus, so fusion finds every relevant abstract
     assert first["systems"]["hybrid"]["recall@100"] == 1.0
     assert first["systems"]["hybrid+rerank"]["ndcg@10"] >= 0.5  # relevant abstracts among 30: near the top
-    again = run_beir(cfg, tmp_path / "data", tmp_path / "out")  # the cached index, the same numbers
+    declines = tmp_path / "decline.jsonl"  # two questions the slice cannot answer
+    declines.write_text(
+        "".join(
+            json.dumps({"id": f"d{i}", "question": q, "label": "decline", "kind": "off_topic"}) + "\n"
+            for i, q in enumerate(["What is the capital of Australia?", "How do I reset my router?"])
+        )
+    )
+    # the cached index, the same numbers; with a decline file, the sweep over the dataset's queries
+    again = run_beir(cfg, tmp_path / "data", tmp_path / "out", decline=str(declines))
+    calibration = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    # every signal is swept, the accepted combiner's `answerability` too, and the file names the combiner
+    assert calibration["n"] == {"answer": n_queries, "decline": 2} and again["calibration"]
+    assert calibration["signals"]["answerability"]["auc"] is not None
+    assert calibration["combiner"]["training"]["sha256"] and not calibration["combiner"]["refit"]
     assert again["systems"] == {k: {**v, "p50_ms": again["systems"][k]["p50_ms"]} for k, v in first["systems"].items()}
     assert len(list((tmp_path / "out" / "cache" / "runs").iterdir())) == 1
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipelines import combiner
+from pipelines.cli import accepted_combiner
 
 FEATURES = ["concept_coverage", "rerank_top"]
 
@@ -94,3 +95,29 @@ def test_missing_or_mismatched_coefficient_files_are_clear_errors(tmp_path):
     combiner.write({**model, "format": "something-else"}, path)
     with pytest.raises(combiner.CombinerError, match="is not a sourcegate-answerability-combiner/1 file"):
         combiner.load(path, FEATURES)
+
+
+def test_the_shipped_combiner_loads_with_the_shipped_config(make_cfg):
+    from pipelines.retrieval import combiner_for
+
+    cfg = make_cfg()
+    model = combiner_for(cfg)
+    assert model["features"] == cfg["answerability"]["features"] and model["training"]["sha256"]
+    assert combiner_for(make_cfg(**{"answerability.combiner": None})) is None
+
+
+def test_a_combiner_fitted_for_other_features_is_refused_by_the_config(make_cfg):
+    from pipelines.retrieval import combiner_for
+
+    with pytest.raises(combiner.CombinerError, match="answerability.features lists \\['rerank_top'\\]"):
+        combiner_for(make_cfg(**{"answerability.features": ["rerank_top"]}))
+
+
+def test_accept_refits_what_calibrate_fitted(make_cfg, tmp_path):
+    """accept fits from calibration.json's questions alone: the file calibrate wrote, bit for bit."""
+    rows = questions(separable=False)
+    calibrate_fit = combiner.fit(rows, FEATURES)
+    cfg = make_cfg(**{"answerability.features": FEATURES, "answerability.combiner": str(tmp_path / "c.json")})
+    calibration = json.loads(json.dumps({"questions": rows}))  # what calibration.json holds, through JSON
+    assert accepted_combiner(cfg, calibration) == calibrate_fit
+    assert accepted_combiner(make_cfg(**{"answerability.combiner": None}), calibration) is None

@@ -38,6 +38,9 @@ def test_defaults_fill_missing_keys(tmp_path):
             "embedding:\n  backend: onnx_int8\n",
             "embedding.backend: 'onnx_int8' is not one of ['onnx', 'onnx-int8', 'torch']",
         ),
+        ("answerability:\n  features: [answerability]\n", "answerability.features: ['answerability'] is not a list"),
+        ("answerability:\n  features: []\n", "answerability.features: [] is not a list of signals"),
+        ("answer:\n  signal: coverage\n", "answer.signal: 'coverage' is not one of"),
     ],
 )
 def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):

@@ -105,6 +105,7 @@ def test_query_cli_prints_mode_and_passages(artifacts, capsys):
     assert main(["query", "How much does a monthly pass cost?", "--artifacts", str(artifacts), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["mode"] in {"sourced", "adjacent"} and payload["passages"]
+    assert 0.0 < payload["signals"]["answerability"] < 1.0  # the accepted combiner's score, with the others
     assert all("bm25_rank" in p and "knn_rank" in p and "rerank_probability" in p for p in payload["passages"])
     assert main(["query", "What is the capital of Australia?", "--artifacts", str(artifacts), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
@@ -142,3 +143,11 @@ def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
     )
     assert (out / "calibration.json").exists() and (out / "gate.json").exists() and (out / "report.html").exists()
     assert code in (0, 1) and ("gate: PASSED" if code == 0 else "gate: FAILED") in capsys.readouterr().out
+    # calibrate fits a candidate combiner beside its calibration and sweeps it; the accepted one is untouched
+    fitted, calibration = read(out / "answerability_combiner.json"), read(out / "calibration.json")
+    assert calibration["combiner"]["refit"] and calibration["combiner"]["coef"] == fitted["coef"]
+    assert calibration["combiner"]["training"]["sha256"] == fitted["training"]["sha256"]
+    assert calibration["signals"]["answerability"]["auc"] is not None
+    assert "Fitted by this calibration" in (out / "report.html").read_text()
+    night = read(artifacts / "runs" / "20261102-020000" / "calibration.json")["combiner"]
+    assert not night["refit"] and night["path"] == "config/baselines/answerability_combiner.json"

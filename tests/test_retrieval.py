@@ -94,10 +94,12 @@ def test_bogus_reranker_path_keeps_fused_order_without_error(demo_index, embedde
         a, b = plain.retrieve(q), failing.retrieve(q)
         assert not b.reranked
         assert [c.chunk_id for c in b.ranked] == [c.chunk_id for c in b.fused] == [c.chunk_id for c in a.fused]
-        # reranker-based signals are missing, never replaced by fused scores; the others are unchanged
-        assert b.signals["rerank_top"] is None and b.signals["margin"] is None
-        assert {k: v for k, v in b.signals.items() if k not in ("rerank_top", "margin")} == {
-            k: v for k, v in a.signals.items() if k not in ("rerank_top", "margin")
+        # reranker-based signals are missing, never replaced by fused scores (the combiner reads
+        # rerank_top, so its score is missing too); the others are unchanged
+        reranker_based = ("rerank_top", "margin", "answerability")
+        assert all(b.signals[k] is None for k in reranker_based)
+        assert {k: v for k, v in b.signals.items() if k not in reranker_based} == {
+            k: v for k, v in a.signals.items() if k not in reranker_based
         }
 
 
@@ -138,6 +140,7 @@ def test_every_signal_is_identical_at_any_rerank_weight(demo_index, embedder, cr
         assert all(run.reranked for run in runs)
         # every signal, the answerability ones included (they read the fused top, not the final order)
         assert set(CORE_SIGNALS) <= set(runs[0].signals)
+        assert 0.0 < runs[0].signals["answerability"] < 1.0  # the accepted combiner's probability
         assert runs[0].signals == runs[1].signals == runs[2].signals
         orders |= {tuple(c.chunk_id for c in run.ranked) for run in runs}
     assert len(orders) > 3  # the weights did change some final order, so the test can fail

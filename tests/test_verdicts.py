@@ -38,11 +38,14 @@ def night(make_cfg, tmp_path):
         shutil.copy(f"config/evals/{name}", evals / name)
     baseline = tmp_path / "baseline.json"
     shutil.copy("config/baselines/precision.json", baseline)
+    combiner = tmp_path / "answerability_combiner.json"
+    shutil.copy("config/baselines/answerability_combiner.json", combiner)
     cfg = make_cfg(
         **{
             "evals.calibration_set": str(evals / "calibration.jsonl"),
             "evals.precision_set": str(evals / "precision.jsonl"),
             "evals.baseline": str(baseline),
+            "answerability.combiner": str(combiner),
         }
     )
     synthetic_chunks(tmp_path / "c.parquet", n=9)
@@ -53,6 +56,7 @@ def night(make_cfg, tmp_path):
         return pass_gate(cfg, version, passed)
 
     make.cfg, make.store, make.evals, make.baseline, make.chunks = cfg, store, evals, baseline, tmp_path / "c.parquet"
+    make.combiner = combiner
     return make
 
 
@@ -93,8 +97,9 @@ def test_a_verdict_on_a_rebuilt_version_is_refused(night):
         (lambda n: (n.evals / "precision.jsonl").write_text((n.evals / "calibration.jsonl").read_text()), "eval set"),
         (lambda n: n.baseline.write_text("{}"), "baseline"),
         (lambda n: n.cfg["answer"].update(adjacent=0.01), "config"),
+        (lambda n: n.combiner.write_text(n.combiner.read_text().replace('"l2"', '"l2" ')), "answerability combiner"),
     ],
-    ids=["eval-set-edited", "baseline-replaced", "config-changed"],
+    ids=["eval-set-edited", "baseline-replaced", "config-changed", "combiner-re-accepted"],
 )
 def test_a_verdict_is_refused_when_what_it_judged_changed(night, change, message):
     night("v1")
