@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+from pipelines.batches import open_parquet
 
 # A delta touching more than this share of the corpus is loaded whole: past it a full bulk load is
 # about as fast, and it leaves no deleted documents in the segments (see `Delta.fraction`).
@@ -78,7 +79,7 @@ def _row_hashes_of(batch: pa.RecordBatch, columns: Sequence[str]) -> list[bytes]
 
 def row_hashes(chunks_parquet: str | Path, columns: Sequence[str]) -> pa.Table:
     """(chunk_id, row_hash) of every row, read in batches: the hash covers `columns`, in that order."""
-    pf = pq.ParquetFile(chunks_parquet)
+    pf = open_parquet(chunks_parquet)
     missing = [c for c in ["chunk_id", *columns] if c not in pf.schema_arrow.names]
     if missing:
         raise ValueError(f"{chunks_parquet}: missing column(s) {missing}")

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from pipelines import manifest as mf
 from pipelines import verdict
+from pipelines.batches import open_parquet
 from pipelines.search import delta as delta_mod
 from pipelines.search.analyzer import opensearch_analysis
 from pipelines.search.base import (
@@ -454,7 +455,7 @@ class OpenSearchStore:
         from opensearchpy import ConnectionError as OSConnectionError
 
         index = self.index_name(version)
-        pf = pq.ParquetFile(chunks_parquet)
+        pf = open_parquet(chunks_parquet)
         names = set(pf.schema_arrow.names)
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
