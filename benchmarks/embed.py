@@ -41,6 +41,19 @@ def scifact_chunks(n: int, seed: int = 0) -> list[dict]:
     return rows[:n]
 
 
+def describe_texts(texts: list[str], tokenizer) -> dict:
+    """What the timed texts were: how many, where from, their token lengths."""
+    lengths = [len(tokenizer.encode(t).ids) for t in texts]
+    return {
+        "n": len(texts),
+        "source": "SciFact corpus.jsonl -> pipelines.ingest -> pipelines.chunk "
+        "(max 256 tokens, overlap 32), distinct texts, shuffled with seed 0",
+        "tokens_mean": round(float(np.mean(lengths)), 1),
+        "tokens_p50": int(np.median(lengths)),
+        "tokens_max": int(max(lengths)),
+    }
+
+
 def throughput(n: int, seconds: float) -> float:
     return round(n / seconds, 2)
 
@@ -72,17 +85,8 @@ def main() -> None:
     texts = [r["text"] for r in rows]
     embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2", None, batch_size=32)
     model = embedder.model
-    lengths = [len(embedder.tokenizer.encode(t).ids) for t in texts]
-    res["texts"] = {
-        "n": len(texts),
-        "source": "SciFact corpus.jsonl -> pipelines.ingest -> pipelines.chunk "
-        "(max 256 tokens, overlap 32), distinct texts, shuffled with seed 0",
-        "tokens_mean": round(float(np.mean(lengths)), 1),
-        "tokens_p50": int(np.median(lengths)),
-        "tokens_max": int(max(lengths)),
-        "model_max_seq_length": embedder.max_tokens,
-    }
-    log(f"{len(texts)} texts, mean {np.mean(lengths):.0f} tokens; model loaded, rss {rss_mb()} MB")
+    res["texts"] = describe_texts(texts, embedder.tokenizer) | {"model_max_seq_length": embedder.max_tokens}
+    log(f"{len(texts)} texts, mean {res['texts']['tokens_mean']:.0f} tokens; model loaded, rss {rss_mb()} MB")
 
     def pipeline():
         return embed_chunks(rows, embedder, {})[0]
