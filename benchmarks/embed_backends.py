@@ -1,4 +1,4 @@
-"""Benchmark 12: the bi-encoder's backends side by side: torch vs ONNX Runtime fp32 vs ONNX INT8.
+"""Benchmark 15: the bi-encoder's backends side by side: torch vs ONNX Runtime fp32 vs ONNX INT8.
 
 Throughput: the same SciFact chunks (ingested and chunked by the pipeline, up to 256 tokens,
 distinct, seeded sample) through each backend's `encode`, same process, same batch size
