@@ -280,7 +280,7 @@ def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]], qids=No
     return {s: {m: round(v, 4) for m, v in ms.items()} for s, ms in out.items()}
 
 
-def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths, weights, subset) -> dict:
+def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths, weights, subset, rerank_ks) -> dict:
     """Every setting's final-order scores on the reranked `subset` of queries; the hybrid (fused)
     scores per (k, depth), BM25 and dense on all queries and on the subset."""
     from evals.precision import precision_eval
@@ -298,7 +298,7 @@ def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths,
         hybrid[f"k{k}_n{depth}"] = evaluate(name, ds, {"hybrid": fused_ids})["hybrid"]
         hybrid_subset[f"k{k}_n{depth}"] = evaluate(name, ds, {"hybrid": fused_ids}, subset)["hybrid"]
         runs = {}
-        for rd, w in itertools.product(rerank_depths, weights):
+        for rd, w in itertools.product(rerank_depths if k in rerank_ks else [], weights):
             r = retriever(searcher, pairs, k, depth, rd, w)
             run = {}
             for q in subset:
@@ -351,6 +351,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/work/cache/beir"), help="index, lists and pair-logit caches")
     ap.add_argument("--datasets", default="demo,scifact,nfcorpus")
     ap.add_argument("--rrf-ks", default="5,10,20,30,60,100")
+    ap.add_argument("--rerank-ks", default="", help="RRF k values of the rerank grid (default: --rrf-ks)")
     ap.add_argument("--list-depths", default="18,30,50,100")
     ap.add_argument("--rerank-depths", default="12,20,30,50")
     ap.add_argument("--weights", default="0.5,0.6,0.7,0.8,0.9,1.0")
@@ -359,10 +360,11 @@ def main() -> None:
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ks, depths, rerank_depths = ints(args.rrf_ks), ints(args.list_depths), ints(args.rerank_depths)
+    rerank_ks = ints(args.rerank_ks) or ks
     weights = [float(x) for x in args.weights.split(",") if x]
     names = [n for n in args.datasets.split(",") if n]
 
-    res = Result(args.name, cache=str(args.cache), grid={"rrf_k": ks, "list_depth": depths,
+    res = Result(args.name, cache=str(args.cache), grid={"rrf_k": ks, "rerank_rrf_k": rerank_ks, "list_depth": depths,
                  "rerank_depth": rerank_depths, "rerank_weight": weights})  # fmt: skip
     from pipelines import config as config_mod
     from pipelines.rerank import OnnxCrossEncoder
@@ -388,7 +390,7 @@ def main() -> None:
     t_pairs, scored_depths = time.perf_counter(), []
     subsets = {name: list(ds["queries"]) for name, (ds, _, _) in loaded.items()}
     for rd in sorted(rerank_depths):
-        done = score_round(loaded, rd, ks, depths, subsets, until)
+        done = score_round(loaded, rd, rerank_ks, depths, subsets, until)
         if not scored_depths:  # the first depth fixes the query subset the rerank grid is read on
             subsets = {name: done[name] for name in done}
             if not all(subsets.values()):
@@ -406,7 +408,7 @@ def main() -> None:
     for name, (ds, searcher, pairs) in loaded.items():
         t = time.perf_counter()
         grid = grid_scores(name, ds, searcher, PairLogits(pairs.path, None, model.model_id), ks, depths,
-                           scored_depths, weights, subsets[name])  # fmt: skip
+                           scored_depths, weights, subsets[name], rerank_ks)  # fmt: skip
         per_dataset[name] = {"version": ds["version"], "queries": len(ds["queries"]), **grid,
                              "seconds": round(time.perf_counter() - t, 1)}  # fmt: skip
         scores[name] = {s: v["ndcg@10"] for s, v in grid["final"].items()}
