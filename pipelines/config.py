@@ -82,11 +82,11 @@ class Chunking(Section):
 
 
 class Retrieval(Section):
-    bm25_top_n: int = 18
-    knn_top_n: int = 18
+    bm25_top_n: int = 100
+    knn_top_n: int = 100
     rrf_k: int = 5
     rerank_depth: int = 12
-    rerank_weight: Number = number(1.0, "cross-encoder's share of the final order (1: all)", ge=0, le=1)
+    rerank_weight: Number = number(0.8, "cross-encoder's share of the final order (1: all)", ge=0, le=1)
 
 
 class Reranker(Section):

@@ -9,7 +9,13 @@ from pipelines import config
 def test_shipped_config_loads_with_every_key(tmp_path):
     cfg = config.load("config/pipeline.yaml")
     assert cfg["backend"]["kind"] == "embedded"
-    assert cfg["retrieval"] == {"bm25_top_n": 18, "knn_top_n": 18, "rrf_k": 5, "rerank_depth": 12, "rerank_weight": 1.0}
+    assert cfg["retrieval"] == {
+        "bm25_top_n": 100,
+        "knn_top_n": 100,
+        "rrf_k": 5,
+        "rerank_depth": 12,
+        "rerank_weight": 0.8,
+    }
 
 
 def test_defaults_fill_missing_keys(tmp_path):
