@@ -99,17 +99,7 @@ class Reranker(Section):
 Feature = Literal[
     "cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin", "concept_coverage", "sentence_cosine"
 ]
-GatingSignal = Literal[
-    "cosine_top",
-    "rerank_top",
-    "bm25_z",
-    "bm25_top",
-    "term_coverage",
-    "margin",
-    "concept_coverage",
-    "sentence_cosine",
-    "answerability",
-]
+GatingSignal = Literal[Feature, "answerability"]  # nested Literals flatten: the features, and the combiner
 
 
 class Answer(Section):
@@ -150,16 +140,7 @@ class Answerability(Section):
 
 
 class Calibration(Section):
-    signals: list[str] = [
-        "cosine_top",
-        "rerank_top",
-        "bm25_z",
-        "bm25_top",
-        "term_coverage",
-        "margin",
-        "concept_coverage",
-        "sentence_cosine",
-    ]
+    signals: list[str] = list(typing.get_args(Feature))
     pair: list[str] = ["bm25_z", "term_coverage"]
     placement: Literal["tightest", "midpoint"] = "tightest"
     promise_coverage: Number = number(0.99, "the keep rate the report says how many questions would need", gt=0, lt=1)
