@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.manifest import VersionConflict
 from pipelines.search import retain
 from pipelines.search.analyzer import analyze, opensearch_analysis
 from pipelines.search.bm25 import K1, B, BM25Index
@@ -372,8 +373,10 @@ def test_drop_refuses_live(store, small_parquet):
     with pytest.raises(ValueError, match="live"):
         store.drop("v1")
     assert store.versions() == ["v1"]
-    with pytest.raises(RuntimeError, match="live"):
-        store.load("v1", str(small_parquet))  # never rebuild what is being served
+    before = store.manifest("v1")
+    with pytest.raises(VersionConflict, match="refusing to rebuild index version v1: it is the live version"):
+        store.load("v1", str(small_parquet))  # never rebuild what is being served (G1, search.base)
+    assert store.manifest("v1") == before and store.live() == "v1"
 
 
 @pytest.mark.opensearch

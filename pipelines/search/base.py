@@ -12,6 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
+from pipelines.manifest import VersionConflict
+
 # What a hit carries back to retrieval (SearchBackend.chunks, HybridResult.stored), on every backend.
 STORED_FIELDS = ("chunk_id", "doc_id", "title", "section", "section_id", "text")
 
@@ -151,6 +153,12 @@ def refuse_dropping_live(store: IndexStore, version: str) -> None:
     """The live version is never dropped: a failed or pruned night leaves the last good index serving."""
     if version == store.live():
         raise ValueError(f"refusing to drop the live index version {version}")
+
+
+def refuse_rebuilding_live(store: IndexStore, version: str) -> None:
+    """The live version is never rebuilt (G1): tonight's load must not touch what is being served."""
+    if version == store.live():
+        raise VersionConflict(f"refusing to rebuild index version {version}: it is the live version")
 
 
 def retain(store: IndexStore, keep: int) -> list[str]:

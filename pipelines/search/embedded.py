@@ -31,6 +31,7 @@ from pipelines.search.base import (
     hybrid_by_calls,
     oldest_first,
     refuse_dropping_live,
+    refuse_rebuilding_live,
 )
 from pipelines.search.bm25 import BM25Builder, BM25Index
 
@@ -128,8 +129,7 @@ class EmbeddedStore:
         Never rebuilds the live version or a complete one built from other inputs (VersionConflict).
         """
         folder = self.folder(version)
-        if version == self.live():
-            raise mf.VersionConflict(f"refusing to rebuild index version {version}: it is the live version")
+        refuse_rebuilding_live(self, version)
         existing = mf.read_manifest(folder)
         if existing is not None:
             refusal = mf.conflict(version, existing, inputs or {})

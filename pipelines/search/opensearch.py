@@ -47,6 +47,7 @@ from pipelines.search.base import (
     ScoreDistribution,
     oldest_first,
     refuse_dropping_live,
+    refuse_rebuilding_live,
 )
 from pipelines.search.bm25 import K1 as BM25_K1
 from pipelines.search.bm25 import B as BM25_B
@@ -466,8 +467,7 @@ class OpenSearchStore:
         body_sha256 = mf.sha256_json(index_body(dim, shards=self.shards))
 
         try:
-            if self.live() == version:
-                raise mf.VersionConflict(f"refusing to rebuild {index}: it is the live version")
+            refuse_rebuilding_live(self, version)
             reused = self._reuse_or_clear(index, version, inputs)
             if reused is not None:
                 return reused
