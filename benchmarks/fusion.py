@@ -105,13 +105,13 @@ class CachedLists:
     """A search backend that serves each query's cached 100-deep lists, cut to the asked depth.
 
     `Retriever.fuse` reads it exactly as it reads the index (`hybrid`); the BM25 distribution
-    and best cosine (signals only) are not served.
+    and best cosine and document frequencies (signals only) are not served.
     """
 
     def __init__(self, lists: dict[str, tuple[list, list]], stored: dict[str, dict]):
         self.lists, self.stored = lists, stored
 
-    def hybrid(self, query: str, vector, bm25_k: int, knn_k: int):
+    def hybrid(self, query: str, vector, bm25_k: int, knn_k: int, terms=()):
         from pipelines.search.base import Hit, HybridResult, ScoreDistribution
 
         bm25, knn = self.lists[query]

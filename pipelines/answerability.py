@@ -4,10 +4,11 @@ Relatedness signals (cosine, cross-encoder, BM25) score a passage about the ques
 high even when it does not answer it ("Does RRT give seniors taxi vouchers?" against the
 reduced-fares section). Two cheaper views of the same passages look at what is missing:
 
-- `concept_coverage`: the question's content terms, each weighted by how rare it is among the
-  retrieved candidates (a term none of them contains weighs most: the corpus most likely has
-  never seen it), and each covered by the top passages either exactly or softly, by its
-  bi-encoder similarity to the passages' words (so "bicycle" is covered by "bike").
+- `concept_coverage`: the question's content terms, each weighted by its idf over the whole
+  index (a term the corpus has never seen weighs most), and each covered by the top passages
+  either exactly or softly, by its bi-encoder similarity to the passages' words (so "bicycle"
+  is covered by "bike"). The weights read the index, not the retrieved candidates, whose number
+  follows `bm25_top_n`/`knn_top_n`: a signal's definition does not depend on ranking settings (G7).
 - `sentence_cosine`: the best bi-encoder cosine between the question and one sentence of
   the top passages: an answer usually sits in one sentence, a topic spreads over all.
 
@@ -35,15 +36,14 @@ def content_terms(query: str, stopwords: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(t for t in tokenize(query) if t not in stop and not t.isdigit()))
 
 
-def rarity_weights(terms: Sequence[str], pool: Sequence[str]) -> dict[str, float]:
-    """BM25-style idf of each term over the candidate pool (every retrieved passage).
+def rarity_weights(terms: Sequence[str], n: int, df: Mapping[str, int]) -> dict[str, float]:
+    """BM25-style idf of each term over the whole index: `n` chunks, `df[term]` of them holding it.
 
-    The pool is what BM25 and kNN found for this very question, so a term no candidate holds
-    is one the index most likely does not have at all: it gets the largest weight.
+    The frequencies come from the search backend (`SearchBackend.document_frequencies`, the same
+    BM25 analysis on both backends). A term missing from `df`, whose analysis is empty or that no
+    chunk holds, counts 0: the index does not have it, so it gets the largest weight.
     """
-    docs = [set(tokenize(text)) for text in pool]
-    n = len(docs)
-    return {t: math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for t in terms for df in [sum(t in d for d in docs)]}
+    return {t: math.log(1.0 + (n - f + 0.5) / (f + 0.5)) for t in terms for f in [df.get(t, 0)]}
 
 
 def term_similarity(terms: Sequence[str], words: Sequence[str], encode: Callable[[list[str]], np.ndarray]) -> dict:
@@ -109,14 +109,16 @@ def answerability_signals(
     query: str,
     query_vector: np.ndarray,
     top_texts: Sequence[str],
-    pool_texts: Sequence[str],
+    n_chunks: int,
+    document_frequencies: Mapping[str, int],
     stopwords: Iterable[str],
     word_vectors: Callable[[list[str]], np.ndarray],
     sentence_vectors: Callable[[list[str]], np.ndarray],
 ) -> dict:
-    """The answerability signals of one retrieval (see the module docstring)."""
+    """The answerability signals of one retrieval (see the module docstring); `n_chunks` and
+    `document_frequencies` describe the whole index (`content_terms` of the query -> chunks)."""
     terms = content_terms(query, stopwords)
-    weights = rarity_weights(terms, pool_texts)
+    weights = rarity_weights(terms, n_chunks, document_frequencies)
     words = sorted({w for text in top_texts for w in tokenize(text)})
     similarity = term_similarity(terms, words, word_vectors)
     sentences = [s for text in top_texts for s in split_sentences(text)]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from pipelines import combiner as combiner_mod
-from pipelines.answerability import TOP_PASSAGES, WordVectors, answerability_signals
+from pipelines.answerability import TOP_PASSAGES, WordVectors, answerability_signals, content_terms
 from pipelines.rerank import Reranked, safe_rerank
 from pipelines.search.analyzer import STOPWORDS
 from pipelines.search.base import Hit, HybridResult, SearchBackend, hybrid_search
@@ -151,9 +151,10 @@ class Retriever:
         }
         return cls(searcher, embedder, scorer, **{**options, **overrides})
 
-    def fuse(self, query: str, vector) -> tuple[list[Candidate], HybridResult]:
-        """Both lists fused into candidates, and the search result they came from (the signals read it)."""
-        found = hybrid_search(self.searcher, query, vector, self.bm25_top_n, self.knn_top_n)
+    def fuse(self, query: str, vector, terms: Sequence[str] = ()) -> tuple[list[Candidate], HybridResult]:
+        """Both lists fused into candidates, and the search result they came from (the signals read it,
+        with the document frequencies of `terms`)."""
+        found = hybrid_search(self.searcher, query, vector, self.bm25_top_n, self.knn_top_n, terms)
         bm25, knn = found.bm25, found.knn
         fused = rrf([bm25, knn], self.rrf_k)
         stored = [found.stored[cid] for cid, _ in fused]
@@ -199,7 +200,7 @@ class Retriever:
 
         vector = self.embedder.encode_query(query)
         timings = {"embed": lap()}
-        fused, found = self.fuse(query, vector)
+        fused, found = self.fuse(query, vector, content_terms(query, STOPWORDS))
         timings["search"] = lap()
         result, ranked = self.rerank(query, fused)
         timings["rerank"] = lap()
@@ -209,7 +210,8 @@ class Retriever:
                 query,
                 vector,
                 [c.text for c in fused[:TOP_PASSAGES]],  # the fused top: the same at any rerank_weight (G7)
-                [c.text for c in fused],
+                found.distribution.total,  # idf over the whole index, not the candidates (G7)
+                found.document_frequencies,
                 STOPWORDS,
                 self.word_vectors,
                 self.embedder.encode,

@@ -1,8 +1,11 @@
 """Answerability signals on small hand-made passages (pipelines/answerability.py)."""
 
+import zlib
+
 import numpy as np
 import pytest
 
+from artifact_io import write_parquet
 from pipelines.answerability import (
     answerability_signals,
     concept_coverage,
@@ -12,7 +15,11 @@ from pipelines.answerability import (
     term_similarity,
     uncovered,
 )
+from pipelines.embed import chunks_table
+from pipelines.retrieval import Retriever
 from pipelines.search.analyzer import STOPWORDS
+from pipelines.search.bm25 import BM25Index, tokenize
+from pipelines.search.embedded import EmbeddedStore
 
 SENIORS = (
     "Riders aged 65 and older ride free on local buses and light rail on weekdays between 9:30 a.m. and "
@@ -20,6 +27,12 @@ SENIORS = (
 )
 BIKES = "Bikes are allowed on light rail at all hours. Hang your bike on one of the four hooks."
 POOL = [SENIORS, BIKES, "Pets in carriers ride free.", "Seniors pay the reduced fare of $1.10."]
+INDEX = BM25Index.from_texts(POOL)  # the embedded backend's BM25 over the four passages: a tiny whole index
+
+
+def frequencies(terms):
+    """(chunks, {term: df}) over INDEX, as `EmbeddedSearcher.document_frequencies` gives them."""
+    return INDEX.size, {t: INDEX.document_frequency(t) for t in terms}
 
 
 def one_hot(vocab):
@@ -46,14 +59,23 @@ def test_content_terms_drop_function_words_and_numbers():
     assert content_terms("What is it?", STOPWORDS) == []
 
 
-def test_a_term_no_candidate_holds_weighs_most():
-    w = rarity_weights(["taxi", "hooks", "seniors"], POOL)
-    assert w["taxi"] > w["hooks"] > w["seniors"] > 0  # in none, one and two of the four candidates
+def test_a_term_the_index_does_not_hold_weighs_most():
+    terms = ["taxi", "hooks", "seniors", "the"]
+    n, df = frequencies(terms)
+    assert (n, df) == (4, {"taxi": 0, "hooks": 1, "seniors": 2, "the": 0})  # BM25 analysis: hook, senior; none
+    w = rarity_weights(terms, n, df)
+    assert w["taxi"] > w["hooks"] > w["seniors"] > 0  # in none, one and two of the four passages
+    assert w["the"] == w["taxi"] == rarity_weights(["taxi"], n, {})["taxi"]  # empty analysis or not asked: df 0
+
+
+def test_document_frequency_counts_chunks_holding_every_term_of_the_word():
+    assert [INDEX.document_frequency(w) for w in ["Bikes", "bike", "ride", "free", "fare"]] == [1, 1, 2, 2, 2]
+    assert INDEX.document_frequency("reduced-fare") == 2 and INDEX.document_frequency("reduced-taxi") == 0
 
 
 def test_uncovered_rare_term_lowers_coverage_and_is_named():
     terms = content_terms("Do seniors ride free in a taxi?", STOPWORDS)
-    weights = rarity_weights(terms, POOL)
+    weights = rarity_weights(terms, *frequencies(terms))
     words = sorted(set(SENIORS.lower().replace(".", " ").split()))
     sim = term_similarity(terms, words, one_hot(words + terms))
     assert sim["seniors"] == sim["free"] == 1.0 and sim["taxi"] == 0.0
@@ -68,7 +90,7 @@ def test_covered_paraphrase_counts_through_word_vectors():
     words = sorted(set(BIKES.lower().replace(".", " ").split()))
     sim = term_similarity(terms, words, one_hot(words + terms))
     assert sim["bicycle"] == 1.0  # not in the text, covered by "bike"
-    assert concept_coverage(rarity_weights(terms, POOL), sim) == pytest.approx(1.0)
+    assert concept_coverage(rarity_weights(terms, *frequencies(terms)), sim) == pytest.approx(1.0)
 
 
 def test_question_without_content_terms_is_fully_covered():
@@ -91,15 +113,61 @@ def test_sentences_and_list_items_are_split():
 def test_signals_with_the_real_bi_encoder(embedder):
     """Real MiniLM word vectors: a paraphrase is covered, an unseen concept is not."""
     kwargs = dict(stopwords=STOPWORDS, word_vectors=embedder.encode, sentence_vectors=embedder.encode)
+
+    def signals(question, passage):
+        n, df = frequencies(content_terms(question, STOPWORDS))
+        return answerability_signals(question, embedder.encode_query(question), [passage], n, df, **kwargs)
+
     para = "Can I bring my bicycle on the light rail?"
-    covered = answerability_signals(para, embedder.encode_query(para), [BIKES], POOL, **kwargs)
+    covered = signals(para, BIKES)
     taxi = "Does RRT give seniors taxi vouchers?"
-    missing = answerability_signals(taxi, embedder.encode_query(taxi), [SENIORS], POOL, **kwargs)
+    missing = signals(taxi, SENIORS)
     assert "bicycle" not in covered["uncovered_terms"]
     # "vouchers" is nowhere near the passage; single-word cosines are generous ("taxi" ~ "buses"
     # passes 0.5), which is why the signal weighs soft matches by degree, not by a cut-off
     assert "vouchers" in missing["uncovered_terms"] and "seniors" not in missing["uncovered_terms"]
     assert covered["concept_coverage"] > missing["concept_coverage"]
     assert 0 < missing["sentence_cosine"] < covered["sentence_cosine"] <= 1
-    empty = answerability_signals("What is it?", embedder.encode_query("What is it?"), [BIKES], POOL, **kwargs)
+    empty = signals("What is it?", BIKES)
     assert empty["concept_coverage"] == 1.0 and empty["uncovered_terms"] == []
+
+
+class BagOfWords:
+    """A model-free encoder for the fast tier: a text's vector is the unit sum of its words' hashed axes."""
+
+    dim = 4096
+
+    def encode(self, texts):
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, text in enumerate(texts):
+            for w in tokenize(text):
+                out[i, zlib.crc32(w.encode()) % self.dim] += 1.0
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+    def encode_query(self, text):
+        return self.encode([text])[0]
+
+
+def test_concept_coverage_is_the_same_at_any_list_depth(tmp_path):
+    """G7: bm25_top_n / knn_top_n change the candidate pool, never the rarity weights (whole-index idf)."""
+    rng = np.random.default_rng(14)
+    filler = ["bus", "train", "fare", "pass", "bike", "night", "airport", "refund", "seniors", "ride", "card", "rail"]
+    texts = POOL + [" ".join(rng.choice(filler, size=8)) for _ in range(40)]
+    encoder = BagOfWords()
+    rows = [
+        {"chunk_id": f"c{i:03d}", "doc_id": f"d{i}", "title": "T", "section": "S", "section_id": "s", "body": t}
+        | {"text": t, "text_hash": str(i), "ordinal": 0}
+        for i, t in enumerate(texts)
+    ]
+    write_parquet(chunks_table(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
+    store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
+    store.load("v1", str(tmp_path / "c.parquet"))
+    searcher = store.open("v1")
+    shallow, deep = (Retriever(searcher, encoder, None, bm25_top_n=n, knn_top_n=n) for n in (3, 40))
+    for question in ["Do seniors ride free in a taxi?", "Can seniors use the reduced fare card on the night bus?"]:
+        a, b = shallow.retrieve(question), deep.retrieve(question)
+        assert len(a.fused) <= 6 < len(b.fused)  # different pools: the old pool idf gave different weights
+        assert {c.chunk_id for c in a.fused[:3]} == {c.chunk_id for c in b.fused[:3]}  # the covering passages
+        assert 0 < a.signals["concept_coverage"] < 1  # weights matter: some term covered, some not
+        assert a.signals["concept_coverage"] == b.signals["concept_coverage"]
+        assert a.signals["uncovered_terms"] == b.signals["uncovered_terms"]

@@ -253,9 +253,26 @@ def test_analyser_and_bm25_scores_equal_the_embedded_backend(store, tmp_path, os
 
 
 @pytest.mark.opensearch
+def test_document_frequencies_equal_the_embedded_backend(store, tmp_path):
+    """The answerability signal's rarity weights read the same counts on both backends (G7)."""
+    texts = demo_passages()
+    table = pq.read_table(write_chunks(tmp_path / "c.parquet", n=len(texts))[0])
+    table = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts))
+    pq.write_table(table, tmp_path / "demo.parquet")
+    store.load("v1", str(tmp_path / "demo.parquet"))
+    embedded = BM25Index.from_texts(texts)
+    words = ["bike", "bikes", "refund", "night", "fare", "seniors", "ticket", "reduced-fare", "the", RARE, "taxi", "x²"]
+    n, got = store.open("v1").document_frequencies(words)
+    want = {w: embedded.document_frequency(w) for w in words}
+    assert n == embedded.size == len(texts) and got == want
+    assert want["bike"] == want["bikes"] > 0 and want["the"] == want[RARE] == 0  # stemmed; empty or unseen: 0
+    assert len({f for f in want.values() if f}) > 3  # varied counts, so the comparison can fail
+
+
+@pytest.mark.opensearch
 def test_hybrid_is_one_round_trip_and_answers_as_the_single_calls(store, chunks_parquet, monkeypatch):
-    """The batched hybrid query: one _msearch, the same lists, stored fields and best cosine as the
-    protocol's five single calls, and the z-score of the FULL distribution (exact moments)."""
+    """The batched hybrid query: one _msearch, the same lists, stored fields, best cosine and document
+    frequencies as the protocol's single calls, and the z-score of the FULL distribution (exact moments)."""
     from pipelines.search.base import hybrid_by_calls
 
     path, vectors, _, _ = chunks_parquet
@@ -273,9 +290,11 @@ def test_hybrid_is_one_round_trip_and_answers_as_the_single_calls(store, chunks_
         ("nothing-matches", vectors[0]),
     ):
         requests.clear()
-        got = searcher.hybrid(query, vector, 18, 18)
+        terms = query.split()
+        got = searcher.hybrid(query, vector, 18, 18, terms)
         assert len(requests) == 1 and requests[0][1].endswith("/_msearch"), requests
-        want = hybrid_by_calls(full, query, vector, 18, 18)
+        want = hybrid_by_calls(full, query, vector, 18, 18, terms)
+        assert got.document_frequencies == want.document_frequencies and set(got.document_frequencies) == set(terms)
         assert got.bm25 == want.bm25 and [h.chunk_id for h in got.knn] == [h.chunk_id for h in want.knn]
         assert got.stored == want.stored and "embedding" not in next(iter(got.stored.values()))
         assert got.best_cosine == pytest.approx(want.best_cosine, abs=1e-6)

@@ -6,8 +6,8 @@ the embedded default and OpenSearch are interchangeable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -63,20 +63,23 @@ class ScoreDistribution:
 @dataclass(frozen=True)
 class HybridResult:
     """Everything one hybrid query reads from a backend: both lists, the stored fields of their
-    hits, and what the signals need (the BM25 distribution, the best cosine)."""
+    hits, and what the signals need (the BM25 distribution, the best cosine, the document
+    frequencies of the words asked for, over the whole index of `distribution.total` chunks)."""
 
     bm25: list[Hit]
     knn: list[Hit]
     stored: dict[str, dict]  # chunk_id -> stored fields, for every hit of either list
     distribution: ScoreDistribution
     best_cosine: float
+    document_frequencies: Mapping[str, int] = field(default_factory=dict)  # word -> chunks holding it
 
 
 class SearchBackend(Protocol):
     """Read side of one index version.
 
-    A backend may also offer `hybrid(query, vector, bm25_k, knn_k) -> HybridResult`, answering a
-    whole hybrid query at once (OpenSearch: one `_msearch`); `hybrid_search` uses it when present.
+    A backend may also offer `hybrid(query, vector, bm25_k, knn_k, terms=()) -> HybridResult`,
+    answering a whole hybrid query at once (OpenSearch: one `_msearch`); `hybrid_search` uses it
+    when present.
     """
 
     def bm25(self, query: str, k: int) -> list[Hit]:
@@ -94,18 +97,30 @@ class SearchBackend(Protocol):
     def chunks(self, chunk_ids: Sequence[str]) -> list[dict]:
         """Stored fields (chunk_id, doc_id, title, section, text) for the given ids, in order."""
 
+    def document_frequencies(self, words: Sequence[str]) -> tuple[int, dict[str, int]]:
+        """(chunks in the index, {word: chunks holding every BM25 term of the word}).
 
-def hybrid_search(backend: SearchBackend, query: str, vector: np.ndarray, bm25_k: int, knn_k: int) -> HybridResult:
-    """A hybrid query: the backend's batched `hybrid` when it has one, else the protocol's calls."""
+        Each word goes through the backend's BM25 query analysis; one whose analysis is empty
+        or holds a term no chunk has counts 0. Over the whole index, whatever a query's lists.
+        """
+
+
+def hybrid_search(
+    backend: SearchBackend, query: str, vector: np.ndarray, bm25_k: int, knn_k: int, terms: Sequence[str] = ()
+) -> HybridResult:
+    """A hybrid query (and the document frequencies of `terms`): the backend's batched `hybrid`
+    when it has one, else the protocol's calls."""
     batched = getattr(backend, "hybrid", None)
     return (
-        batched(query, vector, bm25_k, knn_k)
+        batched(query, vector, bm25_k, knn_k, terms)
         if batched is not None
-        else hybrid_by_calls(backend, query, vector, bm25_k, knn_k)
+        else hybrid_by_calls(backend, query, vector, bm25_k, knn_k, terms)
     )
 
 
-def hybrid_by_calls(backend: SearchBackend, query: str, vector: np.ndarray, bm25_k: int, knn_k: int) -> HybridResult:
+def hybrid_by_calls(
+    backend: SearchBackend, query: str, vector: np.ndarray, bm25_k: int, knn_k: int, terms: Sequence[str] = ()
+) -> HybridResult:
     """A hybrid query as the protocol's single calls (one round trip each on a server)."""
     bm25, knn = backend.bm25(query, bm25_k), backend.knn(vector, knn_k)
     ids = list(dict.fromkeys(h.chunk_id for h in [*bm25, *knn]))
@@ -115,6 +130,7 @@ def hybrid_by_calls(backend: SearchBackend, query: str, vector: np.ndarray, bm25
         stored=dict(zip(ids, backend.chunks(ids))),
         distribution=backend.bm25_distribution(query),
         best_cosine=backend.best_cosine(vector),
+        document_frequencies=backend.document_frequencies(terms)[1] if terms else {},
     )
 
 

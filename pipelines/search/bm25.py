@@ -21,6 +21,7 @@ still serve correctly.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -120,6 +121,14 @@ class BM25Index:
         terms = np.array(sorted(counts))
         mult = np.array([counts[t] for t in terms], np.float64)
         return np.asarray(self.weights[terms].T @ mult).ravel()
+
+    def document_frequency(self, word: str) -> int:
+        """Chunks holding every BM25 term of `word` (its query analysis); 0 when it has none or one is unseen."""
+        ids = {self.vocab.get(t) for t in self._analyze(word)}
+        if not ids or None in ids:
+            return 0
+        ptr, cols = self.weights.indptr, self.weights.indices  # CSR rows: a term's postings (weights are > 0)
+        return len(functools.reduce(np.intersect1d, (cols[ptr[i] : ptr[i + 1]] for i in sorted(ids))))
 
     def save(self, folder: Path) -> None:
         sparse.save_npz(folder / "bm25.npz", self.weights)

@@ -97,9 +97,14 @@ class EmbeddedSearcher:
         matched = scores[scores > 0]
         return ScoreDistribution(scores=matched, matched=len(matched), total=len(scores))
 
-    def hybrid(self, query: str, vector: np.ndarray, bm25_k: int, knn_k: int) -> HybridResult:
+    def document_frequencies(self, words: Sequence[str]) -> tuple[int, dict[str, int]]:
+        return self.bm25_index.size, {w: self.bm25_index.document_frequency(w) for w in words}
+
+    def hybrid(
+        self, query: str, vector: np.ndarray, bm25_k: int, knn_k: int, terms: Sequence[str] = ()
+    ) -> HybridResult:
         """No round trips to save: the single calls, which share one scoring of the corpus."""
-        return hybrid_by_calls(self, query, vector, bm25_k, knn_k)
+        return hybrid_by_calls(self, query, vector, bm25_k, knn_k, terms)
 
     def column(self, name: str) -> list:
         """One stored column for every chunk, in index order (aligned with `ids`)."""

@@ -244,8 +244,37 @@ class OpenSearchSearcher:
         total = int(self.client.count(index=self.index)["count"])
         return ScoreDistribution(scores=scores, matched=matched, total=total)
 
-    def hybrid(self, query: str, vector: np.ndarray, bm25_k: int, knn_k: int) -> HybridResult:
-        """A whole hybrid query in one ``_msearch`` round trip (three searches the node runs together):
+    @staticmethod
+    def _count(word: str) -> dict:
+        """A search counting the chunks that hold every BM25 term of `word` (analysed by the node like a
+        BM25 query; no term, no hit). ``size: 0`` with exact totals: no scoring, no fetch."""
+        return {"size": 0, "track_total_hits": True, "query": {"match": {"text": {"query": word, "operator": "and"}}}}
+
+    def document_frequencies(self, words: Sequence[str]) -> tuple[int, dict[str, int]]:
+        """The index size and each word's count, in one ``_msearch`` (see `hybrid`, which folds them in)."""
+        words = list(words)
+        searches = [{"size": 0, "track_total_hits": True}] + [self._count(w) for w in words]
+        totals = self._totals(searches)
+        return totals[0], dict(zip(words, totals[1:]))
+
+    def _totals(self, searches: list[dict]) -> list[int]:
+        resp = self.client.msearch(
+            body=[line for s in searches for line in ({"index": self.index}, s)],
+            filter_path=["responses.hits.total.value", "responses.error"],
+        )
+        return [int(r["hits"]["total"]["value"]) for r in self._responses(resp)]
+
+    def _responses(self, resp: dict) -> list[dict]:
+        responses = resp["responses"]
+        for r in responses:
+            if "error" in r:
+                raise RuntimeError(f"OpenSearch search of {self.index} failed: {r['error']}")
+        return responses
+
+    def hybrid(
+        self, query: str, vector: np.ndarray, bm25_k: int, knn_k: int, terms: Sequence[str] = ()
+    ) -> HybridResult:
+        """A whole hybrid query in one ``_msearch`` round trip (the searches the node runs together):
 
         1. BM25 top-``bm25_k`` with the stored fields, ``track_total_hits`` for the matched count, and an
            ``extended_stats`` aggregation over ``_score``: the exact sum and sum of squares over every
@@ -253,7 +282,12 @@ class OpenSearchSearcher:
            a top-``distribution_size`` list would make);
         2. kNN top-``max(knn_k, 1)`` with the stored fields; its first hit is ``best_cosine`` (HNSW's
            top-1, as ``best_cosine`` gives);
-        3. ``size: 0`` with ``track_total_hits``: the index size (on the alias, the version serving now).
+        3. ``size: 0`` with ``track_total_hits``: the index size (on the alias, the version serving now);
+        4. one ``size: 0`` count per word of ``terms`` (`_count`): its document frequency over the whole
+           index, for the answerability signal's rarity weights. Folded in rather than sent as a second
+           ``_msearch``: no extra round trip, and the counts read the very index version the lists do
+           (the alias may move between two requests). A count of live documents, unlike Lucene's term
+           statistics, which keep a delta night's deleted chunks until a merge.
 
         ``filter_path`` keeps ids, scores, sources, totals, the aggregation and errors, nothing else.
         """
@@ -270,6 +304,7 @@ class OpenSearchSearcher:
             },
             {"size": max(knn_k, 1), "_source": source, "query": knn},
             {"size": 0, "track_total_hits": True},
+            *(self._count(w) for w in terms),
         ]
         resp = self.client.msearch(
             body=[line for s in searches for line in (header, s)],
@@ -285,10 +320,7 @@ class OpenSearchSearcher:
                 "responses.error",
             ],
         )
-        responses = resp["responses"]
-        for r in responses:
-            if "error" in r:
-                raise RuntimeError(f"OpenSearch search of {self.index} failed: {r['error']}")
+        responses = self._responses(resp)
         bm25_hits, knn_hits = (r.get("hits", {}).get("hits", []) for r in responses[:2])
         stored = {h["_id"]: {f: h["_source"].get(f) for f in STORED_FIELDS} | {"chunk_id": h["_id"]} for h in bm25_hits}
         stored.update(
@@ -311,6 +343,7 @@ class OpenSearchSearcher:
             stored=stored,
             distribution=distribution,
             best_cosine=knn_all[0].score if knn_all else 0.0,
+            document_frequencies={w: int(r["hits"]["total"]["value"]) for w, r in zip(terms, responses[3:])},
         )
 
     def chunks(self, chunk_ids: Sequence[str]) -> list[dict]:
