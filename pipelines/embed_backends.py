@@ -1,6 +1,10 @@
-"""The bi-encoder's backends (`embedding.backend`): torch, or ONNX Runtime on an export made here.
+"""The bi-encoder's backends (`embedding.backend`): torch in fp32 or bf16, or ONNX Runtime on an export made here.
 
-`torch` is sentence-transformers (`pipelines.embed.Embedder`). For `onnx`, with no model hub, `torch.onnx.export` turns the sentence-transformers folder's transformer into
+`torch` is sentence-transformers (`pipelines.embed.Embedder`). `torch-bf16` runs the same
+weights under bf16 autocast (the CPU's AMX / AVX512-BF16 units) in fixed shapes: every forward
+pass is `ROWS` texts padded to one of `LENGTHS`, filled up with empty texts, so a text's vector
+depends only on the text (its length picks the shape), never on its batch-mates; a dynamic
+batch would move bf16 vectors by ~1e-3 with their neighbours. For `onnx`, with no model hub, `torch.onnx.export` turns the sentence-transformers folder's transformer into
 `model.onnx` once, under a cache folder named by the weights' fingerprint and the variant, so a
 rerun (or another worker) reuses it; `onnx-int8` is that export dynamically quantised
 (`onnxruntime.quantization.quantize_dynamic`). Pooling stays out of the graph: the mean over
@@ -29,10 +33,13 @@ from pipelines import models
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "onnx", "onnx-int8")
+BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
 # Bump when the export or quantisation recipe changes: it is part of the folder name and the fingerprint.
 RECIPE = {"exporter": "torch.onnx.export(dynamo=False)", "opset": 17, "version": 1}
 INT8 = {"weight_type": "QInt8", "per_channel": True}
+# torch-bf16's fixed shapes: rows per forward pass and the padded lengths (the last is the model's limit).
+# 8 rows: the fastest of 2/4/8/16/32 on SciFact chunks here (benchmarks.embed_backends, docs §15).
+BF16 = {"autocast": "bfloat16", "rows": 8, "lengths": [32, 64, 128, 256], "version": 1}
 CACHE_ENV = "SOURCEGATE_MODEL_CACHE"  # where exports are kept; default ~/.cache/sourcegate/onnx
 
 
@@ -43,6 +50,8 @@ def load_embedder(model_id: str, model_path: str | None, batch_size: int, backen
         from pipelines.embed import Embedder
 
         return Embedder(model_id, model_path, batch_size)
+    if backend == "torch-bf16":
+        return Bf16Embedder(model_id, model_path, batch_size)
     return OnnxEmbedder(model_id, model_path, batch_size, backend)
 
 
@@ -72,7 +81,7 @@ def variant_fingerprint(weights_fingerprint: str, backend: str) -> str:
     check_backend(backend)
     if backend == "torch":
         return weights_fingerprint
-    recipe = {"weights": weights_fingerprint, "backend": backend, "recipe": RECIPE}
+    recipe = {"weights": weights_fingerprint, "backend": backend, "recipe": BF16 if backend == "torch-bf16" else RECIPE}
     if backend == "onnx-int8":
         recipe["int8"] = INT8
     text = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
@@ -142,6 +151,74 @@ def _quantize(fp32: Path, out: Path) -> None:
     quantize_dynamic(str(fp32), str(out), weight_type=getattr(QuantType, INT8["weight_type"]), per_channel=True)
 
 
+def native_bf16() -> bool:
+    """Whether this CPU does bf16 matrix maths in hardware (AMX or AVX512-BF16); elsewhere it is emulated, slowly."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+class Bf16Embedder:
+    """sentence-transformers' weights under bf16 autocast in fixed shapes; same interface as `Embedder`."""
+
+    def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32):
+        from pipelines.embed import Embedder
+
+        if not native_bf16():
+            log.warning(
+                "embedding.backend torch-bf16: this CPU has no native bf16 (AMX / AVX512-BF16); it will be slow"
+            )
+        self._fp32 = Embedder(model_id, model_path, batch_size)
+        self.model_id, self.path, self.batch_size = model_id, self._fp32.path, batch_size
+        self.backend = "torch-bf16"
+        self.max_tokens = self._fp32.max_tokens
+        self.lengths = [n for n in BF16["lengths"] if n < self.max_tokens] + [self.max_tokens]
+        transformer = self._fp32.model[0]
+        self._model, self._tok = transformer.auto_model.eval(), transformer.tokenizer
+        self.dimension = self._fp32.dimension
+
+    @property
+    def fingerprint(self) -> str:
+        return variant_fingerprint(models.fingerprint(self.path), self.backend)
+
+    def shape_lengths(self, texts: list[str]) -> list[int]:
+        """The padded length of the forward pass each text goes through: the first that holds it."""
+        ids = self._tok(list(texts), truncation=True, max_length=self.max_tokens)["input_ids"]
+        return [next(length for length in self.lengths if length >= len(one)) for one in ids]
+
+    def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        by_length: dict[int, list[int]] = {}
+        for i, length in enumerate(self.shape_lengths(texts) if texts else []):
+            by_length.setdefault(length, []).append(i)
+        rows = BF16["rows"]
+        for length, members in sorted(by_length.items()):
+            for start in range(0, len(members), rows):
+                batch = members[start : start + rows]
+                out[batch] = self._forward([texts[i] for i in batch], length)[: len(batch)]
+        return out
+
+    def _forward(self, texts: list[str], length: int) -> np.ndarray:
+        import torch
+
+        filled = list(texts) + [""] * (BF16["rows"] - len(texts))
+        enc = self._tok(filled, padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            tokens = self._model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        pooled = (tokens.float() * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=1).numpy()
+
+    def encode_query(self, text: str) -> np.ndarray:
+        return self.encode([text])[0]
+
+    @property
+    def tokenizer(self):
+        return models.tokenizer(str(self.path))
+
+
 class OnnxEmbedder:
     """Same interface as `pipelines.embed.Embedder`; vectors are unit-norm float32."""
 
@@ -150,8 +227,8 @@ class OnnxEmbedder:
         from tokenizers import Tokenizer
 
         check_backend(backend)
-        if backend == "torch":
-            raise ValueError("embedding.backend: 'torch' is not an ONNX variant (use load_embedder)")
+        if not backend.startswith("onnx"):
+            raise ValueError(f"embedding.backend: {backend!r} is not an ONNX variant (use load_embedder)")
         self.model_id = model_id
         self.backend = backend
         self.path = models.embedding_model_path(model_path)

@@ -42,7 +42,7 @@ def test_defaults_fill_missing_keys(tmp_path):
         ("embedding:\n  model_path: 3\n", "embedding.model_path: expected str or null, got int 3"),
         (
             "embedding:\n  backend: onnx_int8\n",
-            "embedding.backend: 'onnx_int8' is not one of ['onnx', 'onnx-int8', 'torch']",
+            "embedding.backend: 'onnx_int8' is not one of ['onnx', 'onnx-int8', 'torch', 'torch-bf16']",
         ),
         ("answerability:\n  features: [answerability]\n", "answerability.features: ['answerability'] is not a list"),
         ("answerability:\n  features: []\n", "answerability.features: [] is not a list of signals"),

@@ -1,11 +1,12 @@
-"""The bi-encoder's ONNX Runtime backends against torch: same vectors (within a stated tolerance),
-their own fingerprints (so the embed cache re-embeds on a switch), an export made once and reused."""
+"""The bi-encoder's variants (torch bf16, ONNX Runtime fp32 and INT8) against torch fp32: same vectors
+(within a stated tolerance), each text's vector a function of the text alone, their own fingerprints
+(so the embed cache re-embeds on a switch), an ONNX export made once and reused."""
 
 import numpy as np
 import pytest
 
 from pipelines import embed_backends, models, steps
-from pipelines.embed_backends import BACKENDS, OnnxEmbedder, variant_fingerprint
+from pipelines.embed_backends import BACKENDS, load_embedder, variant_fingerprint
 
 # A handful of texts: short, medium, and one past the model's 256-token window (truncated alike).
 TEXTS = [
@@ -16,17 +17,27 @@ TEXTS = [
     " ".join(f"Sentence {i} repeats the word mitochondria and the number {i * 7}." for i in range(60)),
 ]
 # Measured on 1,000 SciFact chunks (docs/benchmarks.md, benchmark 15): fp32 cosine to torch >= 0.9999998;
-# INT8 (dynamic, per-channel weights) min 0.9898. The bounds leave room, not a different model.
+# INT8 (dynamic, per-channel weights) min 0.9898; torch bf16 (fixed shapes) min 0.99998 on 200 of them.
+# The bounds leave room, not a different model.
 FP32_MIN_COSINE = 0.9999
+BF16_MIN_COSINE = 0.999
 INT8_MIN_COSINE = 0.98
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+VARIANTS = [("onnx", FP32_MIN_COSINE), ("torch-bf16", BF16_MIN_COSINE), ("onnx-int8", INT8_MIN_COSINE)]
+
+
+@pytest.fixture(scope="module")
+def torch_fp32():
+    """The reference: sentence-transformers in fp32, whatever the configured default is."""
+    return load_embedder(MODEL, None, 32, "torch")
 
 
 @pytest.fixture(scope="module")
 def onnx_embedders(tmp_path_factory):
-    """Both ONNX variants, exported once into a cache folder of this module's own."""
+    """Both ONNX variants, exported once into a cache folder of this module's own, and torch bf16."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(embed_backends.CACHE_ENV, str(tmp_path_factory.mktemp("onnx-cache")))
-        yield {b: OnnxEmbedder("sentence-transformers/all-MiniLM-L6-v2", None, 32, b) for b in BACKENDS[1:]}
+        yield {b: load_embedder(MODEL, None, 32, b) for b, _ in VARIANTS}
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -34,11 +45,11 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("backend, bound", [("onnx", FP32_MIN_COSINE), ("onnx-int8", INT8_MIN_COSINE)])
-def test_onnx_vectors_match_torch(embedder, onnx_embedders, backend, bound):
+@pytest.mark.parametrize("backend, bound", VARIANTS)
+def test_variant_vectors_match_torch(torch_fp32, onnx_embedders, backend, bound):
     onnx = onnx_embedders[backend]
-    assert onnx.dimension == embedder.dimension == 384 and onnx.max_tokens == embedder.max_tokens == 256
-    got, want = onnx.encode(TEXTS), embedder.encode(TEXTS)
+    assert onnx.dimension == torch_fp32.dimension == 384 and onnx.max_tokens == torch_fp32.max_tokens == 256
+    got, want = onnx.encode(TEXTS), torch_fp32.encode(TEXTS)
     assert got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     assert cosines(got, want).min() >= bound
@@ -47,7 +58,7 @@ def test_onnx_vectors_match_torch(embedder, onnx_embedders, backend, bound):
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+@pytest.mark.parametrize("backend", [b for b, _ in VARIANTS])
 def test_a_text_gets_the_same_vector_alone_in_any_order_and_again(onnx_embedders, backend):
     onnx = onnx_embedders[backend]
     together = onnx.encode(TEXTS)
@@ -57,6 +68,16 @@ def test_a_text_gets_the_same_vector_alone_in_any_order_and_again(onnx_embedders
     np.testing.assert_array_equal(together, reversed_)
     np.testing.assert_array_equal(together, onnx.encode(TEXTS))
     np.testing.assert_array_equal(onnx.encode_query(TEXTS[0]), together[0])
+    many = TEXTS * 3  # more texts of one shape than one forward pass holds
+    np.testing.assert_array_equal(onnx.encode(many), np.concatenate([together] * 3))
+
+
+@pytest.mark.models
+def test_bf16_pads_each_text_to_the_first_fixed_length_that_holds_it(onnx_embedders):
+    bf16 = onnx_embedders["torch-bf16"]
+    assert bf16.lengths == embed_backends.BF16["lengths"] and bf16.lengths[-1] == bf16.max_tokens
+    assert bf16.shape_lengths([TEXTS[0], TEXTS[1], TEXTS[-1]]) == [32, 32, 256]
+    assert bf16.encode([]).shape == (0, 384)
 
 
 @pytest.mark.models
@@ -70,15 +91,16 @@ def test_the_export_is_made_once_and_reused(onnx_embedders):
 
 
 @pytest.mark.models
-def test_switching_backend_re_embeds_everything(make_cfg, small_corpus, embedder, onnx_embedders):
+def test_switching_backend_re_embeds_everything(make_cfg, small_corpus, torch_fp32, onnx_embedders):
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     steps.ingest_step(cfg, "r1")
     n = steps.chunk_step(cfg, "r1")
-    first = steps.embed_step(cfg, "r1", embedder=embedder)
+    cfg["embedding"]["backend"] = "torch"
+    first = steps.embed_step(cfg, "r1", embedder=torch_fp32)
     steps.merge_step(cfg, "r1", [first])
     onnx_cfg = make_cfg(**{"corpus.path": str(small_corpus), "embedding.backend": "onnx"})
     onnx_cfg["artifacts"] = cfg["artifacts"]
-    assert steps.embedding_fingerprint(onnx_cfg) == onnx_embedders["onnx"].fingerprint != embedder.fingerprint
+    assert steps.embedding_fingerprint(onnx_cfg) == onnx_embedders["onnx"].fingerprint != torch_fp32.fingerprint
     steps.ingest_step(onnx_cfg, "r2")
     steps.chunk_step(onnx_cfg, "r2")
     second = steps.embed_step(onnx_cfg, "r2", embedder=onnx_embedders["onnx"])
