@@ -29,6 +29,8 @@ from benchmarks.embed import describe_texts, scifact_chunks, throughput
 TARGET_SPEEDUP = 2.0  # the issue's target: >= 2x torch's texts/s
 MAX_NDCG_LOSS = 0.005  # ... for a variant whose SciFact hybrid+rerank nDCG@10 is within this of torch's
 SYSTEM = "hybrid+rerank"
+# what must be equal across the compared beir runs (only the backend may differ)
+SAME_SETTINGS = ("dataset", "queries", "rerank_depth", "candidate_depth", "rrf_k", "rerank_weight", "reranker")
 
 
 def main() -> None:
@@ -62,7 +64,8 @@ def main() -> None:
     times: dict[str, list[float]] = {b: [] for b in BACKENDS}
     vectors: dict[str, np.ndarray] = {}
     for rep in range(args.repeats):
-        order = list(BACKENDS[rep % 3 :] + BACKENDS[: rep % 3])  # rotate who goes first
+        first = rep % len(BACKENDS)
+        order = list(BACKENDS[first:] + BACKENDS[:first])  # rotate who goes first
         for b in order:
             t, vectors[b] = timed(embedders[b].encode, texts)
             times[b].append(t)
@@ -105,10 +108,13 @@ def cosine_summary(got: np.ndarray, want: np.ndarray) -> dict:
 
 def quality(beir_files: dict[str, str]) -> dict:
     """nDCG@10 (and the other metrics) per backend from `sourcegate beir` result files."""
-    out = {}
+    out, settings = {}, {}
     for backend, path in beir_files.items():
         data = json.loads(Path(path).read_text(encoding="utf-8"))
+        settings[backend] = {k: data.get(k) for k in SAME_SETTINGS}
         out[backend] = {"beir_json": path, "systems": data["systems"], "ndcg@10": data["systems"][SYSTEM]["ndcg@10"]}
+    if len({json.dumps(v, sort_keys=True) for v in settings.values()}) > 1:
+        raise SystemExit(f"the beir runs differ in retrieval settings, their nDCG@10 do not compare: {settings}")
     return out
 
 
