@@ -25,6 +25,7 @@ Each size runs in its own subprocess so its peak RSS is its own.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -152,6 +153,15 @@ class FixedEmbedder:
 
     def encode_query(self, text):
         return self.vector
+
+    def encode(self, texts):
+        """Words and sentences for the answerability signals: a seeded unit vector per text (a fixed cost, no model)."""
+        out = np.zeros((len(texts), DIM), np.float32)
+        for i, text in enumerate(texts):
+            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+            v = np.random.default_rng(seed).standard_normal(DIM)
+            out[i] = v / np.linalg.norm(v)
+        return out
 
 
 def one_size(n: int, queries: int, load_max: int, seed: int) -> dict:
