@@ -66,6 +66,31 @@ def cross_encoder():
 
 
 @pytest.fixture(scope="session")
+def os_client():
+    """One client of the real OpenSearch node (OPENSEARCH_URL) for every test marked `opensearch`.
+
+    Tests stay independent through their own unique index prefixes, never through separate clients;
+    the client reconnects by itself after a test restarts the node.
+    """
+    from opensearchpy import OpenSearch
+
+    from pipelines.search.opensearch_client import client_from_env, config_from_env, redact_url
+
+    client = client_from_env()
+    try:
+        client.cluster.health(wait_for_status="yellow", request_timeout=60)
+        info = client.info()
+    except Exception as exc:  # the node is part of the test set-up: no node is a failure, never a skip
+        pytest.fail(
+            f"no OpenSearch node answers at {redact_url(config_from_env().url)} ({exc}); "
+            "start one with `scripts/opensearch start`"
+        )
+    assert isinstance(client, OpenSearch)
+    assert info["version"]["number"].startswith("2."), info["version"]
+    return client
+
+
+@pytest.fixture(scope="session")
 def demo_index(tmp_path_factory, embedder):
     """The demo corpus built once into an embedded index: (cfg, run id, searcher)."""
     from pipelines import config, steps

@@ -83,23 +83,20 @@ def test_the_four_systems_are_read_off_one_retrieval():
 @pytest.mark.models
 @pytest.mark.opensearch
 @pytest.mark.dataset
-def test_beir_on_opensearch_goes_through_the_same_retriever(tmp_path):
+def test_beir_on_opensearch_goes_through_the_same_retriever(tmp_path, os_client):
     """`beir --backend opensearch` on a SciFact slice: the run folder built for the embedded backend is
     loaded into the real node (not rebuilt), and on so small a corpus HNSW is exact, so the dense
     system scores exactly as embedded while BM25 (Lucene vs rank-bm25 idf) may differ."""
-    from pipelines.search.opensearch_client import client_from_env
-
     n_queries, n_docs = slice_of_scifact(tmp_path / "data")
     prefix = f"sgtest-{uuid.uuid4().hex[:8]}"
     overrides = {"artifacts": str(tmp_path / "artifacts"), "backend.opensearch.index_prefix": prefix}
     embedded = run_beir(config.load(ROOT / "config" / "pipeline.yaml", overrides), tmp_path / "data", tmp_path / "out")
     cfg = config.load(ROOT / "config" / "pipeline.yaml", {**overrides, "backend.kind": "opensearch"})
-    client = client_from_env()
     try:
         served = run_beir(cfg, tmp_path / "data", tmp_path / "out")
-        assert client.count(index=f"{prefix}-beir-*")["count"] == served["chunks"] == embedded["chunks"]
+        assert os_client.count(index=f"{prefix}-beir-*")["count"] == served["chunks"] == embedded["chunks"]
     finally:
-        client.indices.delete(index=f"{prefix}-beir-*", params={"ignore_unavailable": "true"})
+        os_client.indices.delete(index=f"{prefix}-beir-*", params={"ignore_unavailable": "true"})
     assert served["backend"] == "opensearch" and embedded["backend"] == "embedded"
     assert served["queries"] == n_queries and served["documents"] == n_docs
     assert len(list((tmp_path / "out" / "cache" / "runs").iterdir())) == 1  # one build, two loads

@@ -161,11 +161,9 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
 
 
 @pytest.mark.opensearch
-def test_the_opensearch_alias_lock_names_its_holder_and_breaks_a_killed_one(tmp_path, caplog):
-    from pipelines.search.opensearch_client import client_from_env
-
+def test_the_opensearch_alias_lock_names_its_holder_and_breaks_a_killed_one(tmp_path, caplog, os_client):
+    client = os_client
     prefix = f"locktest-{os.getpid()}"
-    client = client_from_env()
     holder = start_holder(tmp_path / "a", kind="opensearch", prefix=prefix)
     try:
         # Another artifacts folder, same alias: the folder locks don't meet, the alias lock does.

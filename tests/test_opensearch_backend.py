@@ -58,23 +58,6 @@ WORDS = [
 # --- fixtures -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def os_client():
-    from opensearchpy import OpenSearch
-
-    client = client_from_env()
-    try:
-        info = client.info()
-    except Exception as e:  # noqa: BLE001 - any failure means no usable node
-        pytest.fail(
-            f"no OpenSearch node answers at {os.environ.get('OPENSEARCH_URL', 'http://127.0.0.1:9200')}"
-            f" ({e}); start one with `scripts/opensearch start`"
-        )
-    assert isinstance(client, OpenSearch)
-    assert info["version"]["number"].startswith("2."), info["version"]
-    return client
-
-
 @pytest.fixture
 def store(os_client):
     prefix = f"sgtest-{uuid.uuid4().hex[:12]}"

@@ -102,18 +102,6 @@ def test_full_load_reasons():
 # --- clone + delta on the real node ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def os_client():
-    from pipelines.search.opensearch_client import client_from_env
-
-    client = client_from_env()
-    try:
-        client.cluster.health(wait_for_status="yellow", request_timeout=60)
-    except Exception as exc:  # the node is part of the test set-up: no node is a failure
-        pytest.fail(f"no OpenSearch node: {exc}; start one with `scripts/opensearch start`")
-    return client
-
-
 @pytest.fixture
 def store(os_client):
     prefix = f"sgdelta-{uuid.uuid4().hex[:12]}"

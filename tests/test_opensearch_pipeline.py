@@ -7,7 +7,6 @@ retention, a failed gate that leaves the alias alone, and a node that dies mid-l
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -20,27 +19,16 @@ from artifact_io import write_parquet
 from pipelines.cli import main
 from pipelines.embed import chunks_table
 from pipelines.search.opensearch import OpenSearchStore
-from pipelines.search.opensearch_client import client_from_env
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.opensearch, pytest.mark.models]
 
 
 @pytest.fixture(scope="module")
-def client():
-    c = client_from_env()
-    try:
-        c.cluster.health(wait_for_status="yellow", request_timeout=60)
-    except Exception as exc:  # the node is part of the test set-up: no node is a failure
-        pytest.fail(f"no OpenSearch node at {os.environ.get('OPENSEARCH_URL', 'http://127.0.0.1:9200')}: {exc}")
-    return c
-
-
-@pytest.fixture(scope="module")
-def prefix(client):
+def prefix(os_client):
     name = f"sgtest-{uuid.uuid4().hex[:8]}"
     yield name
-    client.indices.delete(index=f"{name}-*", ignore_unavailable=True)
+    os_client.indices.delete(index=f"{name}-*", ignore_unavailable=True)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +46,10 @@ def run(config, artifacts, run_id, *extra):
     return main(["--config", str(config), "run", "--artifacts", str(artifacts), "--run-id", run_id, "--quiet", *extra])
 
 
-def test_two_nights_promote_and_retention_keeps_two(os_config, prefix, client, capsys):
+def test_two_nights_promote_and_retention_keeps_two(os_config, prefix, os_client, capsys):
     config, artifacts = os_config
     assert run(config, artifacts, "20261101-020000") == 0
-    store = OpenSearchStore(client, prefix)
+    store = OpenSearchStore(os_client, prefix)
     assert store.live() == "20261101-020000"
     gate = json.loads((artifacts / "runs" / "20261101-020000" / "gate.json").read_text())
     assert gate["passed"]
@@ -69,31 +57,31 @@ def test_two_nights_promote_and_retention_keeps_two(os_config, prefix, client, c
     assert run(config, artifacts, "20261103-020000") == 0
     assert store.live() == "20261103-020000"
     assert store.versions() == ["20261102-020000", "20261103-020000"]  # the oldest was removed
-    count = client.count(index=prefix)["count"]
+    count = os_client.count(index=prefix)["count"]
     rows = json.loads((artifacts / "runs" / "20261103-020000" / "run.json").read_text())["counts"]["chunks"]
     assert count == rows
 
 
-def test_failed_gate_leaves_the_alias_on_the_previous_version(os_config, prefix, client, tmp_path):
+def test_failed_gate_leaves_the_alias_on_the_previous_version(os_config, prefix, os_client, tmp_path):
     config, artifacts = os_config
     strict = tmp_path / "strict.yaml"
     strict.write_text(
         config.read_text().replace("strong: 0.5", "strong: 0.99").replace("adjacent: 0.14", "adjacent: 0.99")
     )
     assert run(strict, artifacts, "20261104-020000") == 1
-    store = OpenSearchStore(client, prefix)
+    store = OpenSearchStore(os_client, prefix)
     assert store.live() == "20261103-020000"
     assert "20261104-020000" in store.versions()  # kept for inspection, never served
 
 
-def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, client, prefix, embedder):
+def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, os_client, prefix, embedder):
     from evals.evalset import load_evalset
     from pipelines.search.embedded import EmbeddedSearcher
 
     _, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"
     embedded = EmbeddedSearcher(_build_embedded(run_dir))
-    remote = OpenSearchStore(client, prefix).open("20261103-020000")
+    remote = OpenSearchStore(os_client, prefix).open("20261103-020000")
     questions = [it["question"] for it in load_evalset(ROOT / "config" / "evals" / "calibration.jsonl")]
     knn, bm25, cos = [], [], []
     for q in questions:
@@ -125,8 +113,8 @@ def _build_embedded(run_dir):
     return store.folder(run_dir.name)
 
 
-def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, client, prefix, tmp_path):
-    store = OpenSearchStore(client, prefix, chunk_size=200, max_retries=1, initial_backoff=0.5, progress=False)
+def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, os_client, prefix, tmp_path):
+    store = OpenSearchStore(os_client, prefix, chunk_size=200, max_retries=1, initial_backoff=0.5, progress=False)
     live_before = store.live()
     big = tmp_path / "big.parquet"
     rng = np.random.default_rng(0)
@@ -153,7 +141,7 @@ def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, client, prefi
     loader = threading.Thread(target=lambda: _load_catching(store, "20261105-020000", big, errors))
     loader.start()
     deadline = time.time() + 120
-    while time.time() < deadline and not client.indices.exists(index=store.index_name("20261105-020000")):
+    while time.time() < deadline and not os_client.indices.exists(index=store.index_name("20261105-020000")):
         time.sleep(0.2)
     time.sleep(2.0)  # let some bulk requests land
     subprocess.run([str(ROOT / "scripts" / "opensearch"), "stop"], check=True, timeout=120)
@@ -166,7 +154,7 @@ def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, client, prefi
         subprocess.run(
             [str(ROOT / "scripts" / "opensearch"), "start"], check=True, timeout=300, stdout=subprocess.DEVNULL
         )
-    client.cluster.health(wait_for_status="yellow", request_timeout=60)
+    os_client.cluster.health(wait_for_status="yellow", request_timeout=60)
     assert store.live() == live_before  # the alias never moved
     with pytest.raises(Exception):
         store.promote("20261105-020000")  # a half-loaded version is never promotable
