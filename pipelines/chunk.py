@@ -63,11 +63,6 @@ class Degenerate(Exception):
     """A document that cannot be chunked within the budget; the message is the quarantine reason."""
 
 
-def windows(body: str, tok, budget: int, overlap: int, max_chars: int | None = None) -> list[str]:
-    """Split `body` into pieces of at most `budget` tokens, `overlap` tokens shared, on word boundaries."""
-    return [piece for piece, _ in cut(body, tok, budget, overlap, max_chars or budget * MAX_CHARS_PER_TOKEN)]
-
-
 def cut(body: str, tok, budget: int, overlap: int, max_chars: int) -> list[tuple[str, bool]]:
     """[(piece, hard-split?)]: overlapping windows on word boundaries; a run of text with no boundary
     within the budget (one over-long word or token) is hard-split, so every piece re-encodes to at

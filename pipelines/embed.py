@@ -70,19 +70,6 @@ class EmbedStats:
     reused: int
 
 
-def load_cache(chunks_parquet: str | Path | None, model_id: str, fingerprint: str) -> dict[str, np.ndarray]:
-    """text_hash -> vector from a previous run's chunks.parquet, for the same model (id AND weights) only.
-
-    The whole file in memory: for small files and tests (a night's embed shard uses `VectorCache`).
-    A file from before fingerprints were recorded has no `model_fingerprint` column: nothing is reused.
-    """
-    if not _has_fingerprints(chunks_parquet):
-        return {}
-    t = pq.read_table(chunks_parquet, columns=CACHE_COLUMNS)
-    t = t.filter(same_model(t, model_id, fingerprint))
-    return dict(zip(t["text_hash"].to_pylist(), embedding_matrix(t)))
-
-
 CACHE_COLUMNS = ["text_hash", "model_id", "model_fingerprint", "embedding"]
 
 
@@ -158,21 +145,6 @@ def embed_chunks(
 
 
 CHUNK_FIELDS = ["chunk_id", "doc_id", "title", "section", "section_id", "body", "text", "text_hash", "ordinal"]
-
-
-def chunks_table(rows: list[dict], vectors: np.ndarray, model_id: str, fingerprint: str | None = None) -> pa.Table:
-    dim = vectors.shape[1]
-    cols = {f: [r[f] for r in rows] for f in CHUNK_FIELDS}
-    table = pa.table(
-        {
-            **cols,
-            "ordinal": pa.array(cols["ordinal"], pa.int32()),
-            "model_id": [model_id] * len(rows),
-            "model_fingerprint": pa.array([fingerprint] * len(rows), pa.string()),
-        }
-    )
-    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
-    return table.append_column("embedding", pa.FixedSizeListArray.from_arrays(flat, dim))
 
 
 def embedding_matrix(table: pa.Table) -> np.ndarray:

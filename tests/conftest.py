@@ -20,6 +20,16 @@ DEMO = ROOT / "corpus" / "demo"
 SCIFACT = Path(os.environ.get("SOURCEGATE_SHARED", ROOT.parent / "shared")) / "datasets" / "scifact"
 
 
+def chunks_with_vectors(rows: list[dict], vectors, model_id: str, fingerprint: str | None = None):
+    """Hand-made chunk rows and their vectors as a chunks.parquet table, through the embed step's `with_vectors`."""
+    import pyarrow as pa
+
+    from pipelines.chunk import CHUNK_TEXT_SCHEMA
+    from pipelines.embed import with_vectors
+
+    return with_vectors(pa.Table.from_pylist(rows, schema=CHUNK_TEXT_SCHEMA), vectors, model_id, fingerprint)
+
+
 @pytest.fixture(autouse=True)
 def _project_root(monkeypatch):
     """Relative config paths (config/evals/..., corpus/demo) resolve against the project."""

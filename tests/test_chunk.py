@@ -5,13 +5,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import models
-from pipelines.chunk import MAX_CHARS_PER_TOKEN, Degenerate, chunk_documents, cut, slug, split_sections, windows
+from pipelines.chunk import MAX_CHARS_PER_TOKEN, Degenerate, chunk_documents, cut, slug, split_sections
 from pipelines.ingest import ingest
 from tests.conftest import DATA, DEMO
 
 
 def tok():
     return models.tokenizer(str(models.embedding_model_path()))
+
+
+def cut_pieces(body: str, t, budget: int, overlap: int) -> list[str]:
+    """The chunker's cut of one section body, with its default character bound."""
+    return [piece for piece, _ in cut(body, t, budget, overlap, budget * MAX_CHARS_PER_TOKEN)]
 
 
 def test_slug_rule():
@@ -47,7 +52,7 @@ def test_every_demo_chunk_is_title_plus_section_plus_body(tmp_path):
 def test_long_sections_split_within_budget_with_overlap():
     t = tok()
     body = " ".join(f"word{i} is followed by more words." for i in range(300))
-    pieces = windows(body, t, budget=60, overlap=10)
+    pieces = cut_pieces(body, t, budget=60, overlap=10)
     assert len(pieces) > 5
     assert all(len(t.encode(p, add_special_tokens=False).ids) <= 60 for p in pieces)
     for a, b in zip(pieces, pieces[1:]):
@@ -95,7 +100,7 @@ def test_nightly_chunking_redoes_only_changed_documents(make_cfg, small_corpus):
 def test_a_word_longer_than_the_budget_is_hard_split_within_it():
     t = tok()
     body = "Before the run. " + "ab" * 50 + " after the run."  # one 100-character word of 50 tokens
-    pieces = windows(body, t, budget=20, overlap=5)
+    pieces = cut_pieces(body, t, budget=20, overlap=5)
     assert all(len(t.encode(p, add_special_tokens=False).ids) <= 20 for p in pieces)
     assert "".join(p.replace(" ", "") for p in pieces).count("ab") >= 50  # nothing of the word is lost
     assert len(pieces) < 12  # cut into budget-sized runs, not slid one token at a time

@@ -17,9 +17,8 @@ import pytest
 
 from artifact_io import write_parquet
 from pipelines.cli import main
-from pipelines.embed import chunks_table
 from pipelines.search.opensearch import OpenSearchStore
-from tests.conftest import ROOT
+from tests.conftest import ROOT, chunks_with_vectors
 
 pytestmark = [pytest.mark.opensearch, pytest.mark.models]
 
@@ -135,7 +134,7 @@ def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, os_client, pr
         }
         for i in range(n)
     ]
-    write_parquet(chunks_table(rows, vectors, "m"), big)
+    write_parquet(chunks_with_vectors(rows, vectors, "m"), big)
 
     errors = []
     loader = threading.Thread(target=lambda: _load_catching(store, "20261105-020000", big, errors))

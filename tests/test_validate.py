@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from artifact_io import write_json
-from pipelines.embed import chunks_table
 from pipelines.validate import VALID_CHUNKS, ValidationFailed, loadable_chunks, validate_chunks
+from tests.conftest import chunks_with_vectors
 
 DIM = 4
 
@@ -39,7 +39,7 @@ def _unit(k: int) -> np.ndarray:
 
 def _write_chunks(folder, rows, vectors):
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(chunks_table(rows, np.stack(vectors), "test-model"), folder / "chunks.parquet")
+    pq.write_table(chunks_with_vectors(rows, np.stack(vectors), "test-model"), folder / "chunks.parquet")
     return folder / "chunks.parquet"
 
 

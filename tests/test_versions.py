@@ -9,6 +9,7 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -16,9 +17,10 @@ from artifact_io import write_parquet
 from pipelines import manifest as mf
 from pipelines import models
 from pipelines.cli import main
-from pipelines.embed import chunks_table, load_cache
+from pipelines.embed import VectorCache
 from pipelines.factories import get_embedder, open_store, retriever_for
 from pipelines.search.embedded import EmbeddedStore, open_run_folder
+from tests.conftest import chunks_with_vectors
 from tests.test_embedded_backend import synthetic_chunks
 
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}
@@ -161,16 +163,24 @@ def test_model_fingerprint_hashes_the_weights_not_the_id(tmp_path):
 
 
 def test_embedding_cache_needs_the_same_id_and_the_same_fingerprint(tmp_path):
-    rows, vectors = synthetic_chunks(tmp_path / "c.parquet", n=4)
+    rows, vectors = synthetic_chunks(tmp_path / "c.parquet", n=4)  # written with no fingerprint (nulls)
     path = tmp_path / "fp.parquet"
-    write_parquet(chunks_table(rows, vectors, "m", "sha256:a"), path)
+    write_parquet(chunks_with_vectors(rows, vectors, "m", "sha256:a"), path)
     assert pq.read_table(path)["model_fingerprint"].to_pylist() == ["sha256:a"] * 4
-    cache = load_cache(path, "m", "sha256:a")
-    assert sorted(cache) == sorted(r["text_hash"] for r in rows)
-    np.testing.assert_array_equal(cache[rows[0]["text_hash"]], vectors[0])
-    assert load_cache(path, "m", "sha256:b") == {}  # same id, other weights: nothing reused
-    assert load_cache(path, "other", "sha256:a") == {}
-    assert load_cache(tmp_path / "c.parquet", "m", "sha256:a") == {}  # no fingerprint recorded: no reuse
+    keys = pa.array([r["text_hash"] for r in rows])
+
+    def cache(source, model_id, fingerprint, spill):  # what an embed shard reads of an earlier run
+        return VectorCache.build(source, keys, model_id, fingerprint, tmp_path / spill, vectors.shape[1])
+
+    hit = cache(path, "m", "sha256:a", "hit.tmp")
+    assert sorted(hit.hashes.to_pylist()) == sorted(keys.to_pylist())
+    np.testing.assert_array_equal(hit.vectors[hit.positions(keys)], vectors)
+    for miss in (
+        cache(path, "m", "sha256:b", "b.tmp"),  # same id, other weights: nothing reused
+        cache(path, "other", "sha256:a", "other.tmp"),
+        cache(tmp_path / "c.parquet", "m", "sha256:a", "none.tmp"),  # no fingerprint recorded: no reuse
+    ):
+        assert len(miss.hashes) == 0 and (miss.positions(keys) == -1).all()
 
 
 # --- with the real model (marked): a night rerun reuses or refuses; new weights re-embed ----------------
