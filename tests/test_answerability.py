@@ -15,11 +15,11 @@ from pipelines.answerability import (
     term_similarity,
     uncovered,
 )
-from pipelines.embed import chunks_table
 from pipelines.retrieval import Retriever
 from pipelines.search.analyzer import STOPWORDS
 from pipelines.search.bm25 import BM25Index, tokenize
 from pipelines.search.embedded import EmbeddedStore
+from tests.conftest import chunks_with_vectors
 
 SENIORS = (
     "Riders aged 65 and older ride free on local buses and light rail on weekdays between 9:30 a.m. and "
@@ -159,7 +159,7 @@ def test_concept_coverage_is_the_same_at_any_list_depth(tmp_path):
         | {"text": t, "text_hash": str(i), "ordinal": 0}
         for i, t in enumerate(texts)
     ]
-    write_parquet(chunks_table(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
+    write_parquet(chunks_with_vectors(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
     store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
     store.load("v1", str(tmp_path / "c.parquet"))
     searcher = store.open("v1")
