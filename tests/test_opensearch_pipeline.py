@@ -79,7 +79,7 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, os_clien
 
     _, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"
-    embedded = EmbeddedSearcher(_build_embedded(run_dir))
+    embedded = EmbeddedSearcher(_build_embedded(run_dir, OpenSearchStore(os_client, prefix)))
     remote = OpenSearchStore(os_client, prefix).open("20261103-020000")
     questions = [it["question"] for it in load_evalset(ROOT / "config" / "evals" / "calibration.jsonl")]
     knn, bm25, cos = [], [], []
@@ -103,13 +103,77 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, os_clien
     assert np.mean(bm25) >= 0.98
 
 
-def _build_embedded(run_dir):
-    """The embedded index of the same chunks.parquet the OpenSearch version was loaded from."""
+def _build_embedded(run_dir, remote: OpenSearchStore):
+    """The embedded index of the same chunks.parquet the OpenSearch version was loaded from, recording
+    the same inputs (so the query side's model check passes on both); reused when already built."""
     from pipelines.search.embedded import EmbeddedStore
 
     store = EmbeddedStore(run_dir.parent, run_dir.parent.parent / "LIVE-parity")
-    store.load(run_dir.name, str(run_dir / "chunks.parquet"))
+    store.load(run_dir.name, str(run_dir / "chunks.parquet"), inputs=remote.manifest(run_dir.name)["inputs"])
     return store.folder(run_dir.name)
+
+
+def test_calibrate_on_opensearch_goes_through_the_same_retriever(
+    os_config, os_client, prefix, monkeypatch, tmp_path, capsys
+):
+    """`sourcegate calibrate --backend opensearch` on a run folder whose version is on the node, and the
+    same command on the embedded index of the same chunks: both go through `retriever_for` (one
+    Retriever, no second path), on the searcher the backend names. On 231 chunks HNSW is exact and the
+    BM25 formula and analyser are Lucene's on both sides, so the corpus-wide signals are equal per
+    question; the fused top 3 and what is fitted on it (rerank, combiner) may differ only where ties
+    break differently, so they are not compared."""
+    from evals.evalset import load_evalset
+    from pipelines import factories
+    from pipelines.retrieval import Retriever
+
+    config, artifacts = os_config
+    run_dir = artifacts / "runs" / "20261103-020000"
+    _build_embedded(run_dir, OpenSearchStore(os_client, prefix))  # reused if the parity test built it
+    items = load_evalset(ROOT / "config" / "evals" / "calibration.jsonl")
+    by_kind = {}
+    for it in items:  # a tiny set: two of each kind (answer, multi-turn answer, near- and off-topic declines)
+        by_kind.setdefault(it["kind"], []).append(it)
+    tiny = [it for kind in ("single", "multi_turn", "near_topic", "off_topic") for it in by_kind[kind][:2]]
+    questions = tmp_path / "tiny.jsonl"
+    questions.write_text("".join(json.dumps(it) + "\n" for it in tiny))
+    used = []
+    real = factories.retriever_for
+
+    def spy(cfg, searcher):
+        retriever, scorer = real(cfg, searcher)
+        used.append((cfg["backend"]["kind"], type(searcher).__name__, type(retriever)))
+        return retriever, scorer
+
+    monkeypatch.setattr(factories, "retriever_for", spy)
+    out = {}
+    for backend in ("opensearch", "embedded"):
+        out[backend] = tmp_path / backend
+        args = ["--config", str(config), "calibrate", "--index", str(run_dir), "--questions", str(questions)]
+        code = main([*args, "--out", str(out[backend]), "--backend", backend, "--quiet"])
+        assert code in (0, 1) and ("gate: PASSED" if code == 0 else "gate: FAILED") in capsys.readouterr().out
+    assert used == [
+        ("opensearch", "OpenSearchSearcher", Retriever),
+        ("embedded", "EmbeddedSearcher", Retriever),
+    ]
+
+    def read(folder):
+        calibration = json.loads((folder / "calibration.json").read_text())
+        rows = [json.loads(line) for line in (folder / "questions.jsonl").read_text().splitlines()]
+        return calibration, {(r["set"], r["id"]): r["signals"] for r in rows}
+
+    (served, served_q), (embedded, embedded_q) = read(out["opensearch"]), read(out["embedded"])
+    assert len(served_q) == len(embedded_q) == len(tiny) + 4  # calibration: all 8; precision: the 4 answers
+    assert served_q.keys() == embedded_q.keys()
+    for key, signals in served_q.items():
+        assert signals["cosine_top"] == pytest.approx(embedded_q[key]["cosine_top"], abs=1e-4), key
+        assert signals["bm25_top"] == pytest.approx(embedded_q[key]["bm25_top"], rel=1e-4), key
+        assert signals["bm25_z"] == pytest.approx(embedded_q[key]["bm25_z"], rel=1e-3, abs=1e-3), key
+    assert served["signals"].keys() == embedded["signals"].keys()
+    assert served["signals"]["cosine_top"]["n"] == embedded["signals"]["cosine_top"]["n"] == {"answer": 4, "decline": 4}
+    for name in ("cosine_top", "bm25_top"):  # the sweep over equal values recommends the same threshold
+        a, b = served["signals"][name]["recommended_threshold"], embedded["signals"][name]["recommended_threshold"]
+        assert a == pytest.approx(b, rel=1e-4), name
+    assert served["combiner"]["refit"] and (out["opensearch"] / "answerability_combiner.json").exists()
 
 
 def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, os_client, prefix, tmp_path):
