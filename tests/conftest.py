@@ -12,6 +12,7 @@ from tests.tier_guard import pytest_runtest_call, pytest_runtest_setup  # noqa: 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import pipelines  # noqa: E402,F401  (its OMP_WAIT_POLICY default must be set before any test loads torch)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -60,9 +61,11 @@ def small_corpus(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def embedder():
-    from pipelines.factories import embedder_for
+    """The shipped config's bi-encoder (its backend too), so a test's vectors are the pipeline's."""
+    from pipelines import config
+    from pipelines.factories import get_embedder
 
-    return embedder_for("sentence-transformers/all-MiniLM-L6-v2", None, 32)
+    return get_embedder(config.load(ROOT / "config" / "pipeline.yaml"))
 
 
 @pytest.fixture(scope="session")
