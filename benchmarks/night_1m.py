@@ -167,26 +167,29 @@ def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
 def run_step(step: str, cfg: dict, run_id: str) -> object:
     from pipelines import steps
 
-    if step == "ingest":
-        return steps.ingest_step(cfg, run_id)
-    if step == "chunk":
-        return steps.chunk_step(cfg, run_id)
-    if step == "synthetic_embed":
-        return synthetic_embed(cfg, run_id)
-    if step == "embed":
+    stats_file = steps.run_dir(cfg, run_id) / "embed" / "stats.json"  # embed's stats, read by merge
+
+    def embed(cfg: dict, run_id: str) -> dict:
         stats = steps.embed_step(cfg, run_id, 0, 1)
-        (steps.run_dir(cfg, run_id) / "embed" / "stats.json").write_text(json.dumps([stats]))
+        stats_file.write_text(json.dumps([stats]))
         return stats
-    if step == "merge":
-        stats = json.loads((steps.run_dir(cfg, run_id) / "embed" / "stats.json").read_text())
-        return steps.merge_step(cfg, run_id, stats)
-    if step == "validate":
-        return steps.validate_step(cfg, run_id)
-    if step == "load":
-        return steps.load_step(cfg, run_id)
-    if step == "serve":
-        return serve(cfg, run_id)
-    raise ValueError(step)
+
+    def merge(cfg: dict, run_id: str) -> int:
+        return steps.merge_step(cfg, run_id, json.loads(stats_file.read_text()))
+
+    runners = {
+        "ingest": steps.ingest_step,
+        "chunk": steps.chunk_step,
+        "synthetic_embed": synthetic_embed,
+        "embed": embed,
+        "merge": merge,
+        "validate": steps.validate_step,
+        "load": steps.load_step,
+        "serve": serve,
+    }
+    if step not in runners:
+        raise ValueError(step)
+    return runners[step](cfg, run_id)
 
 
 def child(step: str, config_json: str, run_id: str) -> None:

@@ -160,7 +160,25 @@ def native_bf16() -> bool:
     return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
-class Bf16Embedder:
+class _Variant:
+    """What every non-default variant shares: its own fingerprint, a query as a one-text batch, the tokenizer."""
+
+    path: Path
+    backend: str
+
+    @property
+    def fingerprint(self) -> str:
+        return variant_fingerprint(models.fingerprint(self.path), self.backend)
+
+    def encode_query(self, text: str) -> np.ndarray:
+        return self.encode([text])[0]
+
+    @property
+    def tokenizer(self):
+        return models.tokenizer(str(self.path))
+
+
+class Bf16Embedder(_Variant):
     """sentence-transformers' weights under bf16 autocast in fixed shapes; same interface as `Embedder`."""
 
     def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32):
@@ -178,10 +196,6 @@ class Bf16Embedder:
         transformer = self._fp32.model[0]
         self._model, self._tok = transformer.auto_model.eval(), transformer.tokenizer
         self.dimension = self._fp32.dimension
-
-    @property
-    def fingerprint(self) -> str:
-        return variant_fingerprint(models.fingerprint(self.path), self.backend)
 
     def shape_lengths(self, texts: list[str]) -> list[int]:
         """The padded length of the forward pass each text goes through: the first that holds it."""
@@ -211,15 +225,8 @@ class Bf16Embedder:
         pooled = (tokens.float() * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, dim=1).numpy()
 
-    def encode_query(self, text: str) -> np.ndarray:
-        return self.encode([text])[0]
 
-    @property
-    def tokenizer(self):
-        return models.tokenizer(str(self.path))
-
-
-class OnnxEmbedder:
+class OnnxEmbedder(_Variant):
     """Same interface as `pipelines.embed.Embedder`; vectors are unit-norm float32."""
 
     def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32, backend: str = "onnx"):
@@ -244,10 +251,6 @@ class OnnxEmbedder:
         self._tok.no_padding()
         self.dimension = int(self.encode(["dimension probe"]).shape[1])
 
-    @property
-    def fingerprint(self) -> str:
-        return variant_fingerprint(models.fingerprint(self.path), self.backend)
-
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, getattr(self, "dimension", 0)), dtype=np.float32)
@@ -259,13 +262,6 @@ class OnnxEmbedder:
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.asarray([enc.type_ids], np.int64)}
         tokens = self.session.run(None, feed)[0][0]
         return mean_pool_normalize(tokens, mask[0])
-
-    def encode_query(self, text: str) -> np.ndarray:
-        return self.encode([text])[0]
-
-    @property
-    def tokenizer(self):
-        return models.tokenizer(str(self.path))
 
 
 def mean_pool_normalize(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
