@@ -79,7 +79,8 @@ def chunk_texts(dataset: Path) -> tuple[list[str], list[str]]:
     """(chunk texts, their doc ids), chunked by the pipeline's steps with the shipped config."""
     import pyarrow.parquet as pq
 
-    from pipelines import config, steps
+    from pipelines import config
+    from pipelines.app import steps
 
     cfg = copy.deepcopy(config.load(ROOT / "config" / "pipeline.yaml", {}))
     cfg["artifacts"] = str(SCRATCH / dataset.name)
@@ -115,7 +116,7 @@ def main() -> None:
     import Stemmer
     from rank_bm25 import BM25Okapi
 
-    from pipelines.beir import evaluate_systems, load_queries
+    from pipelines.app.beir import evaluate_systems, load_queries
     from pipelines.search.analyzer import STOPWORDS, words
     from pipelines.search.bm25 import BM25Index, _legacy_tokens
 

@@ -19,7 +19,7 @@ def main() -> None:
     from evals.evalset import load_evalset
     from pipelines.search.embedded import EmbeddedSearcher
     from pipelines.search.opensearch import OpenSearchStore
-    from pipelines.search.opensearch_client import client_from_env
+    from pipelines.search.opensearch.client import client_from_env
 
     run = sys.argv[1]
     client = client_from_env()

@@ -2,7 +2,7 @@
 
 The SciFact grid (benchmark 7b) says what helps on one public dataset; this says what the
 same settings do to the demo's precision evals and calibration, which is what the gate holds.
-One demo index is built (pipelines.run.build into a scratch artifacts folder), then
+One demo index is built (pipelines.app.run.build into a scratch artifacts folder), then
 `evals.harness.evaluate` runs once per (retrieval.rrf_k, retrieval.rerank_weight) with one
 shared cross-encoder, so pairs scored for one setting are reused by the next.
 
@@ -31,10 +31,10 @@ def main() -> None:
     from artifact_io import read_json
     from evals.harness import evaluate
     from pipelines import config as config_mod
-    from pipelines import factories, steps
-    from pipelines.rerank import load_scorer
-    from pipelines.retrieval import Retriever
-    from pipelines.run import build
+    from pipelines.app import factories, steps
+    from pipelines.app.run import build
+    from pipelines.retrieval.rerank import load_scorer
+    from pipelines.retrieval.retriever import Retriever
 
     work = Path(tempfile.mkdtemp(prefix="sgbench-demo-"))
     try:

@@ -2,9 +2,9 @@
 the demo, SciFact and NFCorpus by one procedure, stated before the numbers were read.
 
 Data. SciFact and NFCorpus (BEIR test splits) are indexed through `sourcegate beir`'s own path
-(`pipelines.beir.index_dataset`, embedded backend) under `--cache/<name>`, so
+(`pipelines.app.beir.index_dataset`, embedded backend) under `--cache/<name>`, so
 `sourcegate beir <dataset> --out <cache>/<name>` reuses the same index. The demo is built with
-`pipelines.run.build` under `--cache/demo` and read through its labelled precision set
+`pipelines.app.run.build` under `--cache/demo` and read through its labelled precision set
 (config/evals/precision.jsonl, the set the gate holds), with the gate's arithmetic
 (`evals.precision.precision_eval`, chunk-level labels from `evals.evaluate.qrels_for`).
 
@@ -17,7 +17,7 @@ Arithmetic. Every setting is evaluated by the pipeline's own code: a `Retriever`
 setting fuses the cached lists (truncated to the setting's depth) with `Retriever.fuse` and
 orders the head with `Retriever.rerank` (RRF, min-max blend); nothing is re-implemented here.
 BEIR datasets are scored at document level (a document ranks at its best chunk,
-`pipelines.beir.doc_ranking`), the demo at chunk level, all by nDCG@10 of the final order.
+`pipelines.app.beir.doc_ranking`), the demo at chunk level, all by nDCG@10 of the final order.
 
 Procedure (fixed before the grid was read). For each dataset d and setting s, the relative
 score r_d(s) = nDCG@10_d(s) / max over the grid of nDCG@10_d. The chosen setting maximises the
@@ -127,8 +127,8 @@ def content_key(*parts) -> str:
 
 def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     """The demo corpus built once under `cache/demo` (keyed by its files, embedding, chunking, analyser)."""
-    from pipelines import factories, steps
-    from pipelines.run import build
+    from pipelines.app import factories, steps
+    from pipelines.app.run import build
     from pipelines.search.analyzer import ANALYZER_ID
 
     corpus = ROOT / cfg["corpus"]["path"]
@@ -149,10 +149,10 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
     """Queries, labels, the searcher and chunk table of one dataset (its index built if missing)."""
     from evals.evalset import load_evalset
     from evals.evaluate import qrels_for
-    from pipelines import factories, steps
-    from pipelines.beir import index_dataset, load_queries
-    from pipelines.retrieval import effective_query
-    from pipelines.validate import loadable_chunks
+    from pipelines.app import factories, steps
+    from pipelines.app.beir import index_dataset, load_queries
+    from pipelines.build.validate import loadable_chunks
+    from pipelines.retrieval.retriever import effective_query
 
     if name == "demo":
         dcfg, version = demo_index(cfg, cache)
@@ -175,7 +175,7 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
 
 def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple[list, list]]:
     """qid -> (BM25 list, kNN list), each [(chunk_id, score)] DEPTH deep; searched once, then read from disk."""
-    from pipelines import factories
+    from pipelines.app import factories
     from pipelines.search.base import hybrid_search
 
     path = cache / name / f"fusion-lists-{ds['version']}.json"
@@ -198,7 +198,7 @@ def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple
 
 
 def retriever(searcher, scorer, k: int, depth: int, rerank_depth: int, weight: float):
-    from pipelines.retrieval import Retriever
+    from pipelines.retrieval.retriever import Retriever
 
     return Retriever(
         searcher,
@@ -258,7 +258,7 @@ def score_round(loaded: dict, rerank_depth: int, ks, depths, subsets: dict[str, 
 def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]], qids=None) -> dict[str, dict]:
     """nDCG@10 (+ recall@100 on BEIR, p@1 on the demo) of chunk-id runs, per system name, over `qids` (all)."""
     from evals.metrics import ndcg_at, precision_at, recall_at
-    from pipelines.beir import doc_ranking
+    from pipelines.app.beir import doc_ranking
 
     qids = set(ds["queries"] if qids is None else qids)
     qrels = {q: r for q, r in ds["qrels"].items() if q in qids}
@@ -367,7 +367,7 @@ def main() -> None:
     res = Result(args.name, cache=str(args.cache), grid={"rrf_k": ks, "rerank_rrf_k": rerank_ks, "list_depth": depths,
                  "rerank_depth": rerank_depths, "rerank_weight": weights})  # fmt: skip
     from pipelines import config as config_mod
-    from pipelines.rerank import OnnxCrossEncoder
+    from pipelines.retrieval.rerank import OnnxCrossEncoder
 
     cfg = config_mod.load(ROOT / "config" / "pipeline.yaml", {})
     r = cfg["retrieval"]

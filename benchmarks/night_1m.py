@@ -116,7 +116,7 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
     import pyarrow.parquet as pq
 
     from artifact_io import atomic_write
-    from pipelines import steps
+    from pipelines.app import steps
 
     folder = steps.run_dir(cfg, run_id)
     model_id, fingerprint, dim = cfg["embedding"]["model_id"], steps.embedding_fingerprint(cfg), 384
@@ -147,7 +147,7 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
 
 def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
     """Open the version (verified by size; SHA-256 of 1 GB of files is load's business) and answer queries."""
-    from pipelines import steps
+    from pipelines.app import steps
 
     t = time.perf_counter()
     searcher = steps.open_store(cfg).open(run_id, hashes=False)
@@ -165,7 +165,7 @@ def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
 
 
 def run_step(step: str, cfg: dict, run_id: str) -> object:
-    from pipelines import steps
+    from pipelines.app import steps
 
     stats_file = steps.run_dir(cfg, run_id) / "embed" / "stats.json"  # embed's stats, read by merge
 

@@ -88,8 +88,8 @@ def main() -> None:
 
     import logging
 
-    logging.getLogger("pipelines.rerank").setLevel(logging.WARNING)
-    from pipelines.retrieval import Retriever
+    logging.getLogger("pipelines.retrieval.rerank").setLevel(logging.WARNING)
+    from pipelines.retrieval.retriever import Retriever
     from pipelines.search.embedded import EmbeddedStore
     from pipelines.search.opensearch import OpenSearchStore
 
@@ -181,7 +181,7 @@ class ByCalls:
 def round_trips(os_searcher, em_searcher, emb, qw, qv) -> dict:
     """Hybrid retrieve (no rerank) p50: six round trips (before) vs one `_msearch` vs embedded,
     interleaved per query, every call cold."""
-    from pipelines.retrieval import Retriever
+    from pipelines.retrieval.retriever import Retriever
 
     systems = {
         "opensearch_six_round_trips": Retriever(ByCalls(os_searcher), emb, None),

@@ -8,12 +8,12 @@ added). Every variant is evaluated with the pipeline's own metrics (evals.metric
 - doc_fusion: per-list chunk -> document (max score = first occurrence), then RRF of the
   two document lists (instead of fusing chunks and collapsing afterwards)
 - chunk_rerank@d: cross-encoder on the top-d fused chunks; a document's score is its best
-  chunk's (max-score aggregation, what pipelines.beir does)
+  chunk's (max-score aggregation, what pipelines.app.beir does)
 - doc_rerank@d: cross-encoder on the top-d fused DOCUMENTS, each as title + whole abstract
   (truncated at the model's 512 tokens)
 - ..+rrf: RRF of the reranked list and the hybrid list (the reranker as a vote, not a verdict)
 - blend: chunk-level RRF k in --blend-ks, rerank depth in --blend-depths, head ordered by
-  `pipelines.retrieval.blend` (w x min-max cross-encoder logit + (1 - w) x min-max fused score)
+  `pipelines.retrieval.retriever.blend` (w x min-max cross-encoder logit + (1 - w) x min-max fused score)
   for w in --blend-weights; w = 1 is the plain cross-encoder order
 
 - chunking: --max-tokens picks the index (`chunking.max_tokens`; built, cached and shared with
@@ -45,7 +45,7 @@ DEPTH = 100
 
 
 def ndcg(runs: dict, qrels) -> dict:
-    from pipelines.beir import evaluate_systems
+    from pipelines.app.beir import evaluate_systems
 
     return evaluate_systems(runs, qrels)
 
@@ -74,10 +74,10 @@ def main() -> None:
 
     res = Result(args.name)  # started here so wall_seconds covers the whole run
     from pipelines import config as config_mod
-    from pipelines.beir import doc_ranking, index_dataset, load_queries
-    from pipelines.embed import Embedder
-    from pipelines.rerank import OnnxCrossEncoder
-    from pipelines.retrieval import blend, rrf
+    from pipelines.app.beir import doc_ranking, index_dataset, load_queries
+    from pipelines.build.embed import Embedder
+    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from pipelines.retrieval.retriever import blend, rrf
     from pipelines.search.embedded import EmbeddedSearcher
 
     cfg = config_mod.load("config/pipeline.yaml", {"chunking.max_tokens": args.max_tokens})

@@ -82,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.embed import scifact_chunks
-    from pipelines.rerank import OnnxCrossEncoder, safe_rerank
+    from pipelines.retrieval.rerank import OnnxCrossEncoder, safe_rerank
 
     rows = scifact_chunks(400, seed=3)
     queries = [json.loads(x)["text"] for x in (SCIFACT / "queries.jsonl").read_text().splitlines()[: args.queries]]

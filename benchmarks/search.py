@@ -167,10 +167,10 @@ class FixedEmbedder:
 def one_size(n: int, queries: int, load_max: int, seed: int) -> dict:
     import logging
 
-    from pipelines.retrieval import Retriever
+    from pipelines.retrieval.retriever import Retriever
     from pipelines.search.embedded import EmbeddedSearcher
 
-    logging.getLogger("pipelines.rerank").setLevel(logging.WARNING)
+    logging.getLogger("pipelines.retrieval.rerank").setLevel(logging.WARNING)
     words = vocabulary()
     t0 = time.perf_counter()
     offsets, flat, vectors = synth(n, seed)

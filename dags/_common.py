@@ -1,7 +1,7 @@
 """Shared wiring for the sourcegate DAGs: project paths, config, params, run ids, the gate verdict.
 
 No pipeline logic lives here: every task body in the DAG files is a call into
-`pipelines.steps`. This module only turns Airflow's context (params, logical date) into
+`pipelines.app.steps`. This module only turns Airflow's context (params, logical date) into
 the arguments those steps take. It is listed in `.airflowignore` (not a DAG file) and
 imported by the DAG files as a sibling module (Airflow puts the DAGs folder on sys.path).
 
@@ -162,7 +162,7 @@ def run_time(context=None) -> datetime:
 def run_id(prefix: str = "", context=None) -> str:
     """The pipeline run id (run folder, index version): a pure function of the logical date,
     so re-running the same logical date reuses the same folder and index version."""
-    from pipelines.steps import RUN_ID, new_run_id
+    from pipelines.app.steps import RUN_ID, new_run_id
 
     rid = (prefix + new_run_id(run_time(context))).lower()
     if not RUN_ID.match(rid):
@@ -186,7 +186,7 @@ def shard_list(chunk_count: int) -> list[int]:
 
 
 def live_version(config: dict) -> str:
-    from pipelines.factories import open_store
+    from pipelines.app.factories import open_store
 
     version = open_store(config).live()
     if not version:

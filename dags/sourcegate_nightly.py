@@ -8,7 +8,7 @@ a night reuses its folder and, once loaded, its index version (never rebuilt: a 
 inputs is refused and needs a new run id). A failed gate fails the run
 before promote, so the live index stays on the last good version; the failed version stays on disk
 with its report for a maintainer to inspect. Params override the config file's corpus and backend.
-Every task body is a call into `pipelines.steps`; the wiring helpers are in `_common.py`.
+Every task body is a call into `pipelines.app.steps`; the wiring helpers are in `_common.py`.
 """
 
 from __future__ import annotations
@@ -48,61 +48,61 @@ from _common import (
 def sourcegate_nightly():
     @task
     def ingest() -> dict:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.ingest_step(cfg(), run_id())
 
     @task
     def chunk() -> list[int]:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return shard_list(steps.chunk_step(cfg(), run_id()))
 
     @task
     def embed(shard: int, shards: list[int]) -> dict:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.embed_step(cfg(), run_id(), shard, len(shards), use_cache=not params()["full_rebuild"])
 
     @task
     def merge(shard_stats) -> int:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.merge_step(cfg(), run_id(), list(shard_stats))
 
     @task
     def validate() -> bool:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.validate_step(cfg(), run_id())
 
     @task(**RETRY_ARGS)
     def load() -> int:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.load_step(cfg(), run_id(), full=params()["full_rebuild"])
 
     @task
     def evaluate() -> dict:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.evaluate_step(cfg(), run_id())
 
     @task
     def gate() -> dict:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return enforce_gate(steps.gate_step(cfg(), run_id()))
 
     @task(outlets=[LIVE_INDEX], **RETRY_ARGS)
     def promote() -> str:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.promote_step(cfg(), run_id(), actor=dag_actor())
 
     @task
     def cleanup() -> dict:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.cleanup_step(cfg())
 

@@ -35,13 +35,13 @@ def sourcegate_recalibrate():
 
     @task
     def evaluate(version: str) -> dict:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return steps.evaluate_step(cfg(), recal_run_id(), version=version)
 
     @task
     def gate() -> dict:
-        from pipelines import steps
+        from pipelines.app import steps
 
         return enforce_gate(steps.gate_step(cfg(), recal_run_id()))
 

@@ -1,7 +1,7 @@
 """The answer mode a gating-signal value gets under the thresholds in config (`answer.*`).
 
 One rule for both sides: the evaluation records each question's mode with it (questions.jsonl,
-`sourcegate diff`), and `pipelines.answer.decide` applies it to a live query.
+`sourcegate diff`), and `pipelines.retrieval.answer.decide` applies it to a live query.
 """
 
 from __future__ import annotations

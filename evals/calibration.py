@@ -265,7 +265,7 @@ def calibrate_pair(
 def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> dict[str, Any]:
     """What the shipped threshold (the lower, "adjacent" one) does to this eval set.
 
-    A question without a score is declined, as `pipelines.answer.decide` declines it at
+    A question without a score is declined, as `pipelines.retrieval.answer.decide` declines it at
     runtime: a should-answer one counts as not kept, a should-decline one as declined
     (the same rule as `decline_recall_by_kind`); `unscored` lists them all.
     """

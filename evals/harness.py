@@ -1,7 +1,7 @@
 """The evaluation of one index: the labelled sets through a retriever into calibration.json,
 precision.json and questions.jsonl, then the gate verdict and the report from those files.
 
-The retriever is anything with `retrieve(question, context)` (pipelines.retrieval.Retriever);
+The retriever is anything with `retrieve(question, context)` (pipelines.retrieval.retriever.Retriever);
 the evaluate and gate steps, `sourcegate calibrate` and the benchmarks all run this one harness.
 """
 
@@ -104,7 +104,7 @@ def gate_for_dir(
     """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
 
     `evaluated` is what the evaluation judged, already bound to the baseline it is compared against
-    (`pipelines.verdict.binding`), stored in gate.json as is;
+    (`pipelines.versions.verdict.binding`), stored in gate.json as is;
     `live_folder` is the live version's run folder, for the per-question diff since it.
     """
     calibration = read_json(folder / "calibration.json")

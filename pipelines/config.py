@@ -118,7 +118,7 @@ class Answer(Section):
 
 
 class Answerability(Section):
-    """The combined signal `answerability` (pipelines/combiner.py)."""
+    """The combined signal `answerability` (pipelines/retrieval/combiner.py)."""
 
     combiner: str | None = Field(
         None, description="the accepted coefficients, written only by `sourcegate accept`; null: no combined signal"

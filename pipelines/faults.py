@@ -2,7 +2,7 @@
 
 `SOURCEGATE_KILL_AT=<point>` makes the process SIGKILL itself when it reaches that point: a real,
 uncatchable kill at a chosen place, so a test can crash a real `sourcegate run` inside any step.
-Points: `before:<step>` / `after:<step>` around every locked step (pipelines/lock.py), plus
+Points: `before:<step>` / `after:<step>` around every locked step (pipelines/versions/lock.py), plus
 `embed:encoded` (vectors computed, shard not yet written) and `load:partial` (half the index files
 written). Unset (always, outside tests), `reached` is one dictionary lookup.
 """

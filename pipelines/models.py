@@ -87,7 +87,7 @@ def fingerprint(folder: str | Path) -> str:
 def _fingerprint(folder: str, stats: tuple) -> str:
     import hashlib
 
-    from pipelines.manifest import sha256_file
+    from pipelines.versions.manifest import sha256_file
 
     digest = hashlib.sha256()
     for rel, _size, _mtime in stats:

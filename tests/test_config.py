@@ -69,7 +69,7 @@ def test_rerank_weight_must_be_a_share():
 def test_cli_set_overrides_by_dotted_key_with_yaml_types():
     import argparse
 
-    from pipelines.cli import load_config
+    from pipelines.app.cli import load_config
 
     args = argparse.Namespace(
         config="config/pipeline.yaml",
@@ -101,7 +101,7 @@ def test_config_schema_command_prints_the_schema_the_shipped_config_satisfies(ca
     import jsonschema
     import yaml
 
-    from pipelines.cli import main
+    from pipelines.app.cli import main
 
     assert main(["config-schema"]) == 0
     schema = json.loads(capsys.readouterr().out)

@@ -59,7 +59,7 @@ from airflow.dag_processing.dagbag import DagBag
 if settings.Session is None:
     settings.configure_orm()
 
-from pipelines.factories import _SCORERS, scorer_for
+from pipelines.app.factories import _SCORERS, scorer_for
 
 memo = Path(args["memo"])
 if memo.exists():  # the pair logits of earlier runs (see the module docstring)
@@ -84,7 +84,7 @@ if scorer is not None:
 
 sys.path.insert(0, args["dags"])
 import _common
-from pipelines.factories import open_store
+from pipelines.app.factories import open_store
 cfg = _common.load_config(args["conf"]["config"], {"backend.kind": args["conf"].get("backend", "embedded")})
 print("SUMMARY " + json.dumps({"state": str(getattr(dr.state, "value", dr.state)), "run_id": dr.run_id,
                                "tasks": tasks, "live": open_store(cfg).live()}), flush=True)
@@ -320,7 +320,7 @@ def test_nightly_run_on_opensearch(airflow, tmp_path):
         tmp_path / "opensearch.yaml", artifacts, backend={"kind": "opensearch", "opensearch": {"index_prefix": prefix}}
     )
     conf = {"config": config, "corpus": "corpus/demo", "backend": "opensearch", "shards": 2}
-    from pipelines.search.opensearch_client import client_from_env, config_from_env, redact_url
+    from pipelines.search.opensearch.client import client_from_env, config_from_env, redact_url
 
     client = client_from_env()
     try:

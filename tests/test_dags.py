@@ -145,7 +145,7 @@ def test_dags_serialize(dagbag):
 def test_run_id_is_the_logical_date(common):
     import pendulum
 
-    from pipelines.steps import RUN_ID
+    from pipelines.app.steps import RUN_ID
 
     when = pendulum.datetime(2025, 3, 4, 2, 0, 7, tz="UTC")
     assert common.run_id(context={"logical_date": when}) == "20250304-020007"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from evals.diff import diff_runs, format_diff
-from pipelines.cli import main
+from pipelines.app.cli import main
 
 
 def row(qid, score, mode, rank=1, kind="single", label="answer", set_="calibration"):

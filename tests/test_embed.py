@@ -4,8 +4,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import steps
-from pipelines.embed import embedding_matrix
+from pipelines.app import steps
+from pipelines.build.embed import embedding_matrix
 
 pytestmark = pytest.mark.models
 

@@ -5,8 +5,10 @@
 import numpy as np
 import pytest
 
-from pipelines import embed_backends, models, steps
-from pipelines.embed_backends import BACKENDS, load_embedder, variant_fingerprint
+from pipelines import models
+from pipelines.app import steps
+from pipelines.build import embed_backends
+from pipelines.build.embed_backends import BACKENDS, load_embedder, variant_fingerprint
 
 # A handful of texts: short, medium, and one past the model's 256-token window (truncated alike).
 TEXTS = [
@@ -135,7 +137,7 @@ def test_the_packaged_model_truncates_at_256_tokens():
 
 
 def test_a_beir_index_is_cached_per_backend_and_torch_keeps_its_key(tmp_path, make_cfg):
-    from pipelines.beir import dataset_config
+    from pipelines.app.beir import dataset_config
 
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "t", "text": "x"}\n')
     run_id = {b: dataset_config(make_cfg(**{"embedding.backend": b}), tmp_path, tmp_path / "out")[1] for b in BACKENDS}

@@ -1,8 +1,12 @@
 """The packages' layers, and imports that still name something after a move (read from source, no import).
 
 artifact_io (atomic artifact files) is the bottom; evals/ (plain data in, plain data out) sits on it;
-pipelines/ (steps, backends, CLI) sits on both. A lower layer never imports a higher one, not even
-inside a function, so an evaluation never reaches up into the pipeline it judges.
+pipelines/ (steps, backends, CLI) sits on both. Inside pipelines/ the rooms are layered too (PIPELINE_LAYERS,
+bottom first): the foundation (config, Parquet batches, fault points, packaged models) and a version's records
+(manifest, promotions log); building a version; the search backends; retrieval and answering; the gate
+policy over versions (verdict, runs, lock); the application. A lower layer never imports a higher one, not
+even inside a function, so an evaluation never reaches up into the pipeline it judges and a backend never
+reaches into gate policy.
 """
 
 from __future__ import annotations
@@ -16,6 +20,21 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifact_io", "evals", "pipelines", "benchmarks", "dags", "plugins", "tests")  # first-party
 # A lower layer and the first-party packages it may import (besides itself).
 MAY_IMPORT = {"artifact_io": set(), "evals": {"artifact_io"}}
+PIPELINE_LAYERS = [
+    [
+        "pipelines.config",
+        "pipelines.batches",
+        "pipelines.faults",
+        "pipelines.models",
+        "pipelines.versions.manifest",
+        "pipelines.versions.promotions",
+    ],
+    ["pipelines.build"],
+    ["pipelines.search"],
+    ["pipelines.retrieval"],
+    ["pipelines.versions.verdict", "pipelines.versions.runs", "pipelines.versions.lock"],
+    ["pipelines.app"],
+]
 
 
 def imports(path: Path) -> list[tuple[int, str, list[str]]]:
@@ -74,6 +93,43 @@ def test_a_lower_layer_imports_nothing_above_it(package):
     assert not upward, f"{package}/ may import only {sorted(allowed)}:\n" + "\n".join(upward)
 
 
+def layer_of(module: str) -> int | None:
+    """The PIPELINE_LAYERS index of a pipelines module (the longest prefix that names it), None for the package."""
+    best = None
+    for level, prefixes in enumerate(PIPELINE_LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (level, len(prefix))
+    return None if best is None else best[0]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_pipelines_module_has_a_layer_and_every_room_a_docstring():
+    modules = [module_name(p) for p in sorted((ROOT / "pipelines").rglob("*.py"))]
+    unplaced = [m for m in modules if m not in ("pipelines", "pipelines.versions") and layer_of(m) is None]
+    assert not unplaced, f"give these a layer in PIPELINE_LAYERS: {unplaced}"
+    rooms = [p for p in (ROOT / "pipelines").rglob("__init__.py")]
+    undocumented = [str(p.relative_to(ROOT)) for p in rooms if not ast.get_docstring(ast.parse(p.read_text()))]
+    assert not undocumented, f"a room says in one line what it is: {undocumented}"
+
+
+def test_a_pipelines_room_imports_nothing_above_it():
+    upward = []
+    for path in sorted((ROOT / "pipelines").rglob("*.py")):
+        here = layer_of(module_name(path))
+        for line, module, names in imports(path):
+            targets = [f"{module}.{n}" for n in names if module_file(f"{module}.{n}")] or [module]
+            for target in targets:
+                there = layer_of(target)
+                if here is not None and there is not None and there > here:
+                    upward.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not upward, "a lower room imports a higher one:\n" + "\n".join(upward)
+
+
 def test_every_first_party_import_names_something_that_exists():
     """A moved or renamed module or function leaves no import behind, even in code the fast tier never runs
     (benchmarks, DAG task bodies, lazy imports inside functions)."""
@@ -98,10 +154,13 @@ def test_the_checks_see_a_dangling_and_an_upward_import(tmp_path):
     """The scanner reads imports inside functions too (where this project puts its lazy ones)."""
     source = tmp_path / "m.py"
     source.write_text(
-        "def f():\n    from pipelines.no_such_module import x\n    from pipelines.steps import nothing_here\n"
+        "def f():\n    from pipelines.no_such_module import x\n    from pipelines.app.steps import nothing_here\n"
     )
     found = imports(source)
-    assert [(line, module) for line, module, _ in found] == [(2, "pipelines.no_such_module"), (3, "pipelines.steps")]
-    assert module_file("pipelines.no_such_module") is None and module_file("pipelines.steps") is not None
-    assert "nothing_here" not in top_level_names(ROOT / "pipelines" / "steps.py")
-    assert "evaluate_step" in top_level_names(ROOT / "pipelines" / "steps.py")
+    assert [(line, module) for line, module, _ in found] == [
+        (2, "pipelines.no_such_module"),
+        (3, "pipelines.app.steps"),
+    ]
+    assert module_file("pipelines.no_such_module") is None and module_file("pipelines.app.steps") is not None
+    assert "nothing_here" not in top_level_names(ROOT / "pipelines" / "app" / "steps.py")
+    assert "evaluate_step" in top_level_names(ROOT / "pipelines" / "app" / "steps.py")

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import lock
-from pipelines.lock import HOLDER_FILE, LockHeld, writer_lock
+from pipelines.versions import lock
+from pipelines.versions.lock import HOLDER_FILE, LockHeld, writer_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # A writer in its own process: takes the lock, says so, holds it until stdin closes (or it is killed).
 HOLDER = """
 import sys
-from pipelines.lock import writer_lock
+from pipelines.versions.lock import writer_lock
 cfg = {"artifacts": sys.argv[1], "backend": {"kind": sys.argv[2], "opensearch": {"index_prefix": sys.argv[3]}},
        "lock": {"timeout_s": float(sys.argv[4])}}
 with writer_lock(cfg, "test holder", shared=sys.argv[5] == "shared"):
@@ -121,7 +121,7 @@ def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
     holder = start_holder(artifacts)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "pipelines.cli", "run", "--artifacts", str(artifacts), "--lock-timeout", "0"],
+            [sys.executable, "-m", "pipelines.app.cli", "run", "--artifacts", str(artifacts), "--lock-timeout", "0"],
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -138,8 +138,8 @@ def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
 def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
     """A version created before the live one is promoted only through the rollback path."""
     from artifact_io import write_json
-    from pipelines import steps
-    from pipelines.factories import open_store
+    from pipelines.app import steps
+    from pipelines.app.factories import open_store
     from tests.test_embedded_backend import synthetic_chunks
     from tests.test_verdicts import pass_gate
 
@@ -151,7 +151,7 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
         folder.mkdir(parents=True)
         write_json({"started_at": started}, folder / "run.json")
         open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))
-        pass_gate(cfg, run_id)  # a passed verdict bound to this version (pipelines/verdict.py)
+        pass_gate(cfg, run_id)  # a passed verdict bound to this version (pipelines/versions/verdict.py)
     steps.promote_step(cfg, "manual")
     with pytest.raises(RuntimeError, match="created before the live version manual"):
         steps.promote_step(cfg, "zzz-old")  # newer by name, older by creation time

@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.manifest import VersionConflict
 from pipelines.search import retain
 from pipelines.search.analyzer import analyze, opensearch_analysis
 from pipelines.search.bm25 import K1, B, BM25Index
 from pipelines.search.opensearch import OpenSearchStore, index_body
-from pipelines.search.opensearch_client import client_from_env, config_from_env
+from pipelines.search.opensearch.client import client_from_env, config_from_env
+from pipelines.versions.manifest import VersionConflict
 
 DIM = 384
 N_CHUNKS = 300
@@ -508,7 +508,7 @@ def test_client_from_env_defaults_and_errors():
 
 def test_airflow_is_imported_only_when_asked_for():
     code = (
-        "import sys, pipelines.search.opensearch_client, pipelines.search.opensearch; "
+        "import sys, pipelines.search.opensearch.client, pipelines.search.opensearch; "
         "sys.exit(any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]
@@ -521,7 +521,7 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
     code = (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)\n"
-        "from pipelines.search.opensearch_client import client_from_airflow\n"
+        "from pipelines.search.opensearch.client import client_from_airflow\n"
         "c = client_from_airflow()\n"
         "conn = c.transport.connection_pool.connections[0]\n"
         "print(conn.host, repr(c))\n"
@@ -540,8 +540,8 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
 
 @pytest.mark.opensearch
 def test_manifest_in_meta_reuse_refusal_and_verify(store, small_parquet, os_client):
-    from pipelines.manifest import IntegrityError, VersionConflict
     from pipelines.search.opensearch import ids_checksum
+    from pipelines.versions.manifest import IntegrityError, VersionConflict
 
     inputs = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m", "code_version": "v1"}
     assert store.manifest("v1") is None
@@ -572,13 +572,13 @@ def test_manifest_in_meta_reuse_refusal_and_verify(store, small_parquet, os_clie
 
 @pytest.mark.opensearch
 def test_promotions_log_is_a_small_index_beside_the_versions(store, small_parquet):
-    from pipelines import verdict
+    from pipelines.versions import promotions
 
     assert store.promotions() == []
     store.load("v1", str(small_parquet))
     store.promote("v1")
-    store.log_promotion(verdict.promotion_record("v1", None, "sha256:g1", "cli"))
-    store.log_promotion(verdict.promotion_record("v2", "v1", "sha256:g2", "dag:manual__1"))
+    store.log_promotion(promotions.promotion_record("v1", None, "sha256:g1", "cli"))
+    store.log_promotion(promotions.promotion_record("v2", "v1", "sha256:g2", "dag:manual__1"))
     log = store.promotions()
     assert [(r["version"], r["previous"], r["actor"]) for r in log] == [
         ("v1", None, "cli"),

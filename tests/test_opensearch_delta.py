@@ -213,7 +213,7 @@ def test_a_failed_delta_leaves_the_alias_and_deletes_the_clone(store, nights, os
     count is right, the ids' checksum is not) or to fail outright."""
     base, night = nights
     _live_v1(store, base)
-    send = store._send
+    send = store.bulk.send
 
     def faulty_send(actions):
         if any(a.get("_op_type", "index") == "index" for a in actions):
@@ -222,7 +222,7 @@ def test_a_failed_delta_leaves_the_alias_and_deletes_the_clone(store, nights, os
             actions = [{**a, "_id": "intruder"} if a["_id"] == ADDED else a for a in actions]
         return send(actions)
 
-    monkeypatch.setattr(store, "_send", faulty_send)
+    monkeypatch.setattr(store.bulk, "send", faulty_send)
     match = "chunk ids differ" if failure == "checksum" else "injected"
     with pytest.raises(RuntimeError, match=match):
         store.load("v2", str(night), inputs=INPUTS, base_chunks=base)
@@ -259,7 +259,7 @@ def test_fallbacks_to_a_full_load_say_why(store, nights, tmp_path):
 @pytest.mark.models
 def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, small_corpus, embedder, os_client):
     from artifact_io import read_json
-    from pipelines import steps
+    from pipelines.app import steps
 
     prefix = f"sgdelta-{uuid.uuid4().hex[:12]}"
 

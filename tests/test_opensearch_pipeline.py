@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from artifact_io import write_parquet
-from pipelines.cli import main
+from pipelines.app.cli import main
 from pipelines.search.opensearch import OpenSearchStore
 from tests.conftest import ROOT, chunks_with_vectors
 
@@ -123,8 +123,8 @@ def test_calibrate_on_opensearch_goes_through_the_same_retriever(
     question; the fused top 3 and what is fitted on it (rerank, combiner) may differ only where ties
     break differently, so they are not compared."""
     from evals.evalset import load_evalset
-    from pipelines import factories
-    from pipelines.retrieval import Retriever
+    from pipelines.app import factories
+    from pipelines.retrieval.retriever import Retriever
 
     config, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"

@@ -5,7 +5,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
+from pipelines.app.cli import main
 
 pytestmark = pytest.mark.models
 

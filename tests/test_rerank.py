@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipelines.rerank import load_scorer, safe_rerank
+from pipelines.retrieval.rerank import load_scorer, safe_rerank
 
 PASSAGES = ["croup is a viral infection of the airway", "the French revolution began in 1789", "bus fares"]
 

@@ -1,8 +1,17 @@
 import pytest
 
-from pipelines.answer import decide
-from pipelines.rerank import load_scorer
-from pipelines.retrieval import Candidate, Retrieval, Retriever, blend, effective_query, margin, rrf, term_coverage
+from pipelines.retrieval.answer import decide
+from pipelines.retrieval.rerank import load_scorer
+from pipelines.retrieval.retriever import (
+    Candidate,
+    Retrieval,
+    Retriever,
+    blend,
+    effective_query,
+    margin,
+    rrf,
+    term_coverage,
+)
 from pipelines.search.base import Hit
 
 

@@ -2,8 +2,8 @@
 
 import json
 
-from pipelines.cli import main
-from pipelines.run_table import list_runs
+from pipelines.app.cli import main
+from pipelines.app.run_table import list_runs
 
 
 def write_run(artifacts, name, info=None, gate=None, raw=None):

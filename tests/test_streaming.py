@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from artifact_io import read_json
-from pipelines import batches, steps
+from pipelines import batches
+from pipelines.app import steps
 from pipelines.batches import read_rows, shard_range, write_batches
 
 
@@ -106,7 +107,7 @@ def test_embedding_in_small_batches_and_shards_writes_what_one_batch_writes(
 
 def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small_corpus, tiny_batches):
     """The shard files are written here by hand (a failure path): no model needed."""
-    from pipelines.embed import chunks_schema, with_vectors
+    from pipelines.build.embed import chunks_schema, with_vectors
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     steps.ingest_step(cfg, "r1")
@@ -131,7 +132,7 @@ def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small
 
 
 def test_validation_in_small_batches_reports_and_quarantines_what_one_batch_does(tmp_path, tiny_batches):
-    from pipelines.validate import VALID_CHUNKS, validate_chunks
+    from pipelines.build.validate import VALID_CHUNKS, validate_chunks
     from tests.test_validate import _hostile_chunks
 
     one, many = tmp_path / "one", tmp_path / "many"
@@ -182,7 +183,7 @@ def test_bm25_built_batch_by_batch_equals_the_one_batch_build():
 
 
 def test_ingest_in_small_batches_writes_what_one_batch_writes(tmp_path, small_corpus):
-    from pipelines.ingest import ingest
+    from pipelines.build.ingest import ingest
     from tests.conftest import DATA
 
     outs = {rows: ingest(DATA / "bad_beir", tmp_path / f"beir-{rows}", fmt="beir", rows=rows) for rows in (None, 2)}

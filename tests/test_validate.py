@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from artifact_io import write_json
-from pipelines.validate import VALID_CHUNKS, ValidationFailed, loadable_chunks, validate_chunks
+from pipelines.build.validate import VALID_CHUNKS, ValidationFailed, loadable_chunks, validate_chunks
 from tests.conftest import chunks_with_vectors
 
 DIM = 4
@@ -116,7 +116,7 @@ def test_quarantining_every_document_fails_the_run(tmp_path):
 
 def test_validate_and_load_steps_go_on_without_the_quarantined_documents(make_cfg):
     from artifact_io import read_json
-    from pipelines import steps
+    from pipelines.app import steps
 
     cfg = make_cfg()
     folder = steps.run_dir(cfg, "r1")

@@ -12,10 +12,11 @@ import shutil
 import pytest
 
 from artifact_io import write_json
-from pipelines import manifest as mf
-from pipelines import steps, verdict
-from pipelines.cli import main
-from pipelines.factories import open_store
+from pipelines.app import steps
+from pipelines.app.cli import main
+from pipelines.app.factories import open_store
+from pipelines.versions import manifest as mf
+from pipelines.versions import promotions, verdict
 from tests.test_embedded_backend import synthetic_chunks
 
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}
@@ -169,10 +170,10 @@ def test_rollback_with_no_history_says_so(night, capsys):
 
 
 def test_a_torn_last_line_of_the_log_is_skipped(tmp_path):
-    path = tmp_path / verdict.PROMOTIONS_LOG
-    verdict.append_record({"version": "a"}, path)
+    path = tmp_path / promotions.PROMOTIONS_LOG
+    promotions.append_record({"version": "a"}, path)
     with open(path, "a") as fh:
         fh.write('{"version": "b"')  # a crash mid-append
-    assert verdict.read_records(path) == [{"version": "a"}]
-    verdict.append_record({"version": "c"}, path)  # the next record still gets a line of its own
-    assert verdict.read_records(path) == [{"version": "a"}, {"version": "c"}]
+    assert promotions.read_records(path) == [{"version": "a"}]
+    promotions.append_record({"version": "c"}, path)  # the next record still gets a line of its own
+    assert promotions.read_records(path) == [{"version": "a"}, {"version": "c"}]

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from artifact_io import write_parquet
-from pipelines import manifest as mf
 from pipelines import models
-from pipelines.cli import main
-from pipelines.embed import VectorCache
-from pipelines.factories import get_embedder, open_store, retriever_for
+from pipelines.app.cli import main
+from pipelines.app.factories import get_embedder, open_store, retriever_for
+from pipelines.build.embed import VectorCache
 from pipelines.search.embedded import EmbeddedStore, open_run_folder
+from pipelines.versions import manifest as mf
 from tests.conftest import chunks_with_vectors
 from tests.test_embedded_backend import synthetic_chunks
 
@@ -187,7 +187,7 @@ def test_embedding_cache_needs_the_same_id_and_the_same_fingerprint(tmp_path):
 
 
 def build_night(cfg, run_id, embedder):
-    from pipelines import steps
+    from pipelines.app import steps
 
     steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)
@@ -197,7 +197,7 @@ def build_night(cfg, run_id, embedder):
 
 @pytest.mark.models
 def test_rerunning_a_promoted_night_reuses_it_or_refuses_naming_what_differs(make_cfg, small_corpus, embedder):
-    from pipelines import steps
+    from pipelines.app import steps
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     n = build_night(cfg, "r1", embedder)
@@ -231,7 +231,7 @@ def test_rerunning_a_promoted_night_reuses_it_or_refuses_naming_what_differs(mak
 def test_same_model_id_with_other_weights_re_embeds_and_cannot_query_the_index(
     make_cfg, small_corpus, embedder, tmp_path
 ):
-    from pipelines import steps
+    from pipelines.app import steps
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     n = build_night(cfg, "r1", embedder)

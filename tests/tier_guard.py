@@ -29,7 +29,8 @@ def _markers(item) -> set[str]:
 
 
 def _model_patches(trip):
-    from pipelines import embed, embed_backends, rerank
+    from pipelines.build import embed, embed_backends
+    from pipelines.retrieval import rerank
 
     cross_init = rerank.OnnxCrossEncoder.__init__
     st_cross_init = rerank.SentenceTransformersCrossEncoder.__init__

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipelines.manifest import VersionConflict
+from pipelines.versions.manifest import VersionConflict
 
 # What a hit carries back to retrieval (SearchBackend.chunks, HybridResult.stored), on every backend.
 STORED_FIELDS = ("chunk_id", "doc_id", "title", "section", "section_id", "text")
@@ -180,7 +180,7 @@ def refuse_rebuilding_live(store: IndexStore, version: str) -> None:
 def retain(store: IndexStore, keep: int) -> list[str]:
     """Delete all but the newest `keep` index versions, never the live one. Returns what was dropped.
 
-    Index versions only: the nightly retention works on whole run folders (pipelines.runs.retain_runs).
+    Index versions only: the nightly retention works on whole run folders (pipelines.versions.runs.retain_runs).
     """
     live = store.live()
     versions = store.versions()

@@ -3,7 +3,7 @@
 Each index version lives in `<runs>/<version>/index/`; the live version is named by a
 small pointer file, rewritten atomically (the embedded twin of an OpenSearch alias).
 A version is complete once its `manifest.json` is written (last); it is then never rebuilt,
-and opening or promoting it checks every file against the manifest (`pipelines.manifest`).
+and opening or promoting it checks every file against the manifest (`pipelines.versions.manifest`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from artifact_io import write_text
-from pipelines import faults, verdict
-from pipelines import manifest as mf
+from pipelines import faults
 from pipelines.batches import iter_batches, write_batches
-from pipelines.embed import embedding_matrix
+from pipelines.build.embed import embedding_matrix
 from pipelines.search.analyzer import analyze
 from pipelines.search.base import (
     STORED_FIELDS,
@@ -34,6 +34,8 @@ from pipelines.search.base import (
     refuse_rebuilding_live,
 )
 from pipelines.search.bm25 import BM25Builder, BM25Index
+from pipelines.versions import manifest as mf
+from pipelines.versions import promotions
 
 log = logging.getLogger(__name__)
 
@@ -172,14 +174,14 @@ class EmbeddedStore:
 
     @property
     def promotions_log(self) -> Path:
-        return self.live_file.parent / verdict.PROMOTIONS_LOG
+        return self.live_file.parent / promotions.PROMOTIONS_LOG
 
     def log_promotion(self, record: Mapping) -> None:
-        verdict.append_record(record, self.promotions_log)
+        promotions.append_record(record, self.promotions_log)
 
     def promotions(self) -> list[dict]:
         """Every promotion and rollback, oldest first."""
-        return verdict.read_records(self.promotions_log)
+        return promotions.read_records(self.promotions_log)
 
     def live(self) -> str | None:
         if not self.live_file.exists():
@@ -189,10 +191,8 @@ class EmbeddedStore:
     def versions(self) -> list[str]:
         if not self.runs.is_dir():
             return []
-        from pipelines.runs import created_at
-
         folders = [p.parent for p in self.runs.glob("*/index") if p.is_dir()]
-        return oldest_first((created_at(f), f.name) for f in folders)
+        return oldest_first((_created(f / "index"), f.name) for f in folders)
 
     def drop(self, version: str) -> None:
         refuse_dropping_live(self, version)
@@ -244,3 +244,11 @@ def open_run_folder(run_folder: str | Path, hashes: bool = True) -> EmbeddedSear
     """A verified searcher over the version in an embedded run folder (`runs/<version>/`)."""
     run_folder = Path(run_folder)
     return EmbeddedStore(run_folder.parent, run_folder.parent / "LIVE").open(run_folder.name, hashes=hashes)
+
+
+def _created(index: Path) -> float:
+    """When a version was loaded: its manifest's `created` (an incomplete one: the folder's mtime)."""
+    manifest = mf.read_manifest(index)
+    if manifest and manifest.get("created"):
+        return datetime.fromisoformat(manifest["created"]).timestamp()
+    return index.stat().st_mtime

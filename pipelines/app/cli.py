@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from pipelines import combiner
 from pipelines import config as config_mod
-from pipelines.manifest import IntegrityError
+from pipelines.retrieval import combiner
+from pipelines.versions.manifest import IntegrityError
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
 
@@ -40,7 +40,7 @@ def load_config(args) -> dict:
 
 
 def cmd_run(args) -> int:
-    from pipelines.run import run_pipeline
+    from pipelines.app.run import run_pipeline
 
     cfg = load_config(args)
     result = run_pipeline(cfg, run_id=args.run_id, progress=not args.quiet)
@@ -55,8 +55,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_query(args) -> int:
-    from pipelines.answer import decide
-    from pipelines.factories import open_store, retriever_for
+    from pipelines.app.factories import open_store, retriever_for
+    from pipelines.retrieval.answer import decide
 
     cfg = load_config(args)
     if args.index:
@@ -108,7 +108,7 @@ def _fmt(value, spec: str = ".4f") -> str:
 
 def cmd_calibrate(args) -> int:
     from evals.harness import evaluate, gate_for_dir
-    from pipelines.factories import open_store, retriever_for
+    from pipelines.app.factories import open_store, retriever_for
     from pipelines.search.embedded import open_run_folder
 
     cfg = load_config(args)
@@ -141,7 +141,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_beir(args) -> int:
-    from pipelines.beir import run_beir
+    from pipelines.app.beir import run_beir
 
     cfg = load_config(args)
     result = run_beir(
@@ -161,7 +161,7 @@ def cmd_accept(args) -> int:
     """Accept a run's per-question precision and decline outcomes as the baseline."""
     from artifact_io import read_json, write_json
     from evals.regression import baseline_from
-    from pipelines.lock import writer_lock
+    from pipelines.versions.lock import writer_lock
 
     cfg = load_config(args)
     run = Path(args.run)
@@ -197,7 +197,7 @@ def accepted_combiner(cfg: dict, calibration: dict) -> dict | None:
 
 
 def cmd_runs(args) -> int:
-    from pipelines.run_table import format_table, list_runs
+    from pipelines.app.run_table import format_table, list_runs
 
     rows = list_runs(load_config(args)["artifacts"])
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
@@ -206,8 +206,8 @@ def cmd_runs(args) -> int:
 
 def cmd_verify(args) -> int:
     """Check one index version against its manifest: 0 when intact, 2 naming each bad file."""
-    from pipelines.factories import open_store
-    from pipelines.manifest import IntegrityError, manifest_hash
+    from pipelines.app.factories import open_store
+    from pipelines.versions.manifest import IntegrityError, manifest_hash
 
     cfg = load_config(args)
     try:
@@ -227,7 +227,7 @@ def cmd_verify(args) -> int:
 
 def cmd_rollback(args) -> int:
     """Re-point the live index to an earlier version that passed its gate and verifies; logged."""
-    from pipelines.steps import rollback_step
+    from pipelines.app.steps import rollback_step
 
     cfg = load_config(args)
     record = rollback_step(cfg, args.version)

@@ -238,7 +238,7 @@ def writer_lock(cfg: dict, command: str | None = None, *, shared: bool = False) 
     with ExitStack() as stack:
         stack.enter_context(_hold(str(artifacts), shared, lambda: acquire_folder(artifacts, command, timeout, shared)))
         if cfg["backend"]["kind"] == "opensearch" and not shared:
-            from pipelines.search.opensearch_client import client_for  # the Airflow connection under Airflow
+            from pipelines.search.opensearch.client import client_for  # the Airflow connection under Airflow
 
             section = cfg["backend"]["opensearch"]
             alias = section["index_prefix"]

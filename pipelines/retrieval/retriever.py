@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from pipelines import combiner as combiner_mod
-from pipelines.answerability import TOP_PASSAGES, WordVectors, answerability_signals, content_terms
-from pipelines.rerank import Reranked, safe_rerank
+from pipelines.retrieval import combiner as combiner_mod
+from pipelines.retrieval.answerability import TOP_PASSAGES, WordVectors, answerability_signals, content_terms
+from pipelines.retrieval.rerank import Reranked, safe_rerank
 from pipelines.search.analyzer import STOPWORDS
 from pipelines.search.base import Hit, HybridResult, SearchBackend, hybrid_search
 from pipelines.search.bm25 import tokenize
@@ -131,7 +131,7 @@ class Retriever:
         combiner: dict | None = None,
     ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
-        self.combiner = combiner  # the accepted answerability combiner (pipelines/combiner.py), or None
+        self.combiner = combiner  # the accepted answerability combiner (pipelines/retrieval/combiner.py), or None
         self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
         self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
         self.word_vectors = WordVectors(embedder)

@@ -23,11 +23,11 @@ import pyarrow.parquet as pq
 from artifact_io import read_json, write_json
 from evals.harness import calibration_config
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
-from pipelines import factories, steps
-from pipelines.retrieval import Retriever
-from pipelines.run import build
+from pipelines.app import factories, steps
+from pipelines.app.run import build
+from pipelines.build.validate import loadable_chunks
+from pipelines.retrieval.retriever import Retriever
 from pipelines.search.analyzer import ANALYZER_ID
-from pipelines.validate import loadable_chunks
 
 DEPTH = 100  # recall@100 needs lists this deep; top-18 lists would cap the union at 36
 
@@ -188,7 +188,7 @@ def calibrate_beir(cfg: dict, retriever, queries: dict[str, str], decline: str, 
     from evals.calibration import calibrate
     from evals.evalset import load_evalset
     from evals.evaluate import run_questions
-    from pipelines.combiner import describe
+    from pipelines.retrieval.combiner import describe
 
     items = [
         {"id": f"q-{qid}", "question": text, "label": "answer", "kind": "beir", "context": [], "expected": []}

@@ -19,14 +19,17 @@ import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json
 from evals.harness import evaluate, gate_for_dir
-from pipelines import combiner, embed_backends, models, quarantine, runs, verdict
-from pipelines import manifest as mf
-from pipelines.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
-from pipelines.embed import embed_shard, merge_shards
-from pipelines.factories import get_embedder, open_store, retriever_for
-from pipelines.ingest import ingest
-from pipelines.lock import held_since, locked
-from pipelines.validate import loadable_chunks, validate_chunks
+from pipelines import models
+from pipelines.app.factories import get_embedder, open_store, retriever_for
+from pipelines.build import embed_backends, quarantine
+from pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
+from pipelines.build.embed import embed_shard, merge_shards
+from pipelines.build.ingest import ingest
+from pipelines.build.validate import loadable_chunks, validate_chunks
+from pipelines.retrieval import combiner
+from pipelines.versions import manifest as mf
+from pipelines.versions import promotions, runs, verdict
+from pipelines.versions.lock import held_since, locked
 
 log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,100}$")  # also a valid OpenSearch index suffix
@@ -121,7 +124,7 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
     existing = open_store(cfg).manifest(run_id)
     out = folder / ".rerun-ingest" if existing else folder  # a complete version's run folder is left alone
     out.mkdir(parents=True, exist_ok=True)
-    if not (folder / "run.json").exists():  # the run's creation time orders versions (pipelines/runs.py)
+    if not (folder / "run.json").exists():  # the run's creation time orders versions (pipelines/versions/runs.py)
         update_run_info(folder, started_at=datetime.now(UTC).isoformat())
     prev = previous_run(cfg, run_id)
     version = code_version()
@@ -348,7 +351,7 @@ def promote_step(cfg: dict, run_id: str, actor: str = "cli", allow_older: bool =
             )
     store.promote(run_id)
     store.log_promotion(
-        verdict.promotion_record(
+        promotions.promotion_record(
             run_id, previous, mf.sha256_file(gate_path), actor, manifest_sha256=mf.manifest_hash(manifest)
         )
     )
@@ -365,7 +368,7 @@ def rollback_step(cfg: dict, version: str | None = None) -> dict:
     store = open_store(cfg)
     live = store.live()
     if version is None:
-        version = verdict.rollback_target(store.promotions(), live, set(store.versions()))
+        version = promotions.rollback_target(store.promotions(), live, set(store.versions()))
         if version is None:
             raise ValueError("no earlier promoted version to roll back to (see the promotions log)")
     if version == live:
@@ -382,7 +385,7 @@ def rollback_step(cfg: dict, version: str | None = None) -> dict:
             "(manifest hash differs)"
         )
     store.promote(version)
-    record = verdict.promotion_record(
+    record = promotions.promotion_record(
         version, live, mf.sha256_file(gate_path), "rollback", manifest_sha256=mf.manifest_hash(manifest)
     )
     store.log_promotion(record)

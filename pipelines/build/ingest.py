@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
-from pipelines import quarantine as quarantine_file
+from pipelines.build import quarantine as quarantine_file
 from pipelines.batches import batch_rows, write_batches
 
 DOCUMENT_SCHEMA = pa.schema(

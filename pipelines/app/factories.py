@@ -9,9 +9,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pipelines import embed_backends
-from pipelines import manifest as mf
-from pipelines.embed import Embedder
+from pipelines.build import embed_backends
+from pipelines.build.embed import Embedder
+from pipelines.versions import manifest as mf
 
 
 @lru_cache(maxsize=2)
@@ -26,7 +26,7 @@ def scorer_for(kind: str, model_path: str | None):
     """One cross-encoder per process, so its memoised pair scores (exact: one pair per session run)
     carry over between evaluations. A scorer that failed to load is not remembered: None is logged
     by load_scorer and the next call tries again."""
-    from pipelines.rerank import load_scorer
+    from pipelines.retrieval.rerank import load_scorer
 
     key = (kind, model_path)
     if key not in _SCORERS:
@@ -54,7 +54,7 @@ def open_store(cfg: dict):
 
 
 def retriever_for(cfg: dict, searcher):
-    from pipelines.retrieval import Retriever
+    from pipelines.retrieval.retriever import Retriever
 
     embedder = get_embedder(cfg)
     mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it

@@ -1,6 +1,6 @@
 """The bi-encoder's backends (`embedding.backend`): torch in fp32 or bf16, or ONNX Runtime on an export made here.
 
-`torch` is sentence-transformers (`pipelines.embed.Embedder`). `torch-bf16` runs the same
+`torch` is sentence-transformers (`pipelines.build.embed.Embedder`). `torch-bf16` runs the same
 weights under bf16 autocast (the CPU's AMX / AVX512-BF16 units) in fixed shapes: every forward
 pass is `ROWS` texts padded to one of `LENGTHS`, filled up with empty texts, so a text's vector
 depends only on the text (its length picks the shape), never on its batch-mates; a dynamic
@@ -47,7 +47,7 @@ def load_embedder(model_id: str, model_path: str | None, batch_size: int, backen
     """The configured bi-encoder; every backend answers encode / encode_query / fingerprint / dimension."""
     check_backend(backend)
     if backend == "torch":
-        from pipelines.embed import Embedder
+        from pipelines.build.embed import Embedder
 
         return Embedder(model_id, model_path, batch_size)
     if backend == "torch-bf16":
@@ -182,7 +182,7 @@ class Bf16Embedder(_Variant):
     """sentence-transformers' weights under bf16 autocast in fixed shapes; same interface as `Embedder`."""
 
     def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32):
-        from pipelines.embed import Embedder
+        from pipelines.build.embed import Embedder
 
         if not native_bf16():
             log.warning(
@@ -227,7 +227,7 @@ class Bf16Embedder(_Variant):
 
 
 class OnnxEmbedder(_Variant):
-    """Same interface as `pipelines.embed.Embedder`; vectors are unit-norm float32."""
+    """Same interface as `pipelines.build.embed.Embedder`; vectors are unit-norm float32."""
 
     def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32, backend: str = "onnx"):
         import onnxruntime as ort

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evals.answer_modes import mode_for
-from pipelines.retrieval import Candidate, Retrieval
+from pipelines.retrieval.retriever import Candidate, Retrieval
 
 # Which per-passage score is on the same scale as each gating signal (for the noise cut).
 PASSAGE_SCORE = {"rerank_top": "rerank_probability", "cosine_top": "cosine", "bm25_top": "bm25_score"}

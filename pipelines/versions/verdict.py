@@ -1,24 +1,18 @@
-"""A gate verdict bound to what it judged (G3), and the promotions log (G4).
+"""A gate verdict bound to what it judged (G3).
 
 The evaluate step records what it evaluated (the version's manifest hash, the eval sets' SHA-256,
 the config's hash); the gate adds the baseline it compared against and writes all of it into
 gate.json under `evaluated`. Promotion recomputes the same facts for the version it is about to
 serve and refuses a verdict that does not match: a cleared-and-rerun load, an edited eval set, a
-new baseline or config all need a new verdict. Every promotion and rollback appends one record.
+new baseline or config all need a new verdict.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 
-from pipelines.manifest import manifest_hash, sha256_file, sha256_json
-
-PROMOTIONS_LOG = "promotions.jsonl"  # embedded: beside the LIVE pointer, in the artifacts folder
-PROMOTIONS_INDEX = "_promotions"  # OpenSearch: the index <prefix>-_promotions (no version is named so)
+from pipelines.versions.manifest import manifest_hash, sha256_file, sha256_json
 
 
 class VerdictMismatch(RuntimeError):
@@ -98,52 +92,3 @@ def check_verdict(gate: Mapping, cfg: Mapping, manifest: Mapping, version: str) 
             + "; ".join(problems)
             + ". Re-run evaluate and gate on this version."
         )
-
-
-def promotion_record(version: str, previous: str | None, verdict_sha256: str | None, actor: str, **extra) -> dict:
-    """One line of the append-only promotions log."""
-    return {
-        "time": datetime.now(UTC).isoformat(timespec="microseconds"),
-        "version": version,
-        "previous": previous,
-        "verdict_sha256": verdict_sha256,
-        "actor": actor,
-        **extra,
-    }
-
-
-def rollback_target(log: list[Mapping], live: str | None, present: set[str]) -> str | None:
-    """The default rollback target: the newest promoted version other than the live one that still exists."""
-    for record in reversed(log):
-        if record["version"] != live and record["version"] in present:
-            return record["version"]
-    return None
-
-
-def append_record(record: Mapping, path: str | Path) -> None:
-    """Append one JSON line and fsync: the log only ever grows."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
-    with open(path, "a+b") as fh:
-        if fh.tell() > 0:
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) != b"\n":  # a line torn by a crash: start a fresh line, keep the torn one visible
-                line = "\n" + line
-        fh.write(line.encode("utf-8"))
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """Every record of a promotions log, oldest first (a torn last line from a crash is skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records

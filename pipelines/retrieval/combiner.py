@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.manifest import sha256_file, sha256_json
+from pipelines.versions.manifest import sha256_file, sha256_json
 
 FORMAT = "sourcegate-answerability-combiner/1"
 SIGNAL = "answerability"  # the name the combined score has among the signals

@@ -7,8 +7,8 @@ promote only if the gate passed -> retention. A failed night leaves the live ind
 from __future__ import annotations
 
 from artifact_io import read_json
-from pipelines import factories, steps
-from pipelines.lock import writer_lock
+from pipelines.app import factories, steps
+from pipelines.versions.lock import writer_lock
 
 
 def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> dict:

@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from artifact_io import write_json
-from pipelines import quarantine
+from pipelines.build import quarantine
 from pipelines.batches import iter_batches, write_batches
-from pipelines.embed import embedding_matrix
+from pipelines.build.embed import embedding_matrix
 
 log = logging.getLogger(__name__)
 VALID_CHUNKS = "chunks.valid.parquet"

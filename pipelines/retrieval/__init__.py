@@ -1,0 +1,1 @@
+"""Retrieval and answering: hybrid search, fail-safe reranking, signals, the answer decision."""

@@ -1,0 +1,1 @@
+"""Index versions over time: manifests, bound verdicts, promotions, the writer lock, retention."""
