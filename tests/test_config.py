@@ -121,3 +121,16 @@ def test_config_schema_command_prints_the_schema_the_shipped_config_satisfies(ca
         assert not validator.is_valid({sections[0]: {leaf: value}} if sections else {leaf: value}), dotted
         with pytest.raises(config.ConfigError, match=dotted):
             config.load(None, {dotted: value})
+
+
+def test_the_configuration_reference_in_docs_is_the_one_the_code_generates():
+    """docs/configuration.md is generated from the pydantic models: a default written there that differs
+    from the code's fails here (regenerate: `sourcegate config-schema --markdown > docs/configuration.md`)."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert docs == config.reference(), "docs/configuration.md is stale: regenerate it"
+    assert "| `retrieval.rerank_weight` | int or float | `0.8` |" in docs  # the reader sees the code's default
+
+
+def test_every_config_key_says_why_it_has_its_default():
+    undocumented = [line.split("|")[1].strip() for line in config.reference().splitlines() if line.endswith("|  |")]
+    assert not undocumented, f"give these keys a description: {undocumented}"

@@ -245,8 +245,9 @@ def cmd_diff(args) -> int:
 
 
 def cmd_config_schema(args) -> int:
-    """The JSON schema of config/pipeline.yaml (keys, types, allowed values, defaults), for editors."""
-    print(json.dumps(config_mod.json_schema(), indent=2))
+    """The JSON schema of config/pipeline.yaml (keys, types, allowed values, defaults), for editors; with
+    --markdown the configuration reference (docs/configuration.md)."""
+    print(config_mod.reference() if args.markdown else json.dumps(config_mod.json_schema(), indent=2) + "\n", end="")
     return 0
 
 
@@ -320,6 +321,9 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")
+    p.add_argument(
+        "--markdown", action="store_true", help="the configuration reference instead (docs/configuration.md)"
+    )
     p.set_defaults(func=cmd_config_schema)
 
     args = parser.parse_args(argv)
