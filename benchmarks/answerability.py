@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import Result
-from pipelines.retrieval.combiner import auc, fit_arrays, folds, probabilities, threshold_for, training_rows
+from evals.sweep import roc_auc
 from pipelines.retrieval.combiner import cross_validate as combiner_cv
+from pipelines.retrieval.combiner import fit_arrays, folds, probabilities, threshold_for, training_rows
 
 COVERAGES = (1.0, 0.99, 0.95)
 SIGNALS = ["rerank_top", "cosine_top", "bm25_z", "term_coverage", "concept_coverage", "sentence_cosine"]
@@ -94,7 +95,7 @@ def table(
             entry = {}
             if not combine:
                 a, d = score[is_answer], score[kinds == kd]
-                entry["auc"] = round(auc(a, d) if len(a) and len(d) else float("nan"), 3)
+                entry["auc"] = round(roc_auc(a, d), 3)
                 entry.update({f"recall@{c:g}": round(recall_at(a, d, c), 3) for c in COVERAGES})
             if combine:  # out-of-fold probabilities: the combiner's AUC on questions it was not fitted on
                 aucs = []
@@ -102,7 +103,7 @@ def table(
                     oof = cross_validated(
                         x[mask], is_answer[mask], [s for s, m in zip(strata, mask) if m], 1.0, k, seed + rep, True
                     )["scores"]
-                    aucs.append(auc(oof[is_answer[mask]], oof[~is_answer[mask]]))
+                    aucs.append(roc_auc(oof[is_answer[mask]], oof[~is_answer[mask]]))
                 entry["cv_auc"] = round(float(np.mean(aucs)), 3)
             for c in COVERAGES:
                 recalls, coverage = [], []

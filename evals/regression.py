@@ -10,16 +10,19 @@ P(X >= l) is the exact one-sided p-value.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
+
+from scipy.stats import binomtest
 
 
 def binomial_tail(losses: int, discordant: int) -> float:
     """P(X >= losses) for X ~ Binomial(discordant, 1/2): the exact one-sided McNemar p-value."""
     if not 0 <= losses <= discordant:
         raise ValueError(f"need 0 <= losses <= discordant, got {losses}, {discordant}")
-    return sum(math.comb(discordant, i) for i in range(losses, discordant + 1)) / 2**discordant
+    if discordant == 0:
+        return 1.0  # no question changed: nothing to test
+    return float(binomtest(losses, discordant, 0.5, alternative="greater").pvalue)
 
 
 def paired(

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import mannwhitneyu
 
 ANSWER, DECLINE = "answer", "decline"
 
@@ -78,12 +79,12 @@ def sweep(scores: Sequence[float], labels: Iterable) -> dict[str, list[float]]:
 
 
 def roc_auc(answer: np.ndarray, decline: np.ndarray) -> float:
-    """ROC AUC as Mann-Whitney: P(answer > decline) + 0.5 P(tie). Inputs sorted."""
+    """ROC AUC: P(answer > decline) + 0.5 P(tie), the Mann-Whitney U over n_answer x n_decline (NaN when a
+    side is empty). The one AUC of the project (the combiner's cross-validation uses it too)."""
     if not len(answer) or not len(decline):
         return math.nan
-    below = np.searchsorted(decline, answer, "left")
-    below_or_tied = np.searchsorted(decline, answer, "right")
-    return float((below.sum() + below_or_tied.sum()) / (2.0 * len(answer) * len(decline)))
+    u = mannwhitneyu(answer, decline, alternative="two-sided", method="asymptotic").statistic
+    return float(u / (len(answer) * len(decline)))
 
 
 # No bootstrap interval for the gap: resampling can only raise a minimum and lower a

@@ -15,16 +15,21 @@ Airflow does not authenticate plugin apps: inside Airflow the app depends on Air
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations, and the route
 # functions live inside create_app, whose imports are local.
-import html
 import json
 import os
 from pathlib import Path
 from urllib.parse import quote
 
 from airflow.plugins_manager import AirflowPlugin
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 URL_PREFIX = "/sourcegate"
+# The runs page: autoescaped like the report, so a run folder's name is text, never markup.
+_TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).resolve().parent / "templates"), autoescape=True, undefined=StrictUndefined
+)
+_TEMPLATES.filters["urlencode_all"] = lambda value: quote(str(value), safe="")
 
 # name -> media type. Everything else in a run folder (Parquet, index files, ...) is not served.
 ALLOWED = {
@@ -100,28 +105,17 @@ def create_app(artifacts_root: str | Path, *, require_auth: bool = True):
     def runs_index(request: Request) -> HTMLResponse:
         base = request.scope.get("root_path", "").rstrip("/") + "/runs/"  # where the app is mounted
         live = _live_version(runs_root.parent)
-        rows = []
-        for folder in run_folders():
-            name = folder.name
-            files = [n for n in ALLOWED if (folder / n).is_file()] if run_id_ok(name) else []
-            links = " ".join(
-                f'<a href="{html.escape(base)}{quote(name, safe="")}/{n}">{html.escape(n)}</a>' for n in files
-            )
-            rows.append(
-                f"<tr><td>{html.escape(name)}{' <b>(live)</b>' if name == live else ''}</td>"
-                f"<td>{html.escape(_gate_status(folder))}</td><td>{links or '-'}</td></tr>"
-            )
-        body = (
-            "<table><tr><th>run</th><th>gate</th><th>artifacts</th></tr>" + "".join(rows) + "</table>"
-            if rows
-            else "<p>No runs yet.</p>"
-        )
-        return HTMLResponse(
-            "<!doctype html><html><head><meta charset='utf-8'><title>sourcegate runs</title>"
-            "<style>body{font-family:sans-serif;margin:1.5em}td,th{padding:.2em .8em;text-align:left}</style>"
-            f"</head><body><h1>sourcegate runs</h1><p>{html.escape(str(runs_root))}</p>{body}</body></html>",
-            headers={"X-Content-Type-Options": "nosniff"},
-        )
+        runs = [
+            {
+                "name": folder.name,
+                "live": folder.name == live,
+                "gate": _gate_status(folder),
+                "files": [n for n in ALLOWED if (folder / n).is_file()] if run_id_ok(folder.name) else [],
+            }
+            for folder in run_folders()
+        ]
+        page = _TEMPLATES.get_template("runs.html.j2").render(base=base, runs=runs, runs_root=str(runs_root))
+        return HTMLResponse(page, headers={"X-Content-Type-Options": "nosniff"})
 
     @app.get("/runs/{run_id}/{name}")
     def run_artifact(run_id: str, name: str) -> FileResponse:

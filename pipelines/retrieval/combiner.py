@@ -1,7 +1,7 @@
 """The answerability combiner: one calibrated score from several signals (issue #14).
 
-A logistic regression over standardised signals (L2, a fixed number of Newton steps: the same
-rows give the same coefficients, bit for bit, on the same machine). It is fitted only by
+A logistic regression over standardised signals (scikit-learn's, L2, solved by Newton-Cholesky to a tight
+tolerance: the same rows give the same coefficients on the same machine). It is fitted only by
 `sourcegate calibrate` and `sourcegate accept`, from a calibration's per-question signals; the
 nightly run reads the accepted coefficients from the file `answerability.combiner` names and
 never refits, so a night cannot move its own gating score. The file records the features, the
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from evals.sweep import roc_auc
 from pipelines.versions.manifest import sha256_file, sha256_json
 
 FORMAT = "sourcegate-answerability-combiner/1"
 SIGNAL = "answerability"  # the name the combined score has among the signals
 L2 = 1.0  # penalty on the standardised coefficients (scikit-learn's default C = 1)
-NEWTON_STEPS = 30  # fixed: more than enough to converge on a few hundred rows, and deterministic
+SOLVER = "sklearn.linear_model.LogisticRegression(newton-cholesky)"
 FOLDS, SEED = 5, 14  # the cross-validated estimate written beside the coefficients
 
 
@@ -51,18 +52,14 @@ def training_hash(rows: Sequence[Mapping], features: Sequence[str]) -> str:
     return sha256_json({"features": list(features), "rows": [[r["id"], r["label"], r["x"]] for r in rows]})
 
 
-def fit_logistic(z: np.ndarray, y: np.ndarray, l2: float = L2, steps: int = NEWTON_STEPS) -> tuple[np.ndarray, float]:
-    """L2-penalised logistic regression by Newton's method (the intercept is not penalised)."""
-    a = np.hstack([z, np.ones((len(z), 1))])
-    penalty = np.full(a.shape[1], float(l2))
-    penalty[-1] = 1e-9  # keeps the Hessian invertible when one label is absent from a fold
-    w = np.zeros(a.shape[1])
-    for _ in range(steps):
-        p = 1.0 / (1.0 + np.exp(-(a @ w)))
-        gradient = a.T @ (p - y) + penalty * w
-        hessian = (a * (p * (1 - p))[:, None]).T @ a + np.diag(penalty)
-        w = w - np.linalg.solve(hessian, gradient)
-    return w[:-1], float(w[-1])
+def fit_logistic(z: np.ndarray, y: np.ndarray, l2: float = L2) -> tuple[np.ndarray, float]:
+    """L2-penalised logistic regression (the intercept is not penalised): minimises the summed log loss
+    plus l2/2 * |coef|^2, i.e. scikit-learn's C = 1/l2."""
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(C=1.0 / l2, solver="newton-cholesky", tol=1e-10, max_iter=200)
+    model.fit(z, y.astype(int))
+    return model.coef_[0].astype(float), float(model.intercept_[0])
 
 
 def standardisation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -101,13 +98,6 @@ def threshold_for(answer: np.ndarray, coverage: float) -> float:
     return float(np.sort(answer)[::-1][keep - 1]) if keep else float("inf")
 
 
-def auc(answer: np.ndarray, decline: np.ndarray) -> float | None:
-    """P(answer score > decline score), ties count half (Mann-Whitney)."""
-    if not len(answer) or not len(decline):
-        return None
-    return float((answer[:, None] > decline[None, :]).mean() + (answer[:, None] == decline[None, :]).mean() / 2)
-
-
 def cross_validate(rows: Sequence[Mapping], k: int = FOLDS, seed: int = SEED, l2: float = L2) -> dict:
     """Held-out estimate: per fold, fit on the others and threshold at 100% of their should-answer.
 
@@ -133,7 +123,7 @@ def cross_validate(rows: Sequence[Mapping], k: int = FOLDS, seed: int = SEED, l2
     }
     return {
         "protocol": f"stratified {k}-fold (seed {seed}); threshold = lowest training-fold should-answer probability",
-        "auc": round(auc(held_out[is_answer], held_out[~is_answer]) or float("nan"), 4),
+        "auc": round(roc_auc(held_out[is_answer], held_out[~is_answer]), 4),
         "answer_kept": round(float(1 - declined[is_answer].mean()), 4),
         "decline_recall_by_kind": by_kind,
     }
@@ -158,7 +148,7 @@ def fit(questions: Sequence[Mapping], features: Sequence[str], l2: float = L2) -
         "features": features,
         **fit_arrays(x, y, l2),
         "l2": l2,
-        "newton_steps": NEWTON_STEPS,
+        "solver": SOLVER,
         "training": {
             "sha256": training_hash(rows, features),
             "n": {"answer": n_answer, "decline": len(rows) - n_answer},
