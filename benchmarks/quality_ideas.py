@@ -58,7 +58,7 @@ def rrf_docs(lists: list[list[str]], k: int = 60) -> list[str]:
     return sorted(score, key=lambda d: -score[d])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunk-depths", default="12,20,30,50")
     ap.add_argument("--doc-depths", default="10,20,30")
@@ -70,52 +70,51 @@ def main() -> None:
     )
     ap.add_argument("--queries", type=int, default=0, help="first N queries only (0 = all 300)")
     ap.add_argument("--name", default="quality_ideas", help="result file name (benchmarks/results/<name>.json)")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    res = Result(args.name)  # started here so wall_seconds covers the whole run
-    from pipelines import config as config_mod
-    from pipelines.app.beir import doc_ranking, index_dataset, load_queries
-    from pipelines.build.embed import Embedder
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
-    from pipelines.retrieval.retriever import blend, rrf
-    from pipelines.search.embedded import EmbeddedSearcher
 
-    cfg = config_mod.load("config/pipeline.yaml", {"chunking.max_tokens": args.max_tokens})
-    folder = index_dataset(cfg, SCIFACT, OUT, progress=False) / "index"  # the index `sourcegate beir` uses
-    res["chunking"] = cfg["chunking"]
-    searcher = EmbeddedSearcher(folder)
-    doc_of = dict(zip(searcher.ids, searcher.column("doc_id")))
-    text_of = dict(zip(searcher.ids, searcher.column("text")))
+def ints(csv: str) -> list[int]:
+    return [int(x) for x in csv.split(",") if x]
+
+
+class Memoised:
+    """The cross-encoder's logits with its pair memo kept across runs (MEMO), timing only new pairs."""
+
+    def __init__(self):
+        from pipelines.retrieval.rerank import OnnxCrossEncoder
+
+        self.scorer = OnnxCrossEncoder()
+        if MEMO.exists():
+            self.scorer._memo.update(pickle.loads(MEMO.read_bytes()))
+        self.at_start = len(self.scorer._memo)
+        self.new_pair_s: list[float] = []
+
+    def __call__(self, query: str, passages: list[str]) -> list[float]:
+        out = []
+        for p in passages:
+            fresh = (query, p) not in self.scorer._memo
+            t = time.perf_counter()
+            out.append(self.scorer.logit(query, p))
+            if fresh:
+                self.new_pair_s.append(time.perf_counter() - t)
+        return out
+
+    def save(self) -> None:
+        MEMO.write_bytes(pickle.dumps(self.scorer._memo))
+
+
+def scifact_corpus() -> dict[str, str]:
     corpus = {}
     for line in (SCIFACT / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
         d = json.loads(line)
         corpus[str(d["_id"])] = "\n".join(x for x in (d.get("title", "").strip(), d["text"].strip()) if x)
-    queries, qrels = load_queries(SCIFACT)
-    items = list(queries.items())[: args.queries or None]
-    qrels = {q: qrels[q] for q, _ in items}
-    embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2")
-    scorer = OnnxCrossEncoder()
-    if MEMO.exists():
-        scorer._memo.update(pickle.loads(MEMO.read_bytes()))
-    memo0 = len(scorer._memo)
-    new_pair_s: list[float] = []
+    return corpus
 
-    def ce(query: str, passages: list[str]) -> list[float]:
-        out = []
-        for p in passages:
-            fresh = (query, p) not in scorer._memo
-            t = time.perf_counter()
-            out.append(scorer.logit(query, p))
-            if fresh:
-                new_pair_s.append(time.perf_counter() - t)
-        return out
 
-    lists = {}
-    for qid, text in items:
-        v = embedder.encode_query(text)
-        lists[qid] = ([h.chunk_id for h in searcher.bm25(text, DEPTH)], [h.chunk_id for h in searcher.knn(v, DEPTH)])
-    log(f"{len(items)} queries retrieved; memo has {memo0} pairs")
-
+def fusion_runs(lists: dict, doc_of: dict) -> tuple[dict, dict]:
+    """BM25, dense and their RRF fusions (chunk- and document-level); and the k=60 fused chunk lists."""
+    from pipelines.app.beir import doc_ranking
+    from pipelines.retrieval.retriever import rrf
     from pipelines.search.base import Hit
 
     runs: dict[str, dict[str, list[str]]] = {}
@@ -134,34 +133,48 @@ def main() -> None:
         }
     runs["bm25"] = {qid: doc_ranking(b, doc_of) for qid, (b, n) in lists.items()}
     runs["dense"] = {qid: doc_ranking(n, doc_of) for qid, (b, n) in lists.items()}
-    hybrid = runs["hybrid_chunks_rrf_k60"]
+    return runs, fused_chunks
 
-    for d in [int(x) for x in args.chunk_depths.split(",") if x]:
+
+def chunk_rerank_runs(runs, items, fused_chunks, text_of, doc_of, ce, depths) -> None:
+    from pipelines.app.beir import doc_ranking
+
+    hybrid = runs["hybrid_chunks_rrf_k60"]
+    for d in depths:
         name = f"chunk_rerank@{d}"
         runs[name], runs[name + "+rrf"] = {}, {}
         for qid, text in items:
             head = fused_chunks[qid][:d]
             s = ce(text, [text_of[c] for c in head])
             order = [head[i] for i in sorted(range(len(head)), key=lambda i: (-s[i], i))]
-            ranked = doc_ranking(order + fused_chunks[qid][d:], doc_of)
-            runs[name][qid] = ranked
+            runs[name][qid] = doc_ranking(order + fused_chunks[qid][d:], doc_of)
             runs[name + "+rrf"][qid] = rrf_docs([doc_ranking(order, doc_of), hybrid[qid]])
-        log(f"{name} done; new pairs so far {len(new_pair_s)}")
-    for k in [int(x) for x in args.blend_ks.split(",") if x]:
+        log(f"{name} done; new pairs so far {len(ce.new_pair_s)}")
+
+
+def blend_runs(runs, items, lists, text_of, doc_of, ce, args) -> None:
+    from pipelines.app.beir import doc_ranking
+    from pipelines.retrieval.retriever import blend, rrf
+    from pipelines.search.base import Hit
+
+    for k in ints(args.blend_ks):
         for qid, text in items:
             b, n = lists[qid]
             fused = rrf([[Hit(c, 0) for c in b], [Hit(c, 0) for c in n]], k)
-            for d in [int(x) for x in args.blend_depths.split(",") if x]:
+            for d in ints(args.blend_depths):
                 head = fused[:d]
                 logits = ce(text, [text_of[c] for c, _ in head])
                 for w in [float(x) for x in args.blend_weights.split(",") if x]:
                     order = blend(logits, [s for _, s in head], w)
                     ranked = [head[i][0] for i in order] + [c for c, _ in fused[d:]]
                     runs.setdefault(f"blend_k{k}_d{d}_w{w}", {})[qid] = doc_ranking(ranked, doc_of)
-        log(f"blend k={k} done; new pairs so far {len(new_pair_s)}")
-        MEMO.write_bytes(pickle.dumps(scorer._memo))
+        log(f"blend k={k} done; new pairs so far {len(ce.new_pair_s)}")
+        ce.save()
+
+
+def doc_rerank_runs(runs, items, corpus, ce, depths) -> None:
     doc_base = runs["hybrid_docs_rrf_k60"]
-    for d in [int(x) for x in args.doc_depths.split(",") if x]:
+    for d in depths:
         name = f"doc_rerank@{d}"
         runs[name], runs[name + "+rrf"] = {}, {}
         for qid, text in items:
@@ -170,17 +183,12 @@ def main() -> None:
             order = [head[i] for i in sorted(range(len(head)), key=lambda i: (-s[i], i))]
             runs[name][qid] = order + doc_base[qid][d:]
             runs[name + "+rrf"][qid] = rrf_docs([order, doc_base[qid]])
-        log(f"{name} done; new pairs so far {len(new_pair_s)}")
-        MEMO.write_bytes(pickle.dumps(scorer._memo))
+        log(f"{name} done; new pairs so far {len(ce.new_pair_s)}")
+        ce.save()
 
-    res.data.update(
-        queries=len(items),
-        candidate_depth=DEPTH,
-        memo_pairs_at_start=memo0,
-        new_pairs_scored=len(new_pair_s),
-        ms_per_new_pair_median=round(float(np.median(new_pair_s)) * 1000, 1) if new_pair_s else None,
-        ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer",
-    )
+
+def score_systems(runs: dict, qrels: dict, items: list) -> tuple[dict, dict]:
+    """nDCG per system on all queries and on two halves; the best system picked on one half, read on the other."""
     systems = ndcg(runs, qrels)
     halves = {
         "odd": {q: qrels[q] for i, (q, _) in enumerate(items) if i % 2},
@@ -190,18 +198,57 @@ def main() -> None:
         systems[name]["ndcg@10_folds"] = {
             h: ndcg({name: {q: run[q] for q in part}}, part)[name]["ndcg@10"] for h, part in halves.items()
         }
-    res["systems"] = dict(sorted(systems.items(), key=lambda kv: -kv[1]["ndcg@10"]))
-    # two-fold selection: the best system on one half, read on the other half
     cross = {}
     for pick, read in (("odd", "even"), ("even", "odd")):
         best = max(systems, key=lambda n: systems[n]["ndcg@10_folds"][pick])
         cross[f"picked_on_{pick}"] = {"system": best, f"ndcg@10_on_{read}": systems[best]["ndcg@10_folds"][read]}
     cross["mean_held_out"] = round(sum(v[k] for v in cross.values() for k in v if k.startswith("ndcg")) / 2, 4)
-    res["two_fold_selection"] = cross
+    return dict(sorted(systems.items(), key=lambda kv: -kv[1]["ndcg@10"])), cross
+
+
+def main() -> None:
+    args = parse_args()
+    res = Result(args.name)  # started here so wall_seconds covers the whole run
+    from pipelines import config as config_mod
+    from pipelines.app.beir import index_dataset, load_queries
+    from pipelines.build.embed import Embedder
+    from pipelines.search.embedded import EmbeddedSearcher
+
+    cfg = config_mod.load("config/pipeline.yaml", {"chunking.max_tokens": args.max_tokens})
+    folder = index_dataset(cfg, SCIFACT, OUT, progress=False) / "index"  # the index `sourcegate beir` uses
+    res["chunking"] = cfg["chunking"]
+    searcher = EmbeddedSearcher(folder)
+    doc_of = dict(zip(searcher.ids, searcher.column("doc_id")))
+    text_of = dict(zip(searcher.ids, searcher.column("text")))
+    queries, qrels = load_queries(SCIFACT)
+    items = list(queries.items())[: args.queries or None]
+    qrels = {q: qrels[q] for q, _ in items}
+    embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2")
+    ce = Memoised()
+    lists = {}
+    for qid, text in items:
+        v = embedder.encode_query(text)
+        lists[qid] = ([h.chunk_id for h in searcher.bm25(text, DEPTH)], [h.chunk_id for h in searcher.knn(v, DEPTH)])
+    log(f"{len(items)} queries retrieved; memo has {ce.at_start} pairs")
+
+    runs, fused_chunks = fusion_runs(lists, doc_of)
+    chunk_rerank_runs(runs, items, fused_chunks, text_of, doc_of, ce, ints(args.chunk_depths))
+    blend_runs(runs, items, lists, text_of, doc_of, ce, args)
+    doc_rerank_runs(runs, items, scifact_corpus(), ce, ints(args.doc_depths))
+
+    res.data.update(
+        queries=len(items),
+        candidate_depth=DEPTH,
+        memo_pairs_at_start=ce.at_start,
+        new_pairs_scored=len(ce.new_pair_s),
+        ms_per_new_pair_median=round(float(np.median(ce.new_pair_s)) * 1000, 1) if ce.new_pair_s else None,
+        ms_per_new_pair_by_kind="chunk pairs and abstract pairs mixed; abstracts are longer",
+    )
+    res["systems"], res["two_fold_selection"] = score_systems(runs, qrels, items)
     res["peak_rss_mb"] = peak_rss_mb()
     for k, v in res["systems"].items():
         log(f"{k:28s} nDCG@10 {v['ndcg@10']:.4f}  recall@100 {v['recall@100']:.4f}")
-    MEMO.write_bytes(pickle.dumps(scorer._memo))
+    ce.save()
     res.write()
 
 

@@ -164,3 +164,14 @@ def test_the_checks_see_a_dangling_and_an_upward_import(tmp_path):
     assert module_file("pipelines.no_such_module") is None and module_file("pipelines.app.steps") is not None
     assert "nothing_here" not in top_level_names(ROOT / "pipelines" / "app" / "steps.py")
     assert "evaluate_step" in top_level_names(ROOT / "pipelines" / "app" / "steps.py")
+
+
+def test_no_benchmark_function_runs_past_100_lines():
+    """A benchmark is its steps as functions over the shared harness (benchmarks/_common.py), not one long main."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((ROOT / "benchmarks").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 100
+    ]
+    assert not long, "split these:\n" + "\n".join(long)
