@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 
 def jsonable(obj: Any) -> Any:
@@ -86,10 +84,6 @@ def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
         json.dumps(jsonable(row), sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n" for row in rows
     )
     return write_text(text, path)
-
-
-def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:
-    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -3,9 +3,9 @@
 import zlib
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
-from artifact_io import write_parquet
 from pipelines.retrieval.answerability import (
     answerability_signals,
     concept_coverage,
@@ -159,7 +159,7 @@ def test_concept_coverage_is_the_same_at_any_list_depth(tmp_path):
         | {"text": t, "text_hash": str(i), "ordinal": 0}
         for i, t in enumerate(texts)
     ]
-    write_parquet(chunks_with_vectors(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
+    pq.write_table(chunks_with_vectors(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
     store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
     store.load("v1", str(tmp_path / "c.parquet"))
     searcher = store.open("v1")

@@ -1,7 +1,7 @@
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
-from artifact_io import write_parquet
 from pipelines.search.base import ScoreDistribution, retain
 from pipelines.search.embedded import EmbeddedStore, top_k
 from tests.conftest import chunks_with_vectors
@@ -28,7 +28,7 @@ def synthetic_chunks(path, n=50, dim=8, seed=0):
                 "ordinal": 0,
             }
         )
-    write_parquet(chunks_with_vectors(rows, vectors, "m"), path)
+    pq.write_table(chunks_with_vectors(rows, vectors, "m"), path)
     return rows, vectors
 
 

@@ -13,9 +13,9 @@ import time
 import uuid
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
-from artifact_io import write_parquet
 from pipelines.app.cli import main
 from pipelines.search.opensearch import OpenSearchStore
 from tests.conftest import ROOT, chunks_with_vectors
@@ -198,7 +198,7 @@ def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, os_client, pr
         }
         for i in range(n)
     ]
-    write_parquet(chunks_with_vectors(rows, vectors, "m"), big)
+    pq.write_table(chunks_with_vectors(rows, vectors, "m"), big)
 
     errors = []
     loader = threading.Thread(target=lambda: _load_catching(store, "20261105-020000", big, errors))

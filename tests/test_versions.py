@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io import write_parquet
 from pipelines import models
 from pipelines.app.cli import main
 from pipelines.app.factories import get_embedder, open_store, retriever_for
@@ -165,7 +164,7 @@ def test_model_fingerprint_hashes_the_weights_not_the_id(tmp_path):
 def test_embedding_cache_needs_the_same_id_and_the_same_fingerprint(tmp_path):
     rows, vectors = synthetic_chunks(tmp_path / "c.parquet", n=4)  # written with no fingerprint (nulls)
     path = tmp_path / "fp.parquet"
-    write_parquet(chunks_with_vectors(rows, vectors, "m", "sha256:a"), path)
+    pq.write_table(chunks_with_vectors(rows, vectors, "m", "sha256:a"), path)
     assert pq.read_table(path)["model_fingerprint"].to_pylist() == ["sha256:a"] * 4
     keys = pa.array([r["text_hash"] for r in rows])
 
