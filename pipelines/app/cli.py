@@ -6,13 +6,13 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 from pathlib import Path
 
 import yaml
 
 from pipelines import config as config_mod
 from pipelines.retrieval import combiner
-from pipelines.versions.manifest import IntegrityError
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
 
@@ -326,15 +326,28 @@ def main(argv=None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    return run_command(args)
+
+
+def run_command(args) -> int:
+    """The one top-level handler (G10): every exception is exit 2 with one line naming its cause and step;
+    1 only ever comes from a command's own gate verdict. The traceback is shown only with -v."""
+    from pipelines.app.errors import ERROR, exit_line
+    from pipelines.search.opensearch.client import config_from_env, redact_url
+
     try:
         return args.func(args)
-    except IntegrityError as exc:  # a corrupt or incomplete version: never served, never a traceback
-        print(f"sourcegate: integrity error: {exc}", file=sys.stderr)
-        return 2
-    # OSError: e.g. a full disk; RuntimeError: e.g. a missing or stale answerability combiner (CombinerError)
-    except (config_mod.ConfigError, OSError, ValueError, RuntimeError) as exc:
-        print(f"sourcegate: error: {exc}", file=sys.stderr)
-        return 2
+    except BaseException as exc:  # noqa: BLE001 - the one place every failure becomes an exit code
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            raise
+        try:
+            url = redact_url(config_from_env().url)
+        except ValueError as bad:
+            url = f"(OPENSEARCH_URL invalid: {bad})"
+        print(f"sourcegate: {exit_line(exc, args.command, url)}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        return ERROR
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> di
 
 def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False) -> dict:
     run_id = run_id or steps.new_run_id()
+    factories.preflight(cfg)  # a red cluster or a write block fails the night before its first write
     with writer_lock(cfg, f"sourcegate run {run_id}"):  # the whole night is one writer
         return _run_locked(cfg, run_id, progress)
 
