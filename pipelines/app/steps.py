@@ -9,7 +9,6 @@ import hashlib
 import logging
 import re
 import shutil
-import subprocess
 import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,8 +26,8 @@ from pipelines.build.embed import embed_shard, merge_shards
 from pipelines.build.ingest import ingest
 from pipelines.build.validate import loadable_chunks, validate_chunks
 from pipelines.retrieval import combiner
+from pipelines.versions import code, promotions, runs, verdict
 from pipelines.versions import manifest as mf
-from pipelines.versions import promotions, runs, verdict
 from pipelines.versions.lock import held_since, locked
 
 log = logging.getLogger(__name__)
@@ -74,20 +73,6 @@ def timed(folder: Path, step: str):
     update_run_info(folder, timings_s={step: round(time.perf_counter() - start, 3)})
 
 
-def code_version() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def versions() -> dict:
     names = [
         "sentence-transformers",
@@ -113,9 +98,7 @@ def corpus_hash(documents_parquet: Path) -> str:
     return hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest()
 
 
-def embedding_fingerprint(cfg: dict) -> str:
-    """The fingerprint of the embedding model the config names, per backend (no model load: a hash of its files)."""
-    return embed_backends.fingerprint(cfg["embedding"]["model_path"], cfg["embedding"]["backend"])
+embedding_fingerprint = verdict.embedding_fingerprint  # also what ingest and load record
 
 
 @locked("ingest")
@@ -127,7 +110,7 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
     if not (folder / "run.json").exists():  # the run's creation time orders versions (pipelines/versions/runs.py)
         update_run_info(folder, started_at=datetime.now(UTC).isoformat())
     prev = previous_run(cfg, run_id)
-    version = code_version()
+    version = code.code_version()
     try:
         with timed(folder, "ingest"):
             result = ingest(
@@ -403,17 +386,6 @@ def cleanup_step(cfg: dict) -> dict:
 # --- evaluation and the gate -----------------------------------------------------------
 
 
-def reranker_fingerprint(cfg: dict) -> str | None:
-    """The cross-encoder's files' fingerprint (recorded beside its id), None when there is none."""
-    kind, path = cfg["reranker"]["kind"], cfg["reranker"]["model_path"]
-    try:
-        if kind == "onnx":
-            return models.fingerprint(models.cross_encoder_dir(path))
-        return models.fingerprint(path) if kind == "sentence_transformers" and path else None
-    except FileNotFoundError:
-        return None
-
-
 @locked("evaluate")
 def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: bool = False) -> dict:
     """Evaluate index `version` (default: this run's own) into this run's folder."""
@@ -441,7 +413,7 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
             "reranker": {
                 "kind": cfg["reranker"]["kind"],
                 "id": getattr(scorer, "model_id", None),
-                "fingerprint": reranker_fingerprint(cfg),
+                "fingerprint": verdict.reranker_fingerprint(cfg),
             }
         },
     )
