@@ -74,9 +74,9 @@ def test_a_failing_lock_release_never_replaces_the_original_error(tmp_path, monk
         return failing
 
     monkeypatch.setattr(lock, "acquire_folder", acquire_with_failing_release)
-    with pytest.raises(ValueError, match="the original"):
-        with writer_lock({"artifacts": str(tmp_path), "backend": {"kind": "embedded"}}, "test"):
-            raise ValueError("the original")
+    cfg = {"artifacts": str(tmp_path), "backend": {"kind": "embedded"}}
+    with pytest.raises(ValueError, match="the original"), writer_lock(cfg, "test"):
+        raise ValueError("the original")
     assert "could not release the lock" in caplog.text and "node gone while releasing" in caplog.text
     assert "the original" in caplog.text  # logged beside it
 

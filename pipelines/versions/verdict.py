@@ -102,7 +102,9 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
         found.append(f"the baseline {base['path']} differs from the one the gate compared against")
     for field, what in BOUND_MODELS_AND_CODE.items():
         if recorded.get(field) != current.get(field):
-            found.append(f"{field}: {what} changed since the evaluation ({recorded.get(field)!r} -> {current[field]!r})")
+            found.append(
+                f"{field}: {what} changed since the evaluation ({recorded.get(field)!r} -> {current[field]!r})"
+            )
     return found
 
 
