@@ -32,7 +32,7 @@ PIPELINE_LAYERS = [
     ["pipelines.build"],
     ["pipelines.search"],
     ["pipelines.retrieval"],
-    ["pipelines.versions.verdict", "pipelines.versions.runs", "pipelines.versions.lock"],
+    ["pipelines.versions.verdict", "pipelines.versions.runs", "pipelines.versions.lock", "pipelines.versions.code"],
     ["pipelines.app"],
 ]
 

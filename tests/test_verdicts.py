@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
+import yaml
 
 from artifact_io import write_json
 from pipelines.app import steps
@@ -126,12 +128,19 @@ def test_failed_unbound_or_missing_verdicts_are_refused(night):
     assert night.store.live() is None
 
 
+def cli_config(night) -> str:
+    """The night's config as a file: the CLI must run with the config the verdicts were bound to."""
+    path = Path(night.cfg["artifacts"]).parent / "night.yaml"
+    path.write_text(yaml.safe_dump(night.cfg))
+    return str(path)
+
+
 def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night, capsys):
     artifacts = night.cfg["artifacts"]
     for v in ("20260101-020000", "20260102-020000", "20260103-020000"):
         night(v)
         steps.promote_step(night.cfg, v)
-    assert main(["rollback", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    assert main(["--config", cli_config(night), "rollback", "--artifacts", artifacts, "--backend", "embedded"]) == 0
     assert "20260103-020000 -> 20260102-020000" in capsys.readouterr().out
     assert night.store.live() == "20260102-020000"
     record = night.store.promotions()[-1]
@@ -141,7 +150,8 @@ def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night
         "rollback",
     )
     # an explicit target; then the default is the newest logged promotion other than the live one
-    assert main(["rollback", "20260101-020000", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    args = ["--config", cli_config(night), "rollback", "20260101-020000", "--artifacts", artifacts]
+    assert main([*args, "--backend", "embedded"]) == 0
     assert steps.rollback_step(night.cfg)["version"] == "20260102-020000"
 
 
@@ -153,7 +163,9 @@ def test_rollback_refuses_failed_corrupt_or_unknown_targets(night, capsys):
     night("v3")
     steps.promote_step(night.cfg, "v3")
     assert main(["rollback", "v1", "--artifacts", artifacts, "--backend", "embedded"]) == 2
-    assert "no passed gate verdict" in capsys.readouterr().err
+    assert "never promoted" in capsys.readouterr().err
+    assert main(["rollback", "v1", "--force", "--artifacts", artifacts, "--backend", "embedded"]) == 2
+    assert "its gate failed" in capsys.readouterr().err
     npy = night.store.folder("v2") / "embeddings.npy"
     npy.write_bytes(npy.read_bytes()[:-8])
     assert main(["rollback", "--artifacts", artifacts, "--backend", "embedded"]) == 2  # the default target, v2
@@ -177,3 +189,68 @@ def test_a_torn_last_line_of_the_log_is_skipped(tmp_path):
     assert promotions.read_records(path) == [{"version": "a"}]
     promotions.append_record({"version": "c"}, path)  # the next record still gets a line of its own
     assert promotions.read_records(path) == [{"version": "a"}, {"version": "c"}]
+
+
+def test_rollback_to_a_version_never_promoted_needs_force_and_is_logged_with_its_actor(night, capsys):
+    night("20260101-020000")
+    night("20260102-020000")
+    steps.promote_step(night.cfg, "20260102-020000")
+    with pytest.raises(verdict.VerdictMismatch, match="never promoted"):
+        steps.rollback_step(night.cfg, "20260101-020000")
+    record = steps.rollback_step(night.cfg, "20260101-020000", force=True, actor="ops:alice")
+    assert night.store.live() == "20260101-020000"
+    assert (record["actor"], record["forced"], record["kind"]) == ("ops:alice", True, "rollback")
+    assert night.store.promotions()[-1] == record
+
+
+def test_rollback_checks_the_full_binding(night):
+    for v in ("20260101-020000", "20260102-020000"):
+        night(v)
+        steps.promote_step(night.cfg, v)
+    night.baseline.write_text(night.baseline.read_text() + " ")  # a new baseline since the verdict
+    with pytest.raises(verdict.VerdictMismatch, match="baseline"):
+        steps.rollback_step(night.cfg, "20260101-020000")
+    assert night.store.live() == "20260102-020000"
+
+
+def test_the_verdict_names_a_changed_code_version_or_model(night):
+    night("20260101-020000")
+    gate_path = steps.run_dir(night.cfg, "20260101-020000") / "gate.json"
+    gate = json.loads(gate_path.read_text())
+    assert gate["evaluated"]["code_version"].startswith("0.1.0+src.")
+    for field in ("code_version", "reranker_fingerprint", "embedder_fingerprint"):
+        edited = {**gate, "evaluated": {**gate["evaluated"], field: "something else"}}
+        gate_path.write_text(json.dumps(edited))
+        with pytest.raises(verdict.VerdictMismatch, match=f"{field}: "):
+            steps.promote_step(night.cfg, "20260101-020000")
+    assert night.store.live() is None
+
+
+@pytest.mark.parametrize("crash_at", ["promote:swapped", "promote:logged"])
+def test_a_promotion_retried_after_a_crash_logs_once_and_repairs_run_json(night, monkeypatch, crash_at):
+    """The crash is an exception at the named kill point (pipelines/faults.py), then the same promote again."""
+    from pipelines import faults
+
+    night("20260101-020000")
+    steps.promote_step(night.cfg, "20260101-020000")
+    night("20260102-020000")
+
+    def crash(point):
+        if point == crash_at:
+            raise SystemExit(f"killed at {point}")
+
+    monkeypatch.setattr(faults, "reached", crash)
+    with pytest.raises(SystemExit):
+        steps.promote_step(night.cfg, "20260102-020000")
+    run_json = steps.run_dir(night.cfg, "20260102-020000") / "run.json"
+    assert not run_json.exists() and night.store.live() == "20260102-020000"
+    monkeypatch.undo()
+    steps.promote_step(night.cfg, "20260102-020000")  # the retry
+    log = night.store.promotions()
+    assert [(r["version"], r["previous"]) for r in log] == [
+        ("20260101-020000", None),
+        ("20260102-020000", "20260101-020000"),
+    ]
+    info = json.loads(run_json.read_text())
+    assert info["promoted"]["version"] == "20260102-020000"
+    assert info["promoted"]["replaced"] == log[-1]["previous"]

@@ -1,4 +1,4 @@
-"""`sourcegate` command line: run, query, calibrate, beir, accept, runs, verify, rollback, diff, config-schema."""
+"""`sourcegate` command line: run, promote, query, calibrate, beir, accept, runs, verify, rollback, diff, config-schema."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 from pathlib import Path
 
 import yaml
 
 from pipelines import config as config_mod
 from pipelines.retrieval import combiner
-from pipelines.versions.manifest import IntegrityError
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
 
@@ -43,7 +43,7 @@ def cmd_run(args) -> int:
     from pipelines.app.run import run_pipeline
 
     cfg = load_config(args)
-    result = run_pipeline(cfg, run_id=args.run_id, progress=not args.quiet)
+    result = run_pipeline(cfg, run_id=args.run_id, progress=not args.quiet, promote=not args.no_promote)
     print(f"\nrun {result['run_id']}: {result['summary']}")
     print(f"gate: {'PASSED' if result['passed'] else 'FAILED'}")
     for reason in result["reasons"]:
@@ -225,12 +225,23 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_promote(args) -> int:
+    """Make a run's version live if its passed verdict is bound to exactly what is there now (exit 2 naming
+    the field that differs); a retry after a crash finishes the promotion without a second log record."""
+    from pipelines.app.steps import promote_step
+
+    cfg = load_config(args)
+    version = promote_step(cfg, args.run, actor=args.actor)
+    print(f"live index: {version}")
+    return 0
+
+
 def cmd_rollback(args) -> int:
-    """Re-point the live index to an earlier version that passed its gate and verifies; logged."""
+    """Re-point the live index to an earlier promoted version whose verdict still binds; logged."""
     from pipelines.app.steps import rollback_step
 
     cfg = load_config(args)
-    record = rollback_step(cfg, args.version)
+    record = rollback_step(cfg, args.version, force=args.force, actor=args.actor)
     print(f"rolled back: live index {record['previous']} -> {record['version']} (logged as a rollback)")
     return 0
 
@@ -269,7 +280,13 @@ def main(argv=None) -> int:
     p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
     p.add_argument("--run-id"), p.add_argument("--quiet", action="store_true")
     p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
+    p.add_argument("--no-promote", action="store_true", help="build, evaluate and gate, but leave the live index")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("promote", help="make a run's version live if its passed verdict binds to it (the deploy step)")
+    p.add_argument("run", help="a run id"), p.add_argument("--artifacts")
+    p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--actor", default="cli")
+    p.set_defaults(func=cmd_promote)
 
     p = sub.add_parser("query", help="ask the live index (or --index RUN_DIR) one question")
     p.add_argument("question"), p.add_argument("--context", action="append", help="a prior turn (repeatable)")
@@ -313,6 +330,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("rollback", help="point the live index back at an earlier version that passed its gate")
     p.add_argument("version", nargs="?", help="default: the previously promoted version")
     p.add_argument("--artifacts"), p.add_argument("--backend", choices=["embedded", "opensearch"])
+    p.add_argument("--force", action="store_true", help="also a version never promoted (logged as forced)")
+    p.add_argument("--actor", default="rollback", help="who rolls back (logged)")
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("diff", help="what changed per question between two run folders (scores, modes, ranks)")
@@ -330,15 +349,28 @@ def main(argv=None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    return run_command(args)
+
+
+def run_command(args) -> int:
+    """The one top-level handler (G10): every exception is exit 2 with one line naming its cause and step;
+    1 only ever comes from a command's own gate verdict. The traceback is shown only with -v."""
+    from pipelines.app.errors import ERROR, exit_line
+    from pipelines.search.opensearch.client import config_from_env, redact_url
+
     try:
         return args.func(args)
-    except IntegrityError as exc:  # a corrupt or incomplete version: never served, never a traceback
-        print(f"sourcegate: integrity error: {exc}", file=sys.stderr)
-        return 2
-    # OSError: e.g. a full disk; RuntimeError: e.g. a missing or stale answerability combiner (CombinerError)
-    except (config_mod.ConfigError, OSError, ValueError, RuntimeError) as exc:
-        print(f"sourcegate: error: {exc}", file=sys.stderr)
-        return 2
+    except BaseException as exc:  # noqa: BLE001 - the one place every failure becomes an exit code
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            raise
+        try:
+            url = redact_url(config_from_env().url)
+        except ValueError as bad:
+            url = f"(OPENSEARCH_URL invalid: {bad})"
+        print(f"sourcegate: {exit_line(exc, args.command, url)}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        return ERROR
 
 
 if __name__ == "__main__":

@@ -60,3 +60,12 @@ def retriever_for(cfg: dict, searcher):
     mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
     scorer = scorer_for(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
     return Retriever.from_config(searcher, embedder, scorer, cfg), scorer
+
+
+def preflight(cfg: dict) -> None:
+    """The backend's pre-flight check before a night writes (OpenSearch: health and blocks; embedded: none)."""
+    if cfg["backend"]["kind"] == "opensearch":
+        from pipelines.search.opensearch.health import preflight as opensearch_preflight
+
+        store = open_store(cfg)
+        opensearch_preflight(store.client, store.prefix)

@@ -22,17 +22,18 @@ def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> di
     return {"ingest": counts, "encoded": encoded, "indexed": indexed, "quarantined": quarantined}
 
 
-def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False) -> dict:
+def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False, promote: bool = True) -> dict:
     run_id = run_id or steps.new_run_id()
+    factories.preflight(cfg)  # a red cluster or a write block fails the night before its first write
     with writer_lock(cfg, f"sourcegate run {run_id}"):  # the whole night is one writer
-        return _run_locked(cfg, run_id, progress)
+        return _run_locked(cfg, run_id, progress, promote)
 
 
-def _run_locked(cfg: dict, run_id: str, progress: bool) -> dict:
+def _run_locked(cfg: dict, run_id: str, progress: bool, promote: bool) -> dict:
     built = build(cfg, run_id, progress=progress)
     steps.evaluate_step(cfg, run_id, progress=progress)
     gate = steps.gate_step(cfg, run_id)
-    if gate["passed"]:
+    if gate["passed"] and promote:  # --no-promote: a dry-run night; `sourcegate promote RUN` can finish it
         steps.promote_step(cfg, run_id)
         steps.cleanup_step(cfg)
     c = built["ingest"]

@@ -9,7 +9,6 @@ import hashlib
 import logging
 import re
 import shutil
-import subprocess
 import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json
 from evals.harness import evaluate, gate_for_dir
-from pipelines import models
+from pipelines import faults, models
 from pipelines.app.factories import get_embedder, open_store, retriever_for
 from pipelines.build import embed_backends, quarantine
 from pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
@@ -27,8 +26,8 @@ from pipelines.build.embed import embed_shard, merge_shards
 from pipelines.build.ingest import ingest
 from pipelines.build.validate import loadable_chunks, validate_chunks
 from pipelines.retrieval import combiner
+from pipelines.versions import code, promotions, runs, verdict
 from pipelines.versions import manifest as mf
-from pipelines.versions import promotions, runs, verdict
 from pipelines.versions.lock import held_since, locked
 
 log = logging.getLogger(__name__)
@@ -74,20 +73,6 @@ def timed(folder: Path, step: str):
     update_run_info(folder, timings_s={step: round(time.perf_counter() - start, 3)})
 
 
-def code_version() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def versions() -> dict:
     names = [
         "sentence-transformers",
@@ -113,9 +98,7 @@ def corpus_hash(documents_parquet: Path) -> str:
     return hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest()
 
 
-def embedding_fingerprint(cfg: dict) -> str:
-    """The fingerprint of the embedding model the config names, per backend (no model load: a hash of its files)."""
-    return embed_backends.fingerprint(cfg["embedding"]["model_path"], cfg["embedding"]["backend"])
+embedding_fingerprint = verdict.embedding_fingerprint  # also what ingest and load record
 
 
 @locked("ingest")
@@ -127,7 +110,7 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
     if not (folder / "run.json").exists():  # the run's creation time orders versions (pipelines/versions/runs.py)
         update_run_info(folder, started_at=datetime.now(UTC).isoformat())
     prev = previous_run(cfg, run_id)
-    version = code_version()
+    version = code.code_version()
     try:
         with timed(folder, "ingest"):
             result = ingest(
@@ -339,9 +322,8 @@ def promote_step(cfg: dict, run_id: str, actor: str = "cli", allow_older: bool =
     manifest = store.verify(run_id)
     verdict.check_verdict(read_json(gate_path), cfg, manifest, run_id)
     previous = store.live()
-    if previous == run_id:
-        log.info("%s is already live", run_id)
-        return run_id
+    if previous == run_id:  # a retry after a crash past the swap: finish what the crash left undone
+        return finish_promotion(store, folder, run_id, actor, gate_path, manifest, previous=None)
     if previous and not allow_older:
         older = runs.created_at(folder) < runs.created_at(run_dir(cfg, previous))
         if older:
@@ -350,20 +332,46 @@ def promote_step(cfg: dict, run_id: str, actor: str = "cli", allow_older: bool =
                 "moving LIVE back is a rollback (sourcegate rollback)"
             )
     store.promote(run_id)
-    store.log_promotion(
-        promotions.promotion_record(
-            run_id, previous, mf.sha256_file(gate_path), actor, manifest_sha256=mf.manifest_hash(manifest)
+    faults.reached("promote:swapped")
+    return finish_promotion(store, folder, run_id, actor, gate_path, manifest, previous=previous)
+
+
+def finish_promotion(store, folder: Path, run_id: str, actor: str, gate_path: Path, manifest: dict, previous) -> str:
+    """After the swap: exactly one log record for this promotion, and run.json's `promoted` from that record.
+
+    Idempotent: a retry finds the record a crashed attempt wrote (the newest record naming the live version,
+    with this verdict) and only repairs run.json; `previous=None` means the swap happened in an earlier attempt.
+    """
+    verdict_sha = mf.sha256_file(gate_path)
+    log = store.promotions()
+    record = promotion_of(log, run_id, verdict_sha)
+    if record is None:
+        if previous is None and log and log[-1]["version"] != run_id:  # swapped by a crashed attempt
+            previous = log[-1]["version"]  # the live version before the swap is the newest logged one
+        record = promotions.promotion_record(
+            run_id, previous, verdict_sha, actor, manifest_sha256=mf.manifest_hash(manifest)
         )
-    )
-    update_run_info(folder, promoted={"version": run_id, "replaced": previous, "actor": actor})
+        store.log_promotion(record)
+        faults.reached("promote:logged")
+    update_run_info(folder, promoted={"version": run_id, "replaced": record["previous"], "actor": record["actor"]})
     return run_id
 
 
+def promotion_of(log: list[dict], version: str, verdict_sha: str) -> dict | None:
+    """The record that made `version` live with this verdict, if it is the newest record (else None)."""
+    newest = log[-1] if log else None
+    if newest and newest["version"] == version and newest.get("verdict_sha256") == verdict_sha:
+        return newest
+    return None
+
+
 @locked("rollback")
-def rollback_step(cfg: dict, version: str | None = None) -> dict:
+def rollback_step(cfg: dict, version: str | None = None, force: bool = False, actor: str = "rollback") -> dict:
     """Re-point the live alias to an earlier version that passed its gate and still verifies; logged.
 
-    Default target: the newest promoted version (promotions log) other than the live one.
+    Default target: the newest promoted version (promotions log) other than the live one. Only a version in
+    the promotions log, unless `force` (logged as forced, with its actor); its verdict's full binding is
+    checked as promotion checks it.
     """
     store = open_store(cfg)
     live = store.live()
@@ -373,20 +381,25 @@ def rollback_step(cfg: dict, version: str | None = None) -> dict:
             raise ValueError("no earlier promoted version to roll back to (see the promotions log)")
     if version == live:
         raise ValueError(f"{version} is already the live version")
+    promoted = {r["version"] for r in store.promotions()}
+    if version not in promoted and not force:
+        raise verdict.VerdictMismatch(
+            f"refusing to roll back to {version}: it was never promoted (not in the promotions log); "
+            "--force makes it live anyway, logged with its actor"
+        )
     gate_path = run_dir(cfg, version) / "gate.json"
     gate = read_json(gate_path) if gate_path.is_file() else {}
-    if not gate.get("passed"):
-        raise verdict.VerdictMismatch(f"refusing to roll back to {version}: it has no passed gate verdict")
     manifest = store.verify(version)  # IntegrityError when it no longer verifies
-    recorded = (gate.get("evaluated") or {}).get("manifest_sha256")
-    if recorded != mf.manifest_hash(manifest):
-        raise verdict.VerdictMismatch(
-            f"refusing to roll back to {version}: its passed verdict was computed on other content "
-            "(manifest hash differs)"
-        )
+    verdict.check_verdict(gate, cfg, manifest, version)  # the full binding, as promote checks it
     store.promote(version)
     record = promotions.promotion_record(
-        version, live, mf.sha256_file(gate_path), "rollback", manifest_sha256=mf.manifest_hash(manifest)
+        version,
+        live,
+        mf.sha256_file(gate_path),
+        actor,
+        manifest_sha256=mf.manifest_hash(manifest),
+        kind="rollback",
+        forced=version not in promoted,
     )
     store.log_promotion(record)
     return record
@@ -401,17 +414,6 @@ def cleanup_step(cfg: dict) -> dict:
 
 
 # --- evaluation and the gate -----------------------------------------------------------
-
-
-def reranker_fingerprint(cfg: dict) -> str | None:
-    """The cross-encoder's files' fingerprint (recorded beside its id), None when there is none."""
-    kind, path = cfg["reranker"]["kind"], cfg["reranker"]["model_path"]
-    try:
-        if kind == "onnx":
-            return models.fingerprint(models.cross_encoder_dir(path))
-        return models.fingerprint(path) if kind == "sentence_transformers" and path else None
-    except FileNotFoundError:
-        return None
 
 
 @locked("evaluate")
@@ -441,7 +443,7 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
             "reranker": {
                 "kind": cfg["reranker"]["kind"],
                 "id": getattr(scorer, "model_id", None),
-                "fingerprint": reranker_fingerprint(cfg),
+                "fingerprint": verdict.reranker_fingerprint(cfg),
             }
         },
     )

@@ -20,6 +20,7 @@ shard file, and a shared hold still keeps every exclusive writer (retention, pro
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import functools
@@ -39,12 +40,12 @@ from pathlib import Path
 
 from artifact_io import write_json
 from pipelines import faults
+from pipelines.search.opensearch.health import LOCK_INDEX
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".sourcegate.lock"
 HOLDER_FILE = ".sourcegate.lock.json"
-LOCK_INDEX = ".sourcegate-locks"
 POLL_S = 0.2
 DEFAULT_TIMEOUT_S = 0.0
 
@@ -224,9 +225,19 @@ def _hold(key: str, shared: bool, acquire: Callable[[], Callable[[], None]]) -> 
     _held[slot] = _Hold(1, shared, acquire(), time.time())
     try:
         yield
-    finally:
-        hold = _held.pop(slot)
-        hold.release()
+    except BaseException as original:
+        release_beside(_held.pop(slot).release, key, original)
+        raise
+    _held.pop(slot).release()
+
+
+def release_beside(release: Callable[[], None], key: str, original: BaseException) -> None:
+    """Release while `original` propagates: a failing release (the node that broke the step is gone too)
+    is logged beside it and never replaces it; the record it leaves is stale once this process ends."""
+    try:
+        release()
+    except Exception as exc:
+        log.warning("could not release the lock %s (%s: %s) after: %s", key, type(exc).__name__, exc, original)
 
 
 @contextmanager
@@ -254,17 +265,36 @@ def held_since(cfg: dict) -> float | None:
     return hold.since if hold else None
 
 
+STEP_ATTR = "sourcegate_step"
+
+
+def mark_step(exc: BaseException, step: str) -> None:
+    """Name the step an exception left (the innermost one: an outer step never renames it)."""
+    if getattr(exc, STEP_ATTR, None) is None:
+        with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+            setattr(exc, STEP_ATTR, step)
+
+
+def step_of(exc: BaseException) -> str | None:
+    """The step `exc` was raised in (None: outside every locked step)."""
+    return getattr(exc, STEP_ATTR, None)
+
+
 def locked(step: str, *, shared: bool = False):
     """Decorator for a step `f(cfg, ...)`: run it under the writer lock."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def inner(cfg: dict, *args, **kwargs):
-            with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared):
-                faults.reached(f"before:{step}")
-                out = fn(cfg, *args, **kwargs)
-                faults.reached(f"after:{step}")
-                return out
+            try:
+                with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared):
+                    faults.reached(f"before:{step}")
+                    out = fn(cfg, *args, **kwargs)
+                    faults.reached(f"after:{step}")
+                    return out
+            except BaseException as exc:
+                mark_step(exc, step)
+                raise
 
         return inner
 

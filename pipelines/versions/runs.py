@@ -53,12 +53,13 @@ class Run:
     promoted: bool
 
 
-def list_runs(runs_dir: Path) -> list[Run]:
-    """Every run folder, oldest first (by creation time; name breaks ties)."""
+def list_runs(runs_dir: Path, promoted: set[str] | None = None) -> list[Run]:
+    """Every run folder, oldest first (by creation time; name breaks ties). `promoted`: the versions the
+    promotions log names (the truth: run.json's `promoted` can lag a crash); None reads run.json."""
     if not runs_dir.is_dir():
         return []
     found = [
-        Run(p.name, created_at(p), "promoted" in _info(p))
+        Run(p.name, created_at(p), p.name in promoted if promoted is not None else "promoted" in _info(p))
         for p in runs_dir.iterdir()
         if p.is_dir() and not p.name.startswith(".")
     ]
@@ -107,7 +108,8 @@ def retain_runs(
     """Apply retention to `runs_dir` and `store` (its index versions); returns what was deleted."""
     now = time.time() if now is None else now
     live = store.live()
-    doomed = doomed_runs(list_runs(runs_dir), live, keep, keep_failed_days, now)
+    promoted = {r["version"] for r in store.promotions()}
+    doomed = doomed_runs(list_runs(runs_dir, promoted), live, keep, keep_failed_days, now)
     indexed = set(store.versions())
     for name in doomed:
         if name in indexed:

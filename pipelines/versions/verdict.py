@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from pipelines import models
+from pipelines.build import embed_backends
+from pipelines.versions.code import code_version
 from pipelines.versions.manifest import manifest_hash, sha256_file, sha256_json
 
 
@@ -33,15 +36,35 @@ def eval_sets(cfg: Mapping) -> list[str]:
     return [cfg["evals"]["calibration_set"], cfg["evals"]["precision_set"]]
 
 
+def embedding_fingerprint(cfg: Mapping) -> str:
+    """The fingerprint of the embedding model the config names, per backend (no model load: a hash of its files)."""
+    return embed_backends.fingerprint(cfg["embedding"]["model_path"], cfg["embedding"]["backend"])
+
+
+def reranker_fingerprint(cfg: Mapping) -> str | None:
+    """The cross-encoder's files' fingerprint (it scores the gating signal), None when there is none."""
+    kind, path = cfg["reranker"]["kind"], cfg["reranker"]["model_path"]
+    try:
+        if kind == "onnx":
+            return models.fingerprint(models.cross_encoder_dir(path))
+        return models.fingerprint(path) if kind == "sentence_transformers" and path else None
+    except FileNotFoundError:
+        return None
+
+
 def evaluated(cfg: Mapping, manifest: Mapping | None, eval_sets: list[str]) -> dict:
-    """What one evaluation judged: the version (by manifest hash), the eval sets, the config, and the
-    accepted answerability combiner its signals were scored with (a re-accepted one needs a new verdict)."""
+    """What one evaluation judged: the version (by manifest hash), the eval sets, the config, the accepted
+    answerability combiner its signals were scored with, the models that scored them (embedder, reranker)
+    and the code that ran: any of them changed needs a new verdict."""
     return {
         "version": (manifest or {}).get("version"),
         "manifest_sha256": manifest_hash(manifest) if manifest else None,
         "eval_sets": {str(p): file_hash(p) for p in eval_sets},
         "config_sha256": sha256_json(cfg),
         "combiner": file_fact((cfg.get("answerability") or {}).get("combiner")),
+        "embedder_fingerprint": embedding_fingerprint(cfg),
+        "reranker_fingerprint": reranker_fingerprint(cfg),
+        "code_version": code_version(),
     }
 
 
@@ -77,7 +100,19 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
     if recorded.get("baseline") != current["baseline"]:
         base = current["baseline"]
         found.append(f"the baseline {base['path']} differs from the one the gate compared against")
+    for field, what in BOUND_MODELS_AND_CODE.items():
+        if recorded.get(field) != current.get(field):
+            found.append(
+                f"{field}: {what} changed since the evaluation ({recorded.get(field)!r} -> {current[field]!r})"
+            )
     return found
+
+
+BOUND_MODELS_AND_CODE = {
+    "embedder_fingerprint": "the embedding model",
+    "reranker_fingerprint": "the cross-encoder behind rerank_top",
+    "code_version": "the code",
+}
 
 
 def check_verdict(gate: Mapping, cfg: Mapping, manifest: Mapping, version: str) -> None:
