@@ -1,8 +1,9 @@
 """Ingest: a corpus source -> documents.parquet, quarantine.jsonl and manifest.parquet.
 
-Two sources: a folder of Markdown articles (optional YAML front matter) and a BEIR
+Two sources: a folder of Markdown (optional YAML front matter) and HTML articles, and a BEIR
 corpus.jsonl. Bad input never crashes the run and is never dropped silently: each bad
 document goes to the quarantine file with a reason, and the counts land in run.json.
+How ids and titles are made, and which formats are read: docs/ingest.md.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ import yaml
 
 from pipelines.batches import batch_rows, write_batches
 from pipelines.build import quarantine as quarantine_file
+from pipelines.build.doc_ids import ID_PUNCTUATION, MAX_ID_CHARS, HostileName, id_from_path
+from pipelines.build.html import HTML_SUFFIXES, NoText, decode_html, parse_html
 
 DOCUMENT_SCHEMA = pa.schema(
     [
         ("doc_id", pa.string()),
         ("title", pa.string()),
-        ("body", pa.string()),  # Markdown without front matter and title line, or plain text
-        ("format", pa.string()),  # markdown | plain
+        ("title_source", pa.string()),  # front_matter | heading | html_title | file_name | beir | none
+        # Markdown without front matter and title line (an HTML page's text with '##' headings), or plain text
+        ("body", pa.string()),
+        ("format", pa.string()),  # markdown | plain: how the body is read (the chunker cuts markdown at headings)
         ("source", pa.string()),  # file path or file:line, relative to the corpus root
         ("content_hash", pa.string()),
     ]
@@ -75,7 +80,7 @@ def ingest(
     if not source.exists():
         raise FileNotFoundError(f"corpus source not found: {source}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    reader = read_markdown_folder if fmt == "markdown" else read_beir_corpus
+    reader = read_corpus_folder if fmt == "markdown" else read_beir_corpus
     rejected: list[dict] = []
     staging = out_dir / ".documents.staging.tmp"
     spill = out_dir / ".duckdb.tmp"
@@ -95,12 +100,11 @@ def ingest(
     try:
         write_batches(staged(), staging, STAGING_SCHEMA)
         with _duckdb(spill) as con:
-            con.execute(f"CREATE VIEW staged AS {FIRST_OCCURRENCE.format(staged=_literal(staging))}")
-            for seq, origin, doc_id in con.execute("SELECT seq, source, doc_id FROM staged WHERE nth > 1").fetchall():
-                reason = f"duplicate id: {doc_id!r} (first occurrence kept)"
-                rejected.append({"seq": seq, "source": origin, "doc_id": doc_id, "reason": reason})
+            con.execute(f"CREATE VIEW staged AS {CLAIMANTS.format(staged=_literal(staging))}")
+            rejected += duplicate_ids(con, keep_first=fmt != "markdown")
+            kept = "nth = 1" if fmt != "markdown" else "claimants = 1"
             fields = ", ".join(DOCUMENT_SCHEMA.names)
-            docs = con.sql(f"SELECT {fields} FROM staged WHERE nth = 1 ORDER BY doc_id").to_arrow_reader(
+            docs = con.sql(f"SELECT {fields} FROM staged WHERE {kept} ORDER BY doc_id").to_arrow_reader(
                 batch_rows(rows)
             )
             count = write_batches(
@@ -126,8 +130,34 @@ def ingest(
 
 
 STAGING_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("seq", pa.int64()))
-# The first occurrence of each id (in reading order) is the document; later ones are duplicates.
-FIRST_OCCURRENCE = "SELECT *, row_number() OVER (PARTITION BY doc_id ORDER BY seq) AS nth FROM read_parquet({staged})"
+# Each staged document with its place among the documents claiming its id (in reading order) and their number.
+CLAIMANTS = """SELECT *, row_number() OVER (PARTITION BY doc_id ORDER BY seq) AS nth,
+       count(*) OVER (PARTITION BY doc_id) AS claimants FROM read_parquet({staged})"""
+# Ids claimed more than once, each with its claimants' sources in reading order.
+DUPLICATES = """SELECT doc_id, list(seq ORDER BY seq), list(source ORDER BY seq) FROM staged
+WHERE claimants > 1 GROUP BY doc_id ORDER BY min(seq)"""
+
+
+def duplicate_ids(con, keep_first: bool) -> list[dict]:
+    """Quarantine rows for the documents sharing an id.
+
+    A BEIR corpus keeps the first line of an id (a dataset's repeated line). In a folder, two files of one
+    id are two different articles and neither is the right one: every file of that id is quarantined,
+    naming the others, so the night never serves whichever happens to sort first.
+    """
+    rows = []
+    for doc_id, seqs, sources in con.execute(DUPLICATES).fetchall():
+        for i, (seq, origin) in enumerate(zip(seqs, sources)):
+            if keep_first and i == 0:
+                continue
+            others = ", ".join(repr(o) for o in sources if o != origin)
+            reason = (
+                f"duplicate id: {doc_id!r} (first occurrence kept)"
+                if keep_first
+                else f"duplicate id: {doc_id!r} (also the id of {others}; none of them kept)"
+            )
+            rows.append({"seq": seq, "source": origin, "doc_id": doc_id, "reason": reason})
+    return rows
 
 
 def _literal(path: Path) -> str:
@@ -152,6 +182,7 @@ def _duckdb(spill: Path):
 
 
 def content_hash(doc: dict) -> str:
+    """What the document says (its title_source is not part of it: a title is the same text wherever it came from)."""
     h = hashlib.sha256()
     for field in ("doc_id", "title", "body", "format"):
         h.update(doc[field].encode("utf-8") + b"\x00")
@@ -183,13 +214,13 @@ def diff_manifest(con, documents: Path, previous_documents: str | Path | None, r
     return (pa.Table.from_batches([b]) for b in reader)
 
 
-# --- Markdown folder -------------------------------------------------------------
+# --- a corpus folder: Markdown and HTML articles ------------------------------------
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
 _TITLE_LINE = re.compile(r"\A\s*#[ \t]+(.+?)[ \t]*#*[ \t]*(?:\r?\n|\Z)")
 
 
-def read_markdown_folder(root: Path, max_doc_bytes: int):
+def read_corpus_folder(root: Path, max_doc_bytes: int):
     """Yield (relative path, document dict | Rejected) for every entry under root, sorted.
 
     Symlinks are never followed, so nothing outside the root is ever opened: one that
@@ -198,9 +229,10 @@ def read_markdown_folder(root: Path, max_doc_bytes: int):
     """
     root = root.resolve()  # a corpus root given as a link means its target
     for path in corpus_entries(root):
-        rel = path.relative_to(root).as_posix()
+        relative = path.relative_to(root)
+        rel = relative.as_posix()
         try:
-            yield rel, parse_markdown(read_regular_file(path, root, max_doc_bytes), path, root)
+            yield rel, parse_article(read_regular_file(path, root, max_doc_bytes), relative)
         except Rejected as exc:
             yield rel, exc
 
@@ -237,11 +269,28 @@ def read_regular_file(path: Path, root: Path, max_doc_bytes: int) -> bytes:
         return fh.read(max_doc_bytes + 1)
 
 
-def parse_markdown(data: bytes, path: Path, root: Path) -> dict:
+def parse_article(data: bytes, relative: Path) -> dict:
+    """The document in a corpus file's bytes, read by its suffix; `relative` is its path under the root."""
     if b"\x00" in data:
         raise Rejected("binary file: contains NUL bytes")
-    if path.suffix.lower() not in MARKDOWN_SUFFIXES:
-        raise Rejected(f"not a Markdown file: suffix {path.suffix or '(none)'!r}")
+    suffix = relative.suffix.lower()
+    if suffix not in MARKDOWN_SUFFIXES | HTML_SUFFIXES:
+        raise Rejected(f"not a Markdown or HTML file: suffix {relative.suffix or '(none)'!r}")
+    try:
+        file_id = id_from_path(relative.as_posix())
+    except HostileName as exc:
+        raise Rejected(f"unsafe file name: {exc}") from None
+    read = parse_markdown if suffix in MARKDOWN_SUFFIXES else parse_html_page
+    doc_id, title, title_source, body = read(data)
+    if not title:
+        title, title_source = title_from_file_name(relative.name), "file_name"
+    if not re.search(r"\w", re.sub(r"(?m)^#+.*$", "", body)):
+        raise Rejected("empty body")
+    return document(doc_id or file_id, title, body, "markdown", title_source)
+
+
+def parse_markdown(data: bytes) -> tuple[str, str, str, str]:
+    """(front-matter id or '', title or '', its source, body) of a Markdown file."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -260,18 +309,42 @@ def parse_markdown(data: bytes, path: Path, root: Path) -> dict:
             raise Rejected("malformed front matter: not a mapping")
         text = text[m.end() :]
     title = _front_matter_string(meta, "title")
+    source = "front_matter" if title else ""
     m = _TITLE_LINE.match(text)
     if m:
-        title = title or m.group(1).strip()
+        title, source = (title, source) if title else (m.group(1).strip(), "heading")
         text = text[m.end() :]
-    if not title:
-        raise Rejected("missing title: no front-matter title and no '# ' heading")
-    body = text.strip()
-    if not re.search(r"\w", re.sub(r"(?m)^#+.*$", "", body)):
-        raise Rejected("empty body")
-    # Folders become ':' in a file-derived id: '/' is not in the id alphabet.
-    doc_id = _front_matter_string(meta, "id") or ":".join(path.relative_to(root).with_suffix("").parts)
-    return document(doc_id, title, body, "markdown")
+    return _front_matter_string(meta, "id"), title, source, text.strip()
+
+
+def parse_html_page(data: bytes) -> tuple[str, str, str, str]:
+    """('', title or '', its source, body with Markdown headings) of an HTML file."""
+    try:
+        text = decode_html(data)
+    except UnicodeDecodeError as exc:
+        raise Rejected(f"invalid UTF-8: byte {exc.start} (and no other charset declared)") from None
+    except (LookupError, UnicodeError) as exc:
+        raise Rejected(f"undecodable HTML: {exc}") from None
+    try:
+        title, source, body = parse_html(text)
+    except NoText as exc:
+        raise Rejected(str(exc)) from None
+    return "", title, source, body
+
+
+def title_from_file_name(name: str) -> str:
+    """A readable title from a file name: no suffix, '_' as spaces, a slug's '-' too, first letter upper-cased.
+
+    'weird name ü.md' -> 'Weird name ü'; 'lost-and-found.html' -> 'Lost and found'; 'iPhone_setup.md' -> 'iPhone setup'.
+    """
+    stem = Path(name).stem if Path(name).suffix else name
+    words = stem.replace("_", " ")
+    if " " not in stem.replace("_", " ").strip():  # a slug: its hyphens separate words
+        words = words.replace("-", " ")
+    words = " ".join(unicodedata.normalize("NFC", words).split())
+    if words and not any(ch.isupper() for ch in words):
+        words = words[0].upper() + words[1:]
+    return words or stem
 
 
 def _front_matter_string(meta: dict, key: str) -> str:
@@ -285,15 +358,13 @@ def _front_matter_string(meta: dict, key: str) -> str:
 
 # --- what every document must be, whatever its source ---------------------------------
 
-ID_PUNCTUATION = "_-.:+@(),'"
-MAX_ID_CHARS = 200
 # Lone surrogates (json.loads lets "\ud800" through), noncharacters and NUL are not text.
 _NOT_TEXT = re.compile(
     "[\x00\ud800-\udfff\ufdd0-\ufdef" + "".join(chr(p << 16 | 0xFFFE) + chr(p << 16 | 0xFFFF) for p in range(17)) + "]"
 )
 
 
-def document(doc_id: str, title: str, body: str, fmt: str) -> dict:
+def document(doc_id: str, title: str, body: str, fmt: str, title_source: str) -> dict:
     """A checked document: valid Unicode, NFC-normalised (before any hash), a safe id."""
     fields = {"id": doc_id, "title": title, "body": body}
     for name, value in fields.items():
@@ -303,7 +374,7 @@ def document(doc_id: str, title: str, body: str, fmt: str) -> dict:
             kind = "NUL" if m.group() == "\x00" else kind
             raise Rejected(f"invalid Unicode: {kind} U+{ord(m.group()):04X} in {name} at character {m.start()}")
     doc_id, title, body = (unicodedata.normalize("NFC", v) for v in fields.values())
-    return {"doc_id": safe_id(doc_id), "title": title, "body": body, "format": fmt}
+    return {"doc_id": safe_id(doc_id), "title": title, "title_source": title_source, "body": body, "format": fmt}
 
 
 def safe_id(doc_id: str) -> str:
@@ -366,4 +437,5 @@ def parse_beir_line(raw: bytes, max_doc_bytes: int) -> dict:
     if not text:
         raise Rejected("empty body")
     # BEIR titles are optional by format (many datasets have none), so no title is allowed here.
-    return document(str(doc_id), (obj.get("title") or "").strip(), text, "plain")
+    title = (obj.get("title") or "").strip()
+    return document(str(doc_id), title, text, "plain", "beir" if title else "none")
