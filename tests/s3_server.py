@@ -7,6 +7,7 @@ The credentials are test values, passed to the pipeline only through the standar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -74,3 +75,56 @@ class S3Server:
         )
         s3.create_dir(name)
         return f"s3://{name}"
+
+
+class Relay:
+    """A loopback TCP relay in front of the server: `close()` makes the endpoint go away for its clients
+    while the server keeps its objects (moto holds them in memory: a restarted server starts empty)."""
+
+    def __init__(self, target_port: int):
+        import threading
+
+        self.target_port = target_port
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.open = True
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while self.open:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.open = False
+        self.listener.close()
+        for s in self.sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
