@@ -1,0 +1,1 @@
+"""Building a version: ingest, chunk, embed, validate (what a night turns a corpus into)."""
