@@ -21,8 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
-from pipelines.build import quarantine as quarantine_file
 from pipelines.batches import batch_rows, write_batches
+from pipelines.build import quarantine as quarantine_file
 
 DOCUMENT_SCHEMA = pa.schema(
     [

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from artifact_io import write_json
-from pipelines.build import quarantine
 from pipelines.batches import iter_batches, write_batches
+from pipelines.build import quarantine
 from pipelines.build.embed import embedding_matrix
 
 log = logging.getLogger(__name__)
