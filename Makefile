@@ -9,10 +9,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: run check lint fast test lock venv system-deps opensearch-start opensearch-stop airflow clean
+.PHONY: run check lint fast test lock moto-lock moto venv system-deps opensearch-start opensearch-stop airflow clean
 
 # The fast tier: unmarked tests (markers in pyproject.toml; tests/tier_guard.py keeps them honest).
-FAST_TIER := not models and not opensearch and not airflow and not browser and not dataset and not system
+FAST_TIER := not models and not opensearch and not airflow and not browser and not dataset and not system and not s3
 
 venv: $(STAMP)
 
@@ -52,7 +52,7 @@ lint:
 fast:
 	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -m "$(FAST_TIER)" $(PYTEST_ARGS)
 
-test: venv system-deps
+test: venv system-deps moto
 	scripts/opensearch start
 	$(PY) -m pytest -ra --durations=25 $(PYTEST_ARGS); rc=$$?; scripts/opensearch stop; exit $$rc
 
@@ -63,6 +63,18 @@ test: venv system-deps
 lock:
 	$(UV) pip compile --quiet --universal --python-version 3.11 --custom-compile-command "make lock" \
 	  requirements.txt requirements-dev.txt -o requirements.lock $(LOCK_ARGS)
+
+# The s3 tests' S3-compatible server (moto) in its own venv: its botocore caps python-dateutil below 3.
+MOTO_VENV ?= .venv-moto
+moto: $(MOTO_VENV)/bin/moto_server
+$(MOTO_VENV)/bin/moto_server: requirements-moto.lock
+	$(UV) venv -q --allow-existing -p python3.11 $(MOTO_VENV)
+	VIRTUAL_ENV=$(MOTO_VENV) $(UV) pip install -q -r requirements-moto.lock
+	touch $@
+
+moto-lock:
+	$(UV) pip compile --quiet --universal --python-version 3.11 --custom-compile-command "make moto-lock" \
+	  requirements-moto.txt -o requirements-moto.lock
 
 airflow: venv
 	scripts/airflow-standalone

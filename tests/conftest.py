@@ -120,3 +120,21 @@ def demo_index(tmp_path_factory, embedder):
     steps.validate_step(cfg, run_id)
     steps.load_step(cfg, run_id)
     return cfg, run_id, EmbeddedSearcher(steps.run_dir(cfg, run_id) / "index")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server (tests/s3_server.py), started once per session, stopped at the end."""
+    from tests.s3_server import S3Server, free_port
+
+    server = S3Server(free_port(), tmp_path_factory.mktemp("moto") / "moto.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The standard AWS environment pointing at the test server (what the CLI reads)."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    return s3_server.env

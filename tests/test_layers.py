@@ -28,11 +28,18 @@ PIPELINE_LAYERS = [
         "pipelines.models",
         "pipelines.versions.manifest",
         "pipelines.versions.promotions",
+        "pipelines.versions.object_store",
     ],
     ["pipelines.build"],
     ["pipelines.search"],
     ["pipelines.retrieval"],
-    ["pipelines.versions.verdict", "pipelines.versions.runs", "pipelines.versions.lock", "pipelines.versions.code"],
+    [
+        "pipelines.versions.verdict",
+        "pipelines.versions.runs",
+        "pipelines.versions.lock",
+        "pipelines.versions.code",
+        "pipelines.versions.object_lock",
+    ],
     ["pipelines.app"],
 ]
 

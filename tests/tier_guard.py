@@ -18,6 +18,7 @@ import pytest
 
 # Session fixtures that load the real models (tests/conftest.py).
 MODEL_FIXTURES = {"embedder", "cross_encoder", "demo_index"}
+S3_FIXTURES = {"s3_server", "s3_env"}  # the session's moto server (tests/s3_server.py)
 
 
 class UnmarkedHeavyUse(RuntimeError):
@@ -69,6 +70,19 @@ def _opensearch_patches(trip):
     return [(Transport, "perform_request", lambda *a, **k: trip("sends a request to OpenSearch", "opensearch"))]
 
 
+def _s3_patches(trip):
+    from pipelines.versions.object_store import ObjectStore
+
+    real = ObjectStore.from_uri.__func__
+
+    def from_uri(cls, uri, fs=None):
+        if fs is None:  # a filesystem handed in (a unit test of a failure path) is not the real server
+            trip("connects to an S3 server", "s3")
+        return real(cls, uri, fs)
+
+    return [(ObjectStore, "from_uri", classmethod(from_uri))]
+
+
 def _airflow_patches(trip):
     dag_module = sys.modules.get("airflow.sdk.definitions.dag")  # DAG runs happen in-process via dag.test()
     if dag_module is None:
@@ -93,6 +107,8 @@ def guarded(item):
         patches += _opensearch_patches(trip)
     if "airflow" not in marks:
         patches += _airflow_patches(trip)
+    if "s3" not in marks:
+        patches += _s3_patches(trip)
     mp = pytest.MonkeyPatch()
     try:
         for owner, name, replacement in patches:
@@ -103,12 +119,14 @@ def guarded(item):
 
 
 def _check_fixtures(item) -> None:
-    wanted = MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
-    if wanted and "models" not in _markers(item):
-        pytest.fail(
-            f"{item.nodeid} uses {', '.join(sorted(wanted))} (the real models) without @pytest.mark.models",
-            pytrace=False,
-        )
+    names = set(getattr(item, "fixturenames", ()))
+    for fixtures, marker, what in ((MODEL_FIXTURES, "models", "the real models"), (S3_FIXTURES, "s3", "the S3 server")):
+        wanted = fixtures & names
+        if wanted and marker not in _markers(item):
+            pytest.fail(
+                f"{item.nodeid} uses {', '.join(sorted(wanted))} ({what}) without @pytest.mark.{marker}",
+                pytrace=False,
+            )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from pipelines.build import embed_backends
 from pipelines.build.embed import Embedder
 from pipelines.versions import manifest as mf
+from pipelines.versions.object_store import is_remote
 
 
 @lru_cache(maxsize=2)
@@ -49,6 +50,10 @@ def open_store(cfg: dict):
         return OpenSearchStore.from_config(cfg)
     from pipelines.search.embedded import EmbeddedStore
 
+    if is_remote(cfg["artifacts"]):  # serving from an object store: versions cached locally, verified
+        from pipelines.app.version_cache import CachedStore
+
+        return CachedStore(cfg["artifacts"])
     root = Path(cfg["artifacts"])
     return EmbeddedStore(root / "runs", root / "LIVE")
 

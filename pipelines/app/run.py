@@ -7,7 +7,7 @@ promote only if the gate passed -> retention. A failed night leaves the live ind
 from __future__ import annotations
 
 from artifact_io import read_json
-from pipelines.app import factories, steps
+from pipelines.app import factories, staging, steps
 from pipelines.versions.lock import writer_lock
 
 
@@ -26,7 +26,9 @@ def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False, p
     run_id = run_id or steps.new_run_id()
     factories.preflight(cfg)  # a red cluster or a write block fails the night before its first write
     with writer_lock(cfg, f"sourcegate run {run_id}"):  # the whole night is one writer
-        return _run_locked(cfg, run_id, progress, promote)
+        with staging.staged(cfg, run_id) as local:  # s3:// artifacts: staged in scratch, published after
+            result = _run_locked(local, run_id, progress, promote)
+        return result | {"run_dir": staging.remote_path(cfg, result["run_dir"], local)}
 
 
 def _run_locked(cfg: dict, run_id: str, progress: bool, promote: bool) -> dict:

@@ -41,6 +41,7 @@ from pathlib import Path
 from artifact_io import write_json
 from pipelines import faults
 from pipelines.search.opensearch.health import LOCK_INDEX
+from pipelines.versions.object_store import ObjectStore, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -240,14 +241,29 @@ def release_beside(release: Callable[[], None], key: str, original: BaseExceptio
         log.warning("could not release the lock %s (%s: %s) after: %s", key, type(exc).__name__, exc, original)
 
 
+def lock_key(cfg: dict) -> str:
+    artifacts = str(cfg["artifacts"])
+    return artifacts.rstrip("/") if is_remote(artifacts) else str(Path(artifacts).resolve())
+
+
+def acquire_remote(uri: str, command: str, timeout_s: float) -> Callable[[], None]:
+    from pipelines.versions.object_lock import acquire_object
+
+    return acquire_object(ObjectStore.from_uri(uri), command, timeout_s)
+
+
 @contextmanager
 def writer_lock(cfg: dict, command: str | None = None, *, shared: bool = False) -> Iterator[None]:
     """Hold the artifacts folder lock (and, on the OpenSearch backend, the alias lock)."""
     command = command or command_line()
     timeout = timeout_of(cfg)
-    artifacts = Path(cfg["artifacts"]).resolve()
+    artifacts = lock_key(cfg)
     with ExitStack() as stack:
-        stack.enter_context(_hold(str(artifacts), shared, lambda: acquire_folder(artifacts, command, timeout, shared)))
+        if is_remote(artifacts):  # no shared disk: a lock object; shared holders (embed shards) write only their part
+            if not shared:
+                stack.enter_context(_hold(artifacts, False, lambda: acquire_remote(artifacts, command, timeout)))
+        else:
+            stack.enter_context(_hold(artifacts, shared, lambda: acquire_folder(artifacts, command, timeout, shared)))
         if cfg["backend"]["kind"] == "opensearch" and not shared:
             from pipelines.search.opensearch.client import client_for  # the Airflow connection under Airflow
 
@@ -261,7 +277,7 @@ def writer_lock(cfg: dict, command: str | None = None, *, shared: bool = False) 
 
 def held_since(cfg: dict) -> float | None:
     """When this thread took the artifacts folder lock it holds (None: it holds none)."""
-    hold = _held.get((str(Path(cfg["artifacts"]).resolve()), threading.get_ident()))
+    hold = _held.get((lock_key(cfg), threading.get_ident()))
     return hold.since if hold else None
 
 

@@ -1,0 +1,150 @@
+"""Steps over local paths, artifacts on an object store: stage the inputs, run, publish the outputs.
+
+For `artifacts: s3://bucket/prefix`, `staged(cfg, run_id)` (under the writer's lock object) copies into a
+scratch folder what a night reads: every run's small records (run.json, gate.json, the index manifest),
+the whole folders of the previous run (embed cache, chunk reuse, ingest diff), the live run (diff against
+live) and the run itself (a rerun), `LIVE` and the promotions log. The steps run on that folder exactly as
+on a local artifacts folder; on success `publish` writes back what changed, in this order:
+
+1. run files, each index version's files before its `index/manifest.json` (G2: the manifest is last);
+   a complete version's files are write-once (object_store.WriteOnceViolation on other bytes, G1);
+2. each new promotions record as its own object `promotions/<time>-<sha>.json` (append-only by unique key,
+   so two writers never rewrite one log object);
+3. `LIVE` as one PUT; 4. the run folders retention removed.
+
+A night that fails (the store unreachable included) publishes no LIVE: the live version stays. The
+scratch folder is always removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.versions import promotions
+from pipelines.versions.object_store import ObjectStore, is_remote, sha256_path
+
+RECORDS = ("run.json", "gate.json", "index/manifest.json")  # every run's: listing, ordering, retention
+INDEX_FILES = "index/"  # a run's index version files: needed only to open or verify that version
+PROMOTIONS_PREFIX = "promotions/"
+LIVE = "LIVE"
+SKIPPED = (".sourcegate.lock", ".sourcegate.lock.json")
+
+
+@dataclass
+class Snapshot:
+    """What was staged: key -> sha256 of each downloaded object, the runs seen, LIVE, promotion records."""
+
+    sha256: dict[str, str] = field(default_factory=dict)
+    runs: set[str] = field(default_factory=set)
+    live: str | None = None
+    records: int = 0
+
+
+def run_of(key: str) -> str | None:
+    parts = key.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "runs" else None
+
+
+def full_runs(keys: dict[str, int], live: str | None, run_id: str | None) -> set[str]:
+    """The runs a night reads whole: the newest earlier one with chunks, the live one, the run itself."""
+    with_chunks = sorted({run_of(k) for k in keys if k.endswith("/chunks.parquet") and run_of(k)})
+    earlier = [r for r in with_chunks if run_id is None or r < run_id]
+    return {r for r in (earlier[-1] if earlier else None, live, run_id) if r}
+
+
+def wanted(key: str, whole: set[str], with_index: set[str]) -> bool:
+    run = run_of(key)
+    if run is None:
+        return False
+    inside = key.split("/", 2)[2]
+    if inside in RECORDS:
+        return True
+    if inside.startswith(INDEX_FILES):
+        return run in with_index
+    return run in whole
+
+
+def stage(store: ObjectStore, scratch: Path, run_id: str | None, with_index: set[str] = frozenset()) -> Snapshot:
+    """Download into `scratch` what a night (or a command on `with_index` versions) reads."""
+    snap = Snapshot()
+    keys = store.listing("runs/")
+    live = store.get(LIVE)
+    snap.live = live.decode().strip() if live else None
+    if snap.live:
+        (scratch / LIVE).write_text(snap.live + "\n", encoding="utf-8")
+    whole = full_runs(keys, snap.live, run_id) | set(with_index)
+    snap.runs = {r for k in keys if (r := run_of(k))}
+    for key in sorted(keys):
+        if wanted(key, whole, set(with_index) | ({run_id} if run_id else set())):
+            store.download(key, scratch / key)
+            snap.sha256[key] = sha256_path(scratch / key)
+    for run in snap.runs:
+        (scratch / "runs" / run).mkdir(parents=True, exist_ok=True)
+    records = [json.loads(store.get(k)) for k in sorted(store.listing(PROMOTIONS_PREFIX))]
+    for record in records:
+        promotions.append_record(record, scratch / promotions.PROMOTIONS_LOG)
+    snap.records = len(records)
+    return snap
+
+
+def record_key(record: dict) -> str:
+    body = json.dumps(record, sort_keys=True, ensure_ascii=False).encode()
+    return f"{PROMOTIONS_PREFIX}{record['time']}-{hashlib.sha256(body).hexdigest()[:16]}.json"
+
+
+def local_files(scratch: Path) -> list[str]:
+    runs = scratch / "runs"
+    found = [p.relative_to(scratch).as_posix() for p in runs.rglob("*") if p.is_file()] if runs.is_dir() else []
+    return sorted(k for k in found if not Path(k).name.startswith(".") and ".tmp" not in k)
+
+
+def publish(store: ObjectStore, scratch: Path, snap: Snapshot) -> None:
+    """Write back what the steps changed: run files (manifests last), new promotion records, LIVE, removals."""
+    remote = store.listing("runs/")
+    complete = {run_of(k) for k in remote if k.endswith("/index/manifest.json")}
+    changed = [k for k in local_files(scratch) if snap.sha256.get(k) != sha256_path(scratch / k)]
+    manifests = [k for k in changed if k.endswith("/index/manifest.json")]
+    for key in [k for k in changed if k not in manifests] + manifests:
+        if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
+            store.upload_once(scratch / key, key)  # G1: a complete version's files never change
+        else:
+            store.upload(scratch / key, key)
+    for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
+        store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+    live_file = scratch / LIVE
+    live = live_file.read_text(encoding="utf-8").strip() if live_file.exists() else None
+    if live and live != snap.live:
+        store.put(LIVE, (live + "\n").encode())
+    for run in sorted(snap.runs - {p.name for p in (scratch / "runs").iterdir() if p.is_dir()}):
+        store.delete_prefix(f"runs/{run}/")
+
+
+@contextmanager
+def staged(cfg: dict, run_id: str | None = None, with_index: set[str] = frozenset()) -> Iterator[dict]:
+    """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success."""
+    if not is_remote(cfg["artifacts"]):
+        yield cfg
+        return
+    store = ObjectStore.from_uri(cfg["artifacts"])
+    scratch = Path(tempfile.mkdtemp(prefix="sourcegate-stage-"))
+    try:
+        snap = stage(store, scratch, run_id, with_index)
+        yield {**cfg, "artifacts": str(scratch)}
+        publish(store, scratch, snap)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def remote_path(cfg: dict, local: str | Path, scratch_cfg: dict) -> str:
+    """A path under the scratch folder, named as the object-store URL it was published to."""
+    if scratch_cfg is cfg:
+        return str(local)
+    rel = Path(local).relative_to(scratch_cfg["artifacts"]).as_posix()
+    return f"{cfg['artifacts'].rstrip('/')}/{rel}"

@@ -1,0 +1,168 @@
+"""Artifacts on an object store (`artifacts: s3://bucket/prefix`), through pyarrow.fs.
+
+The steps stay pure functions over local paths (pipelines/app/staging.py stages their inputs and
+publishes their outputs); this module is the only place that talks to the store, and it talks only
+through `pyarrow.fs.S3FileSystem` (no hand-written client). Endpoint and credentials come from the
+standard AWS environment: the SDK reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN
+itself; pyarrow 26 does not read AWS_ENDPOINT_URL, so it is passed as `endpoint_override` here
+(AWS_ENDPOINT_URL_S3 first, as the AWS CLI does). Nothing secret is ever kept in a value this module
+returns or logs.
+
+pyarrow.fs exposes no conditional PUT (If-None-Match), so "write once" is enforced by the writer that
+holds the lock (pipelines/versions/object_lock.py): an object that exists with other bytes is never
+overwritten (`WriteOnceViolation`), one with the same bytes is left as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+SCHEMES = ("s3://",)
+CHUNK = 8 << 20
+
+
+class WriteOnceViolation(RuntimeError):
+    """An immutable object already exists with different content."""
+
+
+def is_remote(artifacts: str | os.PathLike) -> bool:
+    return str(artifacts).startswith(SCHEMES)
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/prefix` -> ("bucket", "prefix"), with a clear error for anything else."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(f"artifacts {uri!r}: expected s3://bucket/prefix or a local folder")
+    if parsed.query or parsed.fragment or "@" in parsed.netloc:
+        raise ValueError(f"artifacts {uri!r}: no credentials, query or fragment in the URI (use the AWS environment)")
+    return parsed.netloc, parsed.path.strip("/")
+
+
+def endpoint_from_env(env: os._Environ | dict = os.environ) -> dict:
+    """S3FileSystem keyword arguments from the standard AWS endpoint and region variables (no secrets)."""
+    kwargs = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        parsed = urlparse(endpoint)
+        kwargs["endpoint_override"] = parsed.netloc or parsed.path
+        kwargs["scheme"] = parsed.scheme or "https"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    return kwargs
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_path(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class ObjectStore:
+    """Keys relative to one `s3://bucket/prefix`; every call is one or a few object requests."""
+
+    uri: str
+    fs: object  # pyarrow.fs.FileSystem
+    root: str  # "bucket/prefix"
+
+    @classmethod
+    def from_uri(cls, uri: str, fs=None) -> ObjectStore:
+        bucket, prefix = split_uri(uri)
+        if fs is None:
+            from pyarrow import fs as pafs
+
+            fs = pafs.S3FileSystem(**endpoint_from_env(), connect_timeout=5, request_timeout=30)
+        return cls(uri.rstrip("/"), fs, f"{bucket}/{prefix}".rstrip("/"))
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key.lstrip('/')}"
+
+    def url(self, key: str) -> str:
+        return f"{self.uri}/{key.lstrip('/')}"
+
+    def listing(self, prefix: str = "") -> dict[str, int]:
+        """Every object under `prefix` (recursive): key -> size."""
+        from pyarrow import fs as pafs
+
+        base = self.path(prefix).rstrip("/")
+        info = self.fs.get_file_info(base)
+        if info.type != pafs.FileType.Directory:
+            return {}
+        found = self.fs.get_file_info(pafs.FileSelector(base, recursive=True))
+        start = len(self.root) + 1
+        return {i.path[start:]: i.size for i in found if i.type == pafs.FileType.File}
+
+    def exists(self, key: str) -> bool:
+        from pyarrow import fs as pafs
+
+        return self.fs.get_file_info(self.path(key)).type == pafs.FileType.File
+
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, None when it does not exist."""
+        if not self.exists(key):
+            return None
+        with self.fs.open_input_stream(self.path(key)) as stream:
+            return stream.read()
+
+    def download(self, key: str, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.part")
+        with self.fs.open_input_stream(self.path(key)) as src, open(tmp, "wb") as out:
+            while block := src.read(CHUNK):
+                out.write(block)
+        tmp.replace(dest)
+
+    def _writable(self, key: str) -> str:
+        """The key's path; a local filesystem (unit tests) needs its folders, an object store has none."""
+        path = self.path(key)
+        if self.fs.type_name == "local":
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        return path
+
+    def put(self, key: str, data: bytes) -> None:
+        """One PUT of the whole object: readers see the old bytes or the new ones, never a mix."""
+        with self.fs.open_output_stream(self._writable(key)) as out:
+            out.write(data)
+
+    def upload(self, src: Path, key: str) -> None:
+        with open(src, "rb") as fh, self.fs.open_output_stream(self._writable(key)) as out:
+            while block := fh.read(CHUNK):
+                out.write(block)
+
+    def upload_once(self, src: Path, key: str) -> bool:
+        """Write an immutable object: refuse if one exists with other bytes; True when it was written."""
+        if self.exists(key):
+            existing = self.get(key)
+            if sha256_bytes(existing) != sha256_path(src):
+                raise WriteOnceViolation(f"refusing to overwrite {self.url(key)}: it exists with other content")
+            return False
+        self.upload(src, key)
+        return True
+
+    def put_once(self, key: str, data: bytes) -> bool:
+        if self.exists(key):
+            if self.get(key) != data:
+                raise WriteOnceViolation(f"refusing to overwrite {self.url(key)}: it exists with other content")
+            return False
+        self.put(key, data)
+        return True
+
+    def delete(self, key: str) -> None:
+        if self.exists(key):
+            self.fs.delete_file(self.path(key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        for key in self.listing(prefix):
+            self.fs.delete_file(self.path(key))
