@@ -328,3 +328,21 @@ def test_a_stamp_for_another_manifest_is_not_a_proof(store, tmp_path, hash_reads
     hash_reads.clear()
     store.open("v1")
     assert hash_reads == []
+
+
+def test_verify_repairs_a_run_json_that_lacks_promoted(store, tmp_path, capsys):
+    """A crash after the promotions-log write leaves run.json without `promoted`: `verify` writes it from the log."""
+    from pipelines.versions import promotions
+
+    store.load("v1", str(tmp_path / "c.parquet"), inputs=INPUTS)
+    store.promote("v1")
+    store.log_promotion(promotions.promotion_record("v1", None, "sha256:g", "dag:nightly"))
+    run_json = store.folder("v1").parent / "run.json"
+    run_json.write_text(json.dumps({"run_id": "v1"}))
+    artifacts = str(tmp_path / "artifacts")
+    assert main(["verify", "v1", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    assert "missing `promoted` written from the promotions log" in capsys.readouterr().out
+    promoted = json.loads(run_json.read_text())["promoted"]
+    assert promoted == {"version": "v1", "replaced": None, "actor": "dag:nightly"}
+    assert main(["verify", "v1", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    assert "promoted" not in capsys.readouterr().out  # nothing left to repair
