@@ -55,6 +55,14 @@ def main() -> None:
                 times.append(time.perf_counter() - t)
         result["before_full_sha256"] = stats_ms(before)
         result["after_stamp"] = stats_ms(after)
+        check_before, check_after = [], []  # the verification alone, without building the searcher
+        for _ in range(args.repeats):
+            for times, proof in ((check_before, False), (check_after, True)):
+                t = time.perf_counter()
+                store.verify("v1", proof=proof)
+                times.append(time.perf_counter() - t)
+        result["verify_only_before"] = stats_ms(check_before)
+        result["verify_only_after"] = stats_ms(check_after)
         result["ratio_p50"] = round(result["before_full_sha256"]["p50_ms"] / result["after_stamp"]["p50_ms"], 1)
         assert (folder / ".verified").is_file()
     log(f"open p50: before {result['before_full_sha256']['p50_ms']} ms, after {result['after_stamp']['p50_ms']} ms")
