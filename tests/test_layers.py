@@ -28,6 +28,7 @@ PIPELINE_LAYERS = [
         "pipelines.models",
         "pipelines.versions.manifest",
         "pipelines.versions.promotions",
+        "pipelines.versions.stamp",
     ],
     ["pipelines.build"],
     ["pipelines.search"],
