@@ -29,6 +29,7 @@ PIPELINE_LAYERS = [
         "pipelines.versions.manifest",
         "pipelines.versions.promotions",
         "pipelines.versions.object_store",
+        "pipelines.versions.stamp",
     ],
     ["pipelines.build"],
     ["pipelines.search"],

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from opensearchpy import AuthorizationException
 
 from pipelines.search import retain
 from pipelines.search.analyzer import analyze, opensearch_analysis
@@ -425,7 +426,7 @@ def test_connection_lost_mid_load_raises_and_never_promotes(store, chunks_parque
     store.load("good", str(small_parquet))
     store.promote("good")
     path = chunks_parquet[0]
-    store.chunk_size = 100
+    store.bulk.chunk_size = 100  # three bulk requests: the second dies
     real = store.client.bulk
     calls = []
 
@@ -555,19 +556,31 @@ def test_manifest_in_meta_reuse_refusal_and_verify(store, small_parquet, os_clie
     assert store.manifest("v1") == manifest
     with pytest.raises(VersionConflict, match="code_version: 'v1' -> 'v2'"):
         store.load("v1", str(small_parquet), inputs={**inputs, "code_version": "v2"})
-    # a document removed behind the store's back: the count no longer matches the manifest
-    os_client.delete(index=store.index_name("v1"), id=ids[0], refresh=True)
+    # a complete version is write-blocked: a document cannot be removed behind the store's back ...
+    index = store.index_name("v1")
+    with pytest.raises(AuthorizationException, match="index write"):
+        os_client.delete(index=index, id=ids[0], refresh=True)
+    # ... unless the block is lifted first, as an attacker would: the count no longer matches the manifest
+    unblock(os_client, index)
+    os_client.delete(index=index, id=ids[0], refresh=True)
     with pytest.raises(IntegrityError, match="_count is 19, manifest says 20"):
         store.open("v1")
     with pytest.raises(IntegrityError, match="refusing to promote"):
         store.promote("v1")
     assert store.live() is None
-    # ... and one put back under another id: the count matches again, the ids' checksum does not
+    # ... and one put back under another id: the count matches again; the shards' max_seq_no and the ids do not
     body = {"chunk_id": "intruder", "doc_id": "x", "title": "t", "section": "s", "text": "x", "embedding": [0.1] * DIM}
-    os_client.index(index=store.index_name("v1"), id="intruder", body=body, refresh=True)
-    assert store.open("v1").manifest == manifest  # opening checks the count only
+    os_client.index(index=index, id="intruder", body=body, refresh=True)
+    with pytest.raises(IntegrityError, match="written to after the version completed") as opened:
+        store.open("v1")
+    assert "chunk intruder: not in the version as loaded" in opened.value.problems
+    assert f"chunk {ids[0]}: missing" in opened.value.problems
     with pytest.raises(IntegrityError, match="chunk ids differ"):
         store.verify("v1")
+
+
+def unblock(os_client, index: str) -> None:
+    os_client.indices.put_settings(index=index, body={"index": {"blocks": {"write": None}}})
 
 
 @pytest.mark.opensearch

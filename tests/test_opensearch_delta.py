@@ -229,7 +229,7 @@ def test_a_failed_delta_leaves_the_alias_and_deletes_the_clone(store, nights, os
     assert store.live() == "v1" and os_client.count(index=store.alias)["count"] == 300
     assert not os_client.indices.exists(index=store.index_name("v2"))  # no half-built clone
     assert store.versions() == ["v1"] and store.manifest("v2") is None
-    monkeypatch.setattr(store, "_send", send)
+    monkeypatch.undo()
     assert store.load("v2", str(night), inputs=INPUTS, base_chunks=base) == 299  # the rerun builds it
 
 

@@ -80,3 +80,21 @@ def test_cli_prints_a_table_or_json(tmp_path, capsys):
     assert line.split() == ["night-1", "embedded", "passed", "false", "7"]
     assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["verdict"] == "passed"
+
+
+def test_promoted_comes_from_the_promotions_log_when_given(tmp_path):
+    """run.json's `promoted` can lag a crash after the log write: the log is the truth."""
+    write_run(tmp_path, "live", {"started_at": "2026-01-01T02:00:00+00:00"}, gate={"passed": True})
+    write_run(tmp_path, "other", {"started_at": "2026-01-02T02:00:00+00:00", "promoted": {}}, gate={"passed": True})
+    by_log = {r["run"]: r["promoted"] for r in list_runs(tmp_path, {"live"})}
+    assert by_log == {"live": True, "other": False}
+    assert {r["run"]: r["promoted"] for r in list_runs(tmp_path)} == {"live": False, "other": True}
+
+
+def test_sourcegate_runs_reads_the_promotions_log(tmp_path, capsys):
+    from pipelines.versions.promotions import append_record, promotion_record
+
+    write_run(tmp_path, "live", {"started_at": "2026-01-01T02:00:00+00:00"}, gate={"passed": True})
+    append_record(promotion_record("live", None, "sha256:g", "cli"), tmp_path / "promotions.jsonl")
+    assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["promoted"] is True

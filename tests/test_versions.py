@@ -19,6 +19,7 @@ from pipelines.app.factories import get_embedder, open_store, retriever_for
 from pipelines.build.embed import VectorCache
 from pipelines.search.embedded import EmbeddedStore, open_run_folder
 from pipelines.versions import manifest as mf
+from pipelines.versions.stamp import STAMP_FILE
 from tests.conftest import chunks_with_vectors
 from tests.test_embedded_backend import synthetic_chunks
 
@@ -37,12 +38,13 @@ def test_load_writes_a_manifest_of_every_file_last(store, tmp_path):
     manifest = json.loads((folder / mf.MANIFEST_FILE).read_text())
     assert manifest["rows"] == 12 and manifest["dimension"] == 8 and manifest["version"] == "v1"
     assert manifest["inputs"] == INPUTS and manifest["created"]
-    on_disk = {p.name for p in folder.iterdir()} - {mf.MANIFEST_FILE}
+    on_disk = {p.name for p in folder.iterdir()} - {mf.MANIFEST_FILE, STAMP_FILE}
     assert set(manifest["files"]) == on_disk >= {"chunks.parquet", "embeddings.npy", "bm25.npz", "bm25_vocab.json"}
     for name, entry in manifest["files"].items():
         assert entry == {"sha256": mf.sha256_file(folder / name), "bytes": (folder / name).stat().st_size}
-    # the manifest is the newest file of the version: written after everything it describes
-    newest = max(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    # the manifest is the newest file of the version: written after everything it describes (the
+    # `.verified` stamp after it is a cache of the hashing, not part of the version)
+    newest = max((p for p in folder.iterdir() if p.name != STAMP_FILE), key=lambda p: p.stat().st_mtime_ns)
     assert newest.name == mf.MANIFEST_FILE
     assert not folder.with_name("index.tmp").exists()
     assert store.open("v1").manifest == manifest == store.manifest("v1")
@@ -252,3 +254,95 @@ def test_same_model_id_with_other_weights_re_embeds_and_cannot_query_the_index(
     assert stats["encoded"] == n and stats["reused"] == 0  # nothing reused from r1's vectors
     with pytest.raises(mf.IntegrityError, match="model fingerprint"):
         retriever_for(other_cfg, open_store(cfg).open("r1"))
+
+
+# --- verified on open without re-hashing (issue 22 item 7) -----------------------------------------
+
+
+@pytest.fixture
+def hash_reads(monkeypatch):
+    """The files the SHA-256 check reads, counted by wrapping the one hash function every check calls."""
+    read: list[str] = []
+    real = mf.sha256_file
+
+    def counting(path):
+        read.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(mf, "sha256_file", counting)
+    return read
+
+
+def test_an_untouched_version_opens_without_reading_its_files(store, tmp_path, hash_reads):
+    store.load("v1", str(tmp_path / "c.parquet"), inputs=INPUTS)
+    files = set(store.manifest("v1")["files"])
+    assert set(hash_reads) == files  # hashed in full at write, which leaves the stamp
+    hash_reads.clear()
+    for _ in range(3):
+        store.open("v1")
+    assert hash_reads == []
+    store.promote("v1")  # promote and verify hash in full, whatever the stamp says
+    assert set(hash_reads) == files
+    hash_reads.clear()
+    assert main(["verify", "v1", "--artifacts", str(tmp_path / "artifacts"), "--backend", "embedded"]) == 0
+    assert set(hash_reads) == files
+
+
+def test_a_rewrite_of_the_same_size_with_a_new_mtime_is_rehashed_and_caught(store, tmp_path, hash_reads):
+    store.load("v1", str(tmp_path / "c.parquet"), inputs=INPUTS)
+    store.open("v1")
+    vocab = store.folder("v1") / "bm25_vocab.json"
+    data = bytearray(vocab.read_bytes())
+    data[5] ^= 0x01
+    st = vocab.stat()
+    vocab.write_bytes(bytes(data))
+    os.utime(vocab, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert vocab.stat().st_size == st.st_size
+    hash_reads.clear()
+    with pytest.raises(mf.IntegrityError, match="bm25_vocab.json: SHA-256 differs"):
+        store.open("v1")
+    assert "bm25_vocab.json" in hash_reads
+
+
+def test_a_rewrite_that_puts_the_mtime_back_is_still_caught(store, tmp_path):
+    """`touch -d` can put the mtime back; the ctime (and here the inode, via a new file) it cannot."""
+    store.load("v1", str(tmp_path / "c.parquet"), inputs=INPUTS)
+    vocab = store.folder("v1") / "bm25_vocab.json"
+    data, st = bytearray(vocab.read_bytes()), vocab.stat()
+    data[5] ^= 0x01
+    vocab.write_bytes(bytes(data))  # in place: same inode, same size
+    os.utime(vocab, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (vocab.stat().st_ino, vocab.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+    with pytest.raises(mf.IntegrityError, match="bm25_vocab.json: SHA-256 differs"):
+        store.open("v1")
+
+
+def test_a_stamp_for_another_manifest_is_not_a_proof(store, tmp_path, hash_reads):
+    store.load("v1", str(tmp_path / "c.parquet"), inputs=INPUTS)
+    path = store.folder("v1") / mf.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "created": "2020-01-01T00:00:00+00:00"}))
+    hash_reads.clear()
+    store.open("v1")
+    assert set(hash_reads) == set(manifest["files"])  # a new manifest hash: re-hashed, then stamped again
+    hash_reads.clear()
+    store.open("v1")
+    assert hash_reads == []
+
+
+def test_verify_repairs_a_run_json_that_lacks_promoted(store, tmp_path, capsys):
+    """A crash after the promotions-log write leaves run.json without `promoted`: `verify` writes it from the log."""
+    from pipelines.versions import promotions
+
+    store.load("v1", str(tmp_path / "c.parquet"), inputs=INPUTS)
+    store.promote("v1")
+    store.log_promotion(promotions.promotion_record("v1", None, "sha256:g", "dag:nightly"))
+    run_json = store.folder("v1").parent / "run.json"
+    run_json.write_text(json.dumps({"run_id": "v1"}))
+    artifacts = str(tmp_path / "artifacts")
+    assert main(["verify", "v1", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    assert "missing `promoted` written from the promotions log" in capsys.readouterr().out
+    promoted = json.loads(run_json.read_text())["promoted"]
+    assert promoted == {"version": "v1", "replaced": None, "actor": "dag:nightly"}
+    assert main(["verify", "v1", "--artifacts", artifacts, "--backend", "embedded"]) == 0
+    assert "promoted" not in capsys.readouterr().out  # nothing left to repair

@@ -197,9 +197,12 @@ def accepted_combiner(cfg: dict, calibration: dict) -> dict | None:
 
 
 def cmd_runs(args) -> int:
+    from pipelines.app.factories import open_store
     from pipelines.app.run_table import format_table, list_runs
 
-    rows = list_runs(load_config(args)["artifacts"])
+    cfg = load_config(args)
+    promoted = {r["version"] for r in open_store(cfg).promotions()}  # the log, not run.json (it can lag a crash)
+    rows = list_runs(cfg["artifacts"], promoted)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 0
 
@@ -207,17 +210,21 @@ def cmd_runs(args) -> int:
 def cmd_verify(args) -> int:
     """Check one index version against its manifest: 0 when intact, 2 naming each bad file."""
     from pipelines.app.factories import open_store
+    from pipelines.app.steps import repair_promoted
     from pipelines.versions.manifest import IntegrityError, manifest_hash
 
     cfg = load_config(args)
+    store = open_store(cfg)
     try:
-        manifest = open_store(cfg).verify(args.version)
+        manifest = store.verify(args.version)
     except IntegrityError as exc:
         print(f"sourcegate: verify: index version {args.version} FAILED", file=sys.stderr)
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
         return 2
-    checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count and ids"
+    if repair_promoted(store, Path(cfg["artifacts"]) / "runs" / args.version, args.version):
+        print(f"{args.version}: run.json's missing `promoted` written from the promotions log")
+    checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count, ids and every document"
     print(
         f"{args.version}: ok ({manifest['rows']} chunks, dimension {manifest['dimension']}, {checked} verified; "
         f"manifest sha256 {manifest_hash(manifest)})"
@@ -320,6 +327,7 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("runs", help="list the runs with their verdicts, counts and timings (SQL over run folders)")
     p.add_argument("--artifacts"), p.add_argument("--json", action="store_true")
+    p.add_argument("--backend", choices=["embedded", "opensearch"], help="whose promotions log says what was promoted")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("verify", help="check an index version's files against its manifest (exit 2 if not intact)")

@@ -32,6 +32,8 @@ GATE = r"""
     FROM read_text($gate)
 """
 GATE_NONE = "SELECT NULL::VARCHAR AS run, NULL::JSON AS g WHERE false"
+PROMOTED_INFO = "(j -> '$.promoted') IS NOT NULL"
+PROMOTED_LOG = "list_contains($promoted::VARCHAR[], info.run)"
 QUERY = r"""
 WITH info AS ({info}), gate AS ({gate})
 SELECT info.run,
@@ -41,7 +43,7 @@ SELECT info.run,
             WHEN g IS NULL THEN 'no verdict'
             WHEN TRY_CAST(g ->> '$.passed' AS BOOLEAN) THEN 'passed'
             ELSE 'failed' END AS verdict,
-       (j -> '$.promoted') IS NOT NULL AS promoted,
+       {promoted} AS promoted,
        TRY_CAST(j ->> '$.counts.ingest.documents' AS BIGINT) AS documents,
        TRY_CAST(j ->> '$.counts.chunks' AS BIGINT) AS chunks,
        TRY_CAST(j ->> '$.counts.embedded' AS BIGINT) AS embedded,
@@ -52,8 +54,9 @@ ORDER BY started NULLS FIRST, info.run
 """
 
 
-def list_runs(artifacts: str | Path) -> list[dict]:
-    """One dict per run folder under `artifacts`/runs (keys: COLUMNS), oldest first."""
+def list_runs(artifacts: str | Path, promoted: set[str] | None = None) -> list[dict]:
+    """One dict per run folder under `artifacts`/runs (keys: COLUMNS), oldest first. `promoted`: the versions
+    the promotions log names (the truth: run.json's `promoted` can lag a crash); None reads run.json."""
     import duckdb
 
     runs = Path(artifacts) / "runs"
@@ -65,7 +68,13 @@ def list_runs(artifacts: str | Path) -> list[dict]:
         return []
     if not params["gate"]:
         del params["gate"]
-    sql = QUERY.format(info=INFO, gate=GATE if "gate" in params else GATE_NONE)
+    if promoted is not None:
+        params["promoted"] = sorted(promoted)
+    sql = QUERY.format(
+        info=INFO,
+        gate=GATE if "gate" in params else GATE_NONE,
+        promoted=PROMOTED_LOG if promoted is not None else PROMOTED_INFO,
+    )
     with duckdb.connect() as con:
         rows = con.execute(sql, params).fetchall()
     return [dict(zip(COLUMNS, row)) for row in rows]

@@ -353,8 +353,23 @@ def finish_promotion(store, folder: Path, run_id: str, actor: str, gate_path: Pa
         )
         store.log_promotion(record)
         faults.reached("promote:logged")
-    update_run_info(folder, promoted={"version": run_id, "replaced": record["previous"], "actor": record["actor"]})
+    update_run_info(folder, promoted=promoted_field(record))
     return run_id
+
+
+def promoted_field(record: dict) -> dict:
+    """run.json's `promoted`, from the promotions-log record that made the version live."""
+    return {"version": record["version"], "replaced": record["previous"], "actor": record["actor"]}
+
+
+def repair_promoted(store, folder: Path, version: str) -> bool:
+    """Write run.json's missing `promoted` from the promotions log (a crash after the log write); True if it did."""
+    path = folder / "run.json"
+    records = [r for r in store.promotions() if r.get("version") == version]
+    if not records or not path.is_file() or "promoted" in read_json(path):
+        return False
+    update_run_info(folder, promoted=promoted_field(records[-1]))
+    return True
 
 
 def promotion_of(log: list[dict], version: str, verdict_sha: str) -> dict | None:

@@ -35,7 +35,7 @@ from pipelines.search.base import (
 )
 from pipelines.search.bm25 import BM25Builder, BM25Index
 from pipelines.versions import manifest as mf
-from pipelines.versions import promotions
+from pipelines.versions import promotions, stamp
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +149,14 @@ class EmbeddedStore:
         tmp.mkdir(parents=True)
         try:
             count, dimension = write_index_files(chunks_parquet, tmp)
-            files = mf.file_entries(tmp, [p.name for p in tmp.iterdir() if p.is_file()])
+            names = [p.name for p in tmp.iterdir() if p.is_file()]
+            before = stamp.identities(tmp, names)
+            files = mf.file_entries(tmp, names)
             manifest = mf.build_manifest(
                 version, rows=count, dimension=dimension, inputs=inputs, files=files, backend="embedded"
             )
             mf.write_manifest(tmp, manifest)  # last: the completion mark
+            stamp.write_stamp(tmp, mf.manifest_hash(manifest), before)  # just hashed: the first open reads none
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: free what we took, leave no half index
             raise
@@ -161,12 +164,14 @@ class EmbeddedStore:
         tmp.rename(folder)  # a version appears whole or not at all
         return count
 
-    def verify(self, version: str, hashes: bool = True) -> dict:
-        """The manifest of an intact, complete version; IntegrityError naming each bad file otherwise."""
+    def verify(self, version: str, hashes: bool = True, proof: bool = False) -> dict:
+        """The manifest of an intact, complete version; IntegrityError naming each bad file otherwise.
+
+        With `proof`, a `.verified` stamp still holding for the files stands in for re-hashing them."""
         folder = self.folder(version)
         if not folder.is_dir():
             raise FileNotFoundError(f"no index version {version} ({folder})")
-        return mf.verify_folder(folder, version, hashes=hashes)
+        return mf.verify_folder(folder, version, hashes=hashes, proof=proof)
 
     def promote(self, version: str) -> None:
         self.verify(version)
@@ -199,11 +204,12 @@ class EmbeddedStore:
         shutil.rmtree(self.folder(version), ignore_errors=True)
 
     def open(self, version: str | None = None, hashes: bool = True) -> EmbeddedSearcher:
-        """A searcher over a verified version (sizes always; SHA-256 too unless `hashes=False`)."""
+        """A searcher over a verified version: sizes always; unless `hashes=False` the SHA-256s too, or the
+        `.verified` stamp when the files kept the identity they had when last hashed."""
         version = version or self.live()
         if version is None:
             raise FileNotFoundError(f"no live index (pointer {self.live_file} missing); run `sourcegate run` first")
-        return EmbeddedSearcher(self.folder(version), manifest=self.verify(version, hashes=hashes))
+        return EmbeddedSearcher(self.folder(version), manifest=self.verify(version, hashes=hashes, proof=True))
 
 
 def write_index_files(chunks_parquet: str | Path, folder: Path, rows: int | None = None) -> tuple[int, int]:

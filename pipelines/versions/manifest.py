@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.versions import stamp
+
 MANIFEST_FILE = "manifest.json"  # inside the embedded version folder (runs/<version>/index/)
 FORMAT = 1
 # What a version was built from: a rerun with the same run id reuses the version when all match.
@@ -157,17 +159,27 @@ def file_problems(folder: str | Path, manifest: Mapping, *, hashes: bool = True)
     return problems
 
 
-def verify_folder(folder: str | Path, version: str, *, hashes: bool = True) -> dict:
-    """The manifest of a complete, intact embedded version; IntegrityError naming each bad file otherwise."""
+def verify_folder(folder: str | Path, version: str, *, hashes: bool = True, proof: bool = False) -> dict:
+    """The manifest of a complete, intact embedded version; IntegrityError naming each bad file otherwise.
+
+    With `hashes`, every file's SHA-256 (then a `.verified` stamp is left, pipelines/versions/stamp.py);
+    with `proof` too, a stamp still holding for these files stands in for the hashing (opening a version).
+    """
     manifest = read_manifest(folder)
     if manifest is None:
         raise IntegrityError(
             f"index version {version} is incomplete: {Path(folder) / MANIFEST_FILE} is missing "
             "(a crashed or unfinished load); it is never opened or promoted"
         )
+    names, key = list(manifest.get("files") or {}), manifest_hash(manifest)
+    if hashes and proof and stamp.stamp_holds(folder, key, names):
+        return manifest
+    before = stamp.identities(folder, names)
     problems = file_problems(folder, manifest, hashes=hashes)
     if problems:
         raise IntegrityError(f"index version {version} is corrupt: " + "; ".join(problems), problems)
+    if hashes:
+        stamp.write_stamp(folder, key, before)
     return manifest
 
 

@@ -43,6 +43,20 @@ def _vectors(column: pa.Array, dim: int) -> np.ndarray:
     return np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, dim)
 
 
+def document_sources(batch: pa.RecordBatch, columns: list[str], dim: int) -> list[dict]:
+    """The `_source` of each row's document: what a load sends and what its content digest covers."""
+    vectors = _vectors(batch.column(batch.schema.get_field_index("embedding")), dim)
+    fields = {c: batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns if c != "embedding"}
+    sources = []
+    for i in range(batch.num_rows):
+        source = {c: fields[c][i] for c in fields}
+        source["embedding"] = vectors[i].tolist()
+        if not source["chunk_id"]:
+            raise ValueError("a chunk has an empty chunk_id")
+        sources.append(source)
+    return sources
+
+
 class BulkLoader:
     """Sends a version's rows to one index; idempotent by chunk id, so a retried request is harmless."""
 
@@ -57,17 +71,9 @@ class BulkLoader:
         self.progress = progress
 
     def _actions(self, batch: pa.RecordBatch, columns: list[str], dim: int) -> list[dict]:
-        vectors = _vectors(batch.column(batch.schema.get_field_index("embedding")), dim)
-        fields = {c: batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns if c != "embedding"}
-        actions = []
-        for i in range(batch.num_rows):
-            source = {c: fields[c][i] for c in fields}
-            source["embedding"] = vectors[i].tolist()
-            chunk_id = source["chunk_id"]
-            if not chunk_id:
-                raise ValueError("a chunk has an empty chunk_id")
-            actions.append({"_index": None, "_id": chunk_id, "_source": source})
-        return actions
+        return [
+            {"_index": None, "_id": src["chunk_id"], "_source": src} for src in document_sources(batch, columns, dim)
+        ]
 
     def _batches(
         self, pf: pq.ParquetFile, columns: list[str], dim: int, only: pa.Array | None = None

@@ -22,6 +22,7 @@ from pipelines.batches import open_parquet
 from pipelines.search import delta as delta_mod
 from pipelines.search.base import refuse_rebuilding_live
 from pipelines.search.delta import Delta
+from pipelines.search.opensearch import content
 from pipelines.search.opensearch.bulk import embedding_dimension
 from pipelines.search.opensearch.mapping import REQUIRED_COLUMNS, ids_checksum, index_body, indexed_columns
 from pipelines.versions import manifest as mf
@@ -143,7 +144,7 @@ def plan(store: OpenSearchStore, night: _Night, base_chunks: str | Path | None) 
     if base_chunks is None:
         return night.full("full load requested")
     try:
-        live_manifest = store.verify(live, hashes=False)
+        live_manifest = store.verify(live)  # in full: a delta never copies an edited version
     except mf.IntegrityError as exc:
         return night.full(f"the live version {live} failed its check ({exc})")
     reason = delta_mod.full_load_reason(live_manifest, night.inputs, night.body_sha256)
@@ -223,8 +224,9 @@ def load_delta(
 
 
 def complete(store: OpenSearchStore, version: str, index: str, meta: dict, night: _Night, *, check_ids: bool) -> int:
-    """Refresh, check `_count` (and with `check_ids` the ids the index holds) against the Parquet,
-    then write the manifest with the complete mark, in one request: the completion mark."""
+    """Refresh, check `_count` (and with `check_ids` the ids the index holds) against the Parquet, set
+    the write block, then write the manifest (content digest, shards' max_seq_no) with the complete mark,
+    in one request: the completion mark."""
     with night.step("refresh"):
         store.client.indices.put_settings(
             index=index, body={"index": {"refresh_interval": "1s", "number_of_replicas": store.replicas}}
@@ -244,6 +246,13 @@ def complete(store: OpenSearchStore, version: str, index: str, meta: dict, night
                 f"index {index}: after the {night.build['mode']} load its chunk ids differ from "
                 f"{night.chunks_parquet}'s (same count {count}); not promotable"
             )
+    with night.step("digest"):
+        content_sha256 = content.content_checksum(
+            content.parquet_digests(open_parquet(night.chunks_parquet), night.columns, night.dim)
+        )
+    # immutable from here on (G1): the block is set before the complete mark, so no complete version
+    # lacks it, and the shards' max_seq_no recorded after it is what opening the version checks
+    store.client.indices.put_settings(index=index, body={"index": {"blocks": {"write": True}}})
     manifest = mf.build_manifest(
         version,
         rows=count,
@@ -251,7 +260,10 @@ def complete(store: OpenSearchStore, version: str, index: str, meta: dict, night
         inputs=night.inputs or None,
         backend="opensearch",
         index=index,
+        source=str(night.chunks_parquet),
         ids_sha256=ids_sha256,
+        content_sha256=content_sha256,
+        max_seq_no=content.max_seq_nos(store.client, index),
         index_body_sha256=night.body_sha256,
         build=night.build,
     )

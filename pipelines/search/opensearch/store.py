@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from pipelines.search.base import oldest_first, refuse_dropping_live
-from pipelines.search.opensearch import mapping
+from pipelines.search.opensearch import content, mapping
 from pipelines.search.opensearch.bulk import BulkLoader
 from pipelines.search.opensearch.loader import load_version
 from pipelines.search.opensearch.mapping import DEFAULT_PREFIX, FORBIDDEN_IN_INDEX, META_KEY, PREFIX_RE, own_meta
@@ -137,9 +139,13 @@ class OpenSearchStore:
         return load_version(self, version, chunks_parquet, inputs, base_chunks=base_chunks)
 
     def verify(self, version: str, hashes: bool = True) -> dict:
-        """The manifest of a complete, intact version: ``_count`` (and with `hashes` the ids' SHA-256) match it.
+        """The manifest of a complete, intact version; IntegrityError naming each problem otherwise.
 
-        IntegrityError otherwise; FileNotFoundError when there is no such index.
+        Always: ``_count``, the shards' ``max_seq_no`` (no write since completion) and the manifest's hash
+        against the promotions log. With `hashes` (``verify``, promote, before a delta clones it): every
+        ``_source`` against the content digest, the ids and the write block. Opening a version (no
+        `hashes`) that was written to reads it in full too, to name the edited chunks.
+        FileNotFoundError when there is no such index.
         """
         index = self.index_name(version)
         meta = self.meta(index)
@@ -151,15 +157,59 @@ class OpenSearchStore:
                 f"index version {version} ({index}) is incomplete: its load is {meta.get('status', 'unknown')!r} "
                 "and it has no manifest; it is never opened or promoted"
             )
+        problems = self._manifest_problems(version, index, manifest)
         count = int(self.client.count(index=index)["count"])
-        problems = (
-            [] if count == manifest["rows"] else [f"{index}: _count is {count}, manifest says {manifest['rows']}"]
-        )
-        if hashes and not problems and self.ids_checksum(index) != manifest.get("ids_sha256"):
-            problems.append(f"{index}: the chunk ids differ from the manifest's ids_sha256")
+        if count != manifest["rows"]:
+            problems.append(f"{index}: _count is {count}, manifest says {manifest['rows']}")
+        written = content.seq_no_problems(index, manifest.get("max_seq_no"), content.max_seq_nos(self.client, index))
+        problems += written
+        if hashes or written:
+            problems += self._content_problems(index, manifest)
+        if hashes and not self._write_blocked(index):
+            problems.append(f"{index}: its write block was removed (a complete version is read-only)")
         if problems:
             raise mf.IntegrityError(f"index version {version} is corrupt: " + "; ".join(problems), problems)
         return manifest
+
+    def _manifest_problems(self, version: str, index: str, manifest: Mapping) -> list[str]:
+        """The manifest in ``_meta`` against the hash the promotions log recorded for it (not editable in place)."""
+        logged = {r.get("manifest_sha256") for r in self.promotions() if r.get("version") == version} - {None}
+        now = mf.manifest_hash(manifest)
+        return [
+            f"{index}: its manifest in _meta (sha256 {now}) differs from the one promoted (sha256 {h}): edited in place"
+            for h in sorted(logged)
+            if h != now
+        ]
+
+    def _content_problems(self, index: str, manifest: Mapping) -> list[str]:
+        """Every ``_source`` against the manifest's content digest; the edited chunks named from the source Parquet."""
+        if not manifest.get("content_sha256"):
+            return [f"{index}: its manifest has no content digest (loaded before edit detection); rebuild it"]
+        found = content.index_digests(self.client, index)
+        problems = []
+        if mapping.ids_checksum(found) != manifest.get("ids_sha256"):
+            problems.append(f"{index}: the chunk ids differ from the manifest's ids_sha256")
+        if content.content_checksum(found) == manifest["content_sha256"]:
+            return problems
+        return (
+            problems + [f"{index}: its documents differ from the content digest loaded"] + self._named(manifest, found)
+        )
+
+    def _named(self, manifest: Mapping, found: Mapping[str, str]) -> list[str]:
+        """The chunks that differ from the Parquet the version was loaded from (when it is still there and is it)."""
+        source = manifest.get("source")
+        if not source or not Path(source).is_file():
+            return [f"the Parquet it was loaded from ({source}) is gone: the edited chunks cannot be named"]
+        pf = pq.ParquetFile(source)
+        expected = content.parquet_digests(pf, mapping.indexed_columns(pf.schema_arrow.names), manifest["dimension"])
+        if content.content_checksum(expected) != manifest["content_sha256"]:
+            return [f"{source} no longer holds what was loaded: the edited chunks cannot be named"]
+        return content.differing_chunks(expected, found)
+
+    def _write_blocked(self, index: str) -> bool:
+        settings = self.client.indices.get_settings(index=index, name="index.blocks.write")
+        blocks = settings.get(index, {}).get("settings", {}).get("index", {}).get("blocks", {})
+        return str(blocks.get("write")).lower() == "true"
 
     def ids_checksum(self, index: str) -> str:
         """The ids' SHA-256 from a scroll over ``_id``, 10,000 a page (benchmarks/opensearch_night.py: 6-26%
