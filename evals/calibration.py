@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from artifact_io import jsonable
+from evals.coverage import coverage_figures
 from evals.placement import RULES, cross_fitted, place
 from evals.sweep import (
     ANSWER,
@@ -404,8 +405,14 @@ def _questions(records: Sequence[Mapping], names: list[str], matrix: np.ndarray)
     ]
 
 
-def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str, Any]:
-    """The whole calibration.json for one eval set and config."""
+def calibrate(
+    records: Sequence[Mapping],
+    config: Mapping[str, Any],
+    check: Sequence[Mapping] = (),
+    check_path: str | None = None,
+) -> dict[str, Any]:
+    """The whole calibration.json for the fit set's records, and the check set's (`check`: questions
+    that chose nothing) at the shipped threshold, with the three coverage figures."""
     options = {
         "placement": config.get("placement", "tightest"),
         "min_per_label": config.get("min_per_label", 20),
@@ -455,12 +462,15 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
         kinds = config.get("gate_decline_kinds") or []
         gated = gating_scope(records, gating["signal"], kinds, options, config.get("cross_fit_folds", 5))
 
-    return {
+    result = {
         "n": {ANSWER: int(is_answer.sum()), DECLINE: int((~is_answer).sum())},
         "config": jsonable(dict(config)),
         "signals": signals,
         "pair": pair,
         "shipped": shipped,
         "gating": gated,
+        "check": {"path": check_path, **calibrate_check(check, config)} if check and config.get("gating") else None,
         "questions": _questions(records, names, matrix),
     }
+    result["coverage"] = coverage_figures(result, options["confidence"])
+    return result

@@ -13,8 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json, write_jsonl
-from evals.calibration import calibrate, calibrate_check
-from evals.coverage import coverage_figures
+from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
 from evals.evalset import EvalSetError, check_labels, load_evalset
 from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall
@@ -68,18 +67,15 @@ def evaluate(
     write_json({"errors": errors}, out_dir / "eval_errors.json")
     records = run_questions(retriever, sets["calibration"], progress=progress)
     combiner = before_sweep(records) if before_sweep else None
-    calibration = calibrate(records, calibration_config(cfg)) if records else {"signals": {}, "error": "no questions"}
-    if before_sweep:
-        calibration["combiner"] = combiner
     # after before_sweep: the check set is scored with the combiner the fit set was swept with
     c_records = run_questions(retriever, sets["check"], progress=progress)
-    if c_records and "error" not in calibration:
-        calibration["check"] = {
-            "path": cfg["evals"]["check_set"],
-            **calibrate_check(c_records, calibration_config(cfg)),
-        }
-    if "error" not in calibration:
-        calibration["coverage"] = coverage_figures(calibration, cfg["calibration"]["promise_confidence"])
+    calibration = (
+        calibrate(records, calibration_config(cfg), c_records, cfg["evals"]["check_set"])
+        if records
+        else {"signals": {}, "error": "no questions"}
+    )
+    if before_sweep:
+        calibration["combiner"] = combiner
     by_id = {c["chunk_id"]: c for c in chunks}
     calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg["retrieval"]["rerank_depth"])
     write_json(calibration, out_dir / "calibration.json")
