@@ -231,3 +231,15 @@ def test_a_move_that_would_clash_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="already have an id in the fit set"):
         move_to_fit(check, fit, ["a-0"])
     assert (fit.read_text(), check.read_text()) == before
+
+
+def test_the_report_shows_the_three_figures_and_the_unseen_check_questions():
+    from evals.report import render_report
+
+    check = records([0.5] * 40, [0.0] * 5, prefix="c-")
+    cal = calibrate(FIT, config(0.1), check, "check.jsonl")
+    html = render_report(cal, None, evaluate_gate(cal, None, None, gating_signal=SIGNAL), {})
+    assert "Coverage promise" in html and "Headline: a new should-answer question is kept" in html
+    for name in ("in-sample", "cross-fitted", "check"):
+        assert f"<td>{name}</td>" in html
+    assert "40 should-answer and 5 should-decline questions remain unseen" in html
