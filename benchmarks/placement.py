@@ -8,7 +8,7 @@ on data and judged on data it was not placed on, never on the check set:
 
 Two stages:
   python -m benchmarks.placement scores --out /tmp/coverage/beir   # index + score each BEIR set
-  python -m benchmarks.placement table --demo RUN/calibration.json --out /tmp/coverage/beir
+  python -m benchmarks.placement table --demo RUN/calibration.json [MORE.json ...] --out /tmp/coverage/beir
 
 `scores` indexes each dataset like `sourcegate beir` (cached under --out) and scores its test
 queries as should-answer and the demo fit set's off-topic questions as should-decline
@@ -78,38 +78,48 @@ def transfer(threshold: float | None, scores: list[float], is_answer: list[bool]
     }
 
 
-def table(demo: Path, out: Path, signal: str, folds: int) -> dict:
-    sets = {"demo (fit set)": read_json(demo)}
-    sets.update({name: read_json(out / name / "calibration.json") for name in DATASETS})
-    scored = {name: gated_scores(cal, signal) for name, cal in sets.items()}
-    demo_scores, demo_answer = scored["demo (fit set)"]
-    result = {"signal": signal, "folds": folds, "rules": {}}
+def demo_scores(calibrations: list[Path], signal: str) -> tuple[list[float], list[bool]]:
+    """The demo fit set's gated scores, merged from calibration.json files (ids unique across them)."""
+    merged: dict[str, dict] = {}
+    for path in calibrations:
+        merged.update({q["id"]: q for q in read_json(path)["questions"]})
+    return gated_scores({"questions": list(merged.values())}, signal)
+
+
+def table(demo: list[Path], out: Path, signal: str, folds: int) -> dict:
+    """Every rule cross-fitted on each dataset, and placed on the demo and applied to each BEIR set.
+    A BEIR set without scores under `out` is listed in `not_measured`, never filled in."""
+    scored = {"demo (fit set)": demo_scores(demo, signal)}
+    present = [name for name in DATASETS if (out / name / "calibration.json").exists()]
+    scored.update({name: gated_scores(read_json(out / name / "calibration.json"), signal) for name in present})
+    fit_scores, fit_answer = scored["demo (fit set)"]
+    answer = [s for s, a in zip(fit_scores, fit_answer) if a]
+    decline = [s for s, a in zip(fit_scores, fit_answer) if not a]
+    result = {"signal": signal, "folds": folds, "not_measured": sorted(set(DATASETS) - set(present)), "rules": {}}
     for rule in RULES:
-        row = {name: cross_fitted(s, a, rule, folds) for name, (s, a) in scored.items()}
-        threshold = place(
-            [s for s, a in zip(demo_scores, demo_answer) if a],
-            [s for s, a in zip(demo_scores, demo_answer) if not a],
-            rule,
-        )
-        row["demo threshold"] = threshold
-        row["transfer"] = {name: transfer(threshold, *scored[name]) for name in DATASETS}
+        row = {"cross_fitted": {name: cross_fitted(s, a, rule, folds) for name, (s, a) in scored.items()}}
+        row["demo threshold"] = place(answer, decline, rule)
+        row["transfer"] = {name: transfer(row["demo threshold"], *scored[name]) for name in present}
         result["rules"][rule] = row
     return result
 
 
+def _cell(r: dict) -> str:
+    return f"{r['kept']}/{r['n_answer']} / {r['declined']}/{r['n_decline']}"
+
+
 def markdown(result: dict) -> str:
-    names = ["demo (fit set)", *DATASETS]
+    first = next(iter(result["rules"].values()))
+    names, beir = list(first["cross_fitted"]), list(first["transfer"])
     head = "| rule | " + " | ".join(f"{n}: kept / declined (cross-fitted)" for n in names)
-    head += " | demo threshold | " + " | ".join(f"{n}: kept / declined at it" for n in DATASETS) + " |"
-    lines = [head, "|" + "---|" * (2 + 2 * len(names) - 1)]
+    head += " | demo threshold | " + "".join(f"{n}: kept / declined at it | " for n in beir)
+    lines = [head.rstrip(" |") + " |", "|" + "---|" * (2 + len(names) + len(beir))]
     for rule, row in result["rules"].items():
-        cells = [f"{row[n]['kept']}/{row[n]['n_answer']} / {row[n]['declined']}/{row[n]['n_decline']}" for n in names]
-        cells.append(f"{row['demo threshold']:.4g}")
-        cells += [
-            f"{t['kept']}/{t['n_answer']} / {t['declined']}/{t['n_decline']}"
-            for t in (row["transfer"][n] for n in DATASETS)
-        ]
+        cells = [_cell(row["cross_fitted"][n]) for n in names] + [f"{row['demo threshold']:.4g}"]
+        cells += [_cell(row["transfer"][n]) for n in beir]
         lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    if result["not_measured"]:
+        lines.append(f"\nnot measured: {', '.join(result['not_measured'])}")
     return "\n".join(lines)
 
 
@@ -117,7 +127,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("stage", choices=["scores", "table"])
     parser.add_argument("--out", type=Path, required=True, help="the BEIR caches and per-dataset calibration.json")
-    parser.add_argument("--demo", type=Path, help="table: a demo night's calibration.json (the fit set)")
+    parser.add_argument("--demo", type=Path, nargs="+", help="table: calibration.json files of the demo fit set")
     parser.add_argument("--signal", default="rerank_top")
     parser.add_argument("--folds", type=int, default=5)
     args = parser.parse_args(argv)
