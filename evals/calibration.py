@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from artifact_io import jsonable
+from evals.coverage import coverage_figures
+from evals.placement import RULES, cross_fitted, place
 from evals.sweep import (
     ANSWER,
     DECLINE,
@@ -130,12 +132,12 @@ def calibrate_signal(
 ) -> dict[str, Any]:
     """Bands, gap, AUC, recommended threshold and verdict for one signal.
 
-    placement "tightest" recommends min(should-answer), the highest threshold
-    that still keeps every should-answer question; "midpoint" puts it in the
-    middle of the gap when there is one (more margin for unseen questions).
+    placement (evals/placement.py): "tightest" recommends min(should-answer), the highest
+    threshold that still keeps every should-answer question; "midpoint" and "logit_midpoint"
+    put it in the middle of the gap, on the linear or the logit scale, when there is one.
     """
-    if placement not in ("tightest", "midpoint"):
-        raise ValueError(f"placement must be 'tightest' or 'midpoint', got {placement!r}")
+    if placement not in RULES:
+        raise ValueError(f"placement must be one of {', '.join(RULES)}, got {placement!r}")
     answer, decline = split_by_label(scores, labels)
     answer_ids, decline_ids = ids_by_label(scores, labels, ids)
     warnings = [
@@ -149,12 +151,9 @@ def calibrate_signal(
     answer_min, decline_max = answer[0], decline[-1]
     gap = answer_min - decline_max
     has_gap = bool(gap > 0)
-    threshold = answer_min
-    if placement == "midpoint":
-        if has_gap:
-            threshold = (answer_min + decline_max) / 2.0
-        else:
-            warnings.append("no gap: midpoint placement fell back to the tightest threshold")
+    threshold = place(answer, decline, placement)
+    if placement != "tightest" and not has_gap:
+        warnings.append(f"no gap: {placement} placement fell back to the tightest threshold")
     declined_at = float(np.searchsorted(decline, threshold, "left") / len(decline))
     auc = roc_auc(answer, decline)
 
@@ -336,7 +335,7 @@ def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: f
 
 
 def gating_scope(
-    records: Sequence[Mapping], signal: str, decline_kinds: Sequence[str], options: Mapping[str, Any]
+    records: Sequence[Mapping], signal: str, decline_kinds: Sequence[str], options: Mapping[str, Any], folds: int = 5
 ) -> dict[str, Any]:
     """The gating signal calibrated on the questions the gap check holds it to.
 
@@ -347,19 +346,45 @@ def gating_scope(
     scope = [r for r in records if r["label"] == ANSWER or not decline_kinds or r.get("kind") in decline_kinds]
     scores = np.array([np.nan if r["signals"].get(signal) is None else r["signals"][signal] for r in scope], float)
     scored = np.isfinite(scores)
-    ids = [r["id"] for r in scope]
-    result = (
-        calibrate_signal(
-            signal, scores[scored], _answer_mask(scope)[scored], ids=[i for i, ok in zip(ids, scored) if ok], **options
-        )
-        if scored.any()
-        else None
-    )
+    ids = [i for i, ok in zip((r["id"] for r in scope), scored) if ok]
+    is_answer = _answer_mask(scope)[scored]
+    result = calibrate_signal(signal, scores[scored], is_answer, ids=ids, **options) if scored.any() else None
     return {
         "signal": signal,
         "decline_kinds": list(decline_kinds) or "all",
         "n": {ANSWER: sum(r["label"] == ANSWER for r in scope), DECLINE: sum(r["label"] != ANSWER for r in scope)},
         "result": result,
+        "cross_fitted": _cross_fitted(scores[scored], is_answer, ids, options["placement"], folds),
+    }
+
+
+def _cross_fitted(scores: np.ndarray, is_answer: np.ndarray, ids: list[str], rule: str, folds: int) -> dict | None:
+    """The placement rule's coverage on fit questions its threshold did not see (None: too few to fold)."""
+    if is_answer.sum() < folds or not (~is_answer).any():
+        return None
+    result = cross_fitted(scores, is_answer, rule, folds)
+    return jsonable({**result, "missed": [ids[i] for i in result["missed"]]})
+
+
+def calibrate_check(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The check set (questions that never chose anything) at the shipped threshold.
+
+    Every should-answer question must be kept, and every should-decline question of a kind the
+    gap holds (`gate_decline_kinds`) declined, as on the fit set; `questions` keeps the
+    per-question scores so `accept` can tell which check questions a new threshold has seen.
+    """
+    gating = config["gating"]
+    kinds = config.get("gate_decline_kinds") or []
+    gated = [r for r in records if r["label"] == ANSWER or not kinds or r.get("kind") in kinds]
+    shipped = check_shipped(gated, gating["signal"], gating["adjacent"])
+    return {
+        "signal": gating["signal"],
+        "threshold": gating["adjacent"],
+        "n": {ANSWER: int(_answer_mask(records).sum()), DECLINE: int((~_answer_mask(records)).sum())},
+        "decline_kinds": list(kinds) or "all",
+        "shipped": {k: v for k, v in shipped.items() if k != "per_question"},
+        "decline_recall_by_kind": decline_recall_by_kind(records, gating["signal"], gating["adjacent"]),
+        "questions": _questions(records, [gating["signal"]], _signal_matrix(records, [gating["signal"]])),
     }
 
 
@@ -380,8 +405,14 @@ def _questions(records: Sequence[Mapping], names: list[str], matrix: np.ndarray)
     ]
 
 
-def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str, Any]:
-    """The whole calibration.json for one eval set and config."""
+def calibrate(
+    records: Sequence[Mapping],
+    config: Mapping[str, Any],
+    check: Sequence[Mapping] = (),
+    check_path: str | None = None,
+) -> dict[str, Any]:
+    """The whole calibration.json for the fit set's records, and the check set's (`check`: questions
+    that chose nothing) at the shipped threshold, with the three coverage figures."""
     options = {
         "placement": config.get("placement", "tightest"),
         "min_per_label": config.get("min_per_label", 20),
@@ -428,14 +459,18 @@ def calibrate(records: Sequence[Mapping], config: Mapping[str, Any]) -> dict[str
         shipped = check_shipped(records, gating["signal"], gating["adjacent"])
         shipped["strong_threshold"] = gating.get("strong")
         shipped["decline_recall_by_kind"] = decline_recall_by_kind(records, gating["signal"], gating["adjacent"])
-        gated = gating_scope(records, gating["signal"], config.get("gate_decline_kinds") or [], options)
+        kinds = config.get("gate_decline_kinds") or []
+        gated = gating_scope(records, gating["signal"], kinds, options, config.get("cross_fit_folds", 5))
 
-    return {
+    result = {
         "n": {ANSWER: int(is_answer.sum()), DECLINE: int((~is_answer).sum())},
         "config": jsonable(dict(config)),
         "signals": signals,
         "pair": pair,
         "shipped": shipped,
         "gating": gated,
+        "check": {"path": check_path, **calibrate_check(check, config)} if check and config.get("gating") else None,
         "questions": _questions(records, names, matrix),
     }
+    result["coverage"] = coverage_figures(result, options["confidence"])
+    return result

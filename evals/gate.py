@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from artifact_io import jsonable, write_json, write_text
+from evals.coverage import headline_text
 from evals.junit import junit_xml
 from evals.regression import compare, describe
 
@@ -73,9 +74,10 @@ def gap_promise_text(result: Mapping) -> str:
     if not promised or not fragile:
         return ""
     text = (
-        f"; a new should-answer question is kept with probability >= {promised['keep_new_answer']:.3f} "
-        f"(n={promised['n_answer']}; {promised['coverage']:.0%} at {promised['confidence']:.0%} confidence "
-        f"needs n >= {promised['n_needed']})"
+        f"; in sample, a new should-answer question LIKE THE FIT SET'S is kept with probability >= "
+        f"{promised['keep_new_answer']:.3f} (n={promised['n_answer']}; {promised['coverage']:.0%} at "
+        f"{promised['confidence']:.0%} confidence needs n >= {promised['n_needed']}; the headline promise, "
+        "the lowest of three figures, is under `coverage`)"
     )
     without = ", ".join(f"{_n(g)} without {k}" for k, g in fragile["gap_without"].items() if g is not None)
     if without:
@@ -176,6 +178,65 @@ def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
         wrongly_declined=missed,
         unscored=unscored,
     )
+
+
+def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
+    """The shipped threshold on questions that chose nothing: every should-answer one kept, every
+    should-decline one of a gated kind declined (the fit set's gap, held on unseen questions)."""
+    check = calibration.get("check")
+    if not check:
+        return _check("check_set", False, "No check set was evaluated (evals.check_set): coverage is unchecked.")
+    shipped = check["shipped"]
+    if shipped["signal"] != signal:
+        return _check("check_set", False, f"The check set was scored on {shipped['signal']}, not {signal}.")
+    missed = shipped["wrongly_declined"] + [
+        {"id": q, "score": None} for q in shipped["unscored"] if q in _check_answer_ids(check)
+    ]
+    answered = shipped["wrongly_answered"]
+    n, threshold = shipped["n"], _n(shipped["threshold"])
+    data = {"path": check.get("path"), "n": n, "wrongly_declined": missed, "wrongly_answered": answered}
+    kinds = check.get("decline_kinds", "all")
+    declines = f"should-decline ({', '.join(kinds)})" if kinds != "all" else "should-decline"
+    if not missed and not answered:
+        return _check(
+            "check_set",
+            True,
+            f"The shipped {signal} threshold {threshold} keeps all {n['answer']} should-answer questions of the "
+            f"check set {check.get('path')} and declines all {n['decline']} of its gated {declines} questions.",
+            **data,
+        )
+    parts = []
+    if missed:
+        listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in missed)
+        parts.append(f"declines {len(missed)} of {n['answer']} should-answer questions: {listed}")
+    if answered:
+        listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in answered)
+        parts.append(f"answers {len(answered)} of {n['decline']} gated {declines} questions: {listed}")
+    return _check(
+        "check_set",
+        False,
+        f"On the check set {check.get('path')} (questions that chose nothing), the shipped {signal} threshold "
+        f"{threshold} {'; and '.join(parts)}.",
+        **data,
+    )
+
+
+def _check_answer_ids(check: Mapping) -> set[str]:
+    return {q["id"] for q in check.get("questions", ()) if q["label"] == "answer"}
+
+
+def check_decline_set_size(calibration: Mapping) -> dict[str, Any]:
+    """The gated should-decline set must hold at least `min_per_label` questions: a gap over fewer
+    claims more than its n supports (G6)."""
+    gating = calibration.get("gating") or {}
+    need = (calibration.get("config") or {}).get("min_per_label", 20)
+    have = (gating.get("n") or {}).get("decline", 0)
+    kinds = gating.get("decline_kinds", "all")
+    what = "should-decline" if kinds == "all" else f"gated should-decline ({', '.join(kinds)})"
+    passed = have >= need
+    verb = "holds" if passed else "holds only"
+    detail = f"The {what} set {verb} {have} questions (calibration.min_per_label: {need})."
+    return _check("decline_set_size", passed, detail, n=have, min_per_label=need)
 
 
 def _answer_ids(calibration: Mapping) -> set[str]:
@@ -286,6 +347,8 @@ def evaluate_gate(
         check_threshold_gap(calibration, gating_signal),
         check_threshold_in_gap(calibration, gating_signal),
         check_answer_coverage(calibration, gating_signal),
+        check_check_set(calibration, gating_signal),
+        check_decline_set_size(calibration),
         check_precision_regression(precision, baseline, regression),
         check_decline_regression(calibration, baseline, regression),
         check_eval_sets_valid(eval_errors),
@@ -301,6 +364,9 @@ def evaluate_gate(
             "gap_decided_by_one_question": bool(fragile.get("one_question")),
             "unscored": {"signal": gating_signal, "count": len(shipped.get("unscored") or [])},
             "gap_deciding_questions": fragile.get("deciding"),
+            "coverage": calibration.get("coverage"),
+            "promise": headline_text(calibration["coverage"]) if calibration.get("coverage") else None,
+            "unseen_check_questions": (calibration.get("check") or {}).get("n"),
             "reasons": [c["detail"] for c in checks if not c["passed"]],
             "checks": checks,
             "gating_signal": gating_signal,

@@ -19,6 +19,7 @@ from evals.evalset import EvalSetError, check_labels, load_evalset
 from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall
 from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
+from evals.regression import check_baseline
 from evals.report import write_report
 
 
@@ -49,8 +50,12 @@ def evaluate(
     sets = {}
     for name, path in (
         ("calibration", calibration_set or cfg["evals"]["calibration_set"]),
+        ("check", cfg["evals"]["check_set"]),
         ("precision", precision_set or cfg["evals"]["precision_set"]),
     ):
+        if path is None:  # no check set configured: the gate says so
+            sets[name] = []
+            continue
         try:
             sets[name] = load_evalset(path)
             if name == "precision":  # precision needs labels; declines have none to be precise about
@@ -62,7 +67,13 @@ def evaluate(
     write_json({"errors": errors}, out_dir / "eval_errors.json")
     records = run_questions(retriever, sets["calibration"], progress=progress)
     combiner = before_sweep(records) if before_sweep else None
-    calibration = calibrate(records, calibration_config(cfg)) if records else {"signals": {}, "error": "no questions"}
+    # after before_sweep: the check set is scored with the combiner the fit set was swept with
+    c_records = run_questions(retriever, sets["check"], progress=progress)
+    calibration = (
+        calibrate(records, calibration_config(cfg), c_records, cfg["evals"]["check_set"])
+        if records
+        else {"signals": {}, "error": "no questions"}
+    )
     if before_sweep:
         calibration["combiner"] = combiner
     by_id = {c["chunk_id"]: c for c in chunks}
@@ -84,9 +95,10 @@ def evaluate(
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
     write_json(precision, out_dir / "precision.json")
     rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg["answer"])
+    rows += question_rows("check", c_records, qrels_for(sets["check"], chunks), cfg["answer"])
     rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
     write_jsonl(rows, out_dir / "questions.jsonl")
-    return {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
+    return {"questions": len(records) + len(c_records) + len(p_records), "eval_errors": len(errors)}
 
 
 def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
@@ -111,7 +123,7 @@ def gate_for_dir(
     precision = read_json(folder / "precision.json")
     errors = read_json(folder / "eval_errors.json")["errors"]
     baseline_path = Path(cfg["evals"]["baseline"])
-    baseline = read_json(baseline_path) if baseline_path.exists() else {}
+    baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path.exists() else {}
     if not baseline_path.exists():
         errors = errors + [f"{baseline_path}: accepted precision baseline not found"]
     gate = evaluate_gate(

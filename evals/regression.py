@@ -142,3 +142,25 @@ def baseline_from(precision: Mapping[str, Any], calibration: Mapping[str, Any], 
         },
         "decline_recall_by_kind": {k: v["recall"] for k, v in shipped.get("decline_recall_by_kind", {}).items()},
     }
+
+
+class BaselineError(ValueError):
+    """An accepted baseline that cannot be compared against: an error (exit 2), never a pass."""
+
+
+def check_baseline(baseline: Any, source: str) -> Mapping[str, Any]:
+    """The baseline as `accept` writes it: per-question precision and decline outcomes, each a mapping."""
+    if not isinstance(baseline, Mapping) or not baseline:
+        raise BaselineError(f"{source}: the accepted baseline is empty or not a JSON object; {ACCEPT_HINT}")
+    questions = baseline.get("questions")
+    for part in ("precision", "decline"):
+        outcomes = questions.get(part) if isinstance(questions, Mapping) else None
+        if not isinstance(outcomes, Mapping) or not outcomes:
+            raise BaselineError(f"{source}: the accepted baseline has no per-question {part} outcomes; {ACCEPT_HINT}")
+        bad = [q for q, row in outcomes.items() if not isinstance(row, Mapping)]
+        if bad:
+            raise BaselineError(f"{source}: malformed {part} outcomes for {', '.join(sorted(bad)[:5])}; {ACCEPT_HINT}")
+    return baseline
+
+
+ACCEPT_HINT = "re-accept a run you trust with `sourcegate accept RUN_DIR`"

@@ -170,9 +170,10 @@ class Answerability(Section):
 class Calibration(Section):
     signals: list[str] = Field(list(typing.get_args(Feature)), description="every signal swept and reported")
     pair: list[str] = Field(["bm25_z", "term_coverage"], description="the 2-D sweep's two signals")
-    placement: Literal["tightest", "midpoint"] = Field(
-        "tightest", description="where in the gap the recommended threshold sits"
+    placement: Literal["tightest", "midpoint", "logit_midpoint"] = Field(
+        "tightest", description="where in the gap the recommended threshold sits (evals/placement.py)"
     )
+    cross_fit_folds: int = Field(5, ge=2, description="folds of the fit set for the cross-fitted coverage")
     promise_coverage: Number = number(0.99, "the keep rate the report says how many questions would need", gt=0, lt=1)
     promise_confidence: Number = number(0.95, "... claimed at this confidence", gt=0, lt=1)
     min_per_label: int = Field(20, description="fewer questions of a gated label than this: too few to claim a gap")
@@ -191,6 +192,13 @@ class Regression(Section):
 class Evals(Section):
     calibration_set: str = Field("config/evals/calibration.jsonl", description="the fit set: places the thresholds")
     precision_set: str = Field("config/evals/precision.jsonl", description="labelled passages for precision@k")
+    check_set: str | None = Field(
+        "config/evals/answerability.jsonl",
+        description="questions that never chose a threshold, gated like the fit set; null: none (the gate fails)",
+    )
+    check_moves: str = Field(
+        "config/evals/check_moves.jsonl", description="the log of check questions `accept` moved into the fit set"
+    )
     ks: list[int] = Field([1, 3, 5], description="the k of precision@k")
     baseline: str = Field("config/baselines/precision.json", description="per-question outcomes of `accept`")
     regression: Regression = Field(default_factory=Regression)

@@ -15,10 +15,10 @@ from evals.regression import baseline_from
 SIGNAL = "rerank_top"
 
 
-def eval_records(answer_scores, decline_scores):
+def eval_records(answer_scores, decline_scores, prefix=""):
     recs = [
         {
-            "id": f"a-{i:03d}",
+            "id": f"{prefix}a-{i:03d}",
             "question": f"how do I {i}?",
             "label": "answer",
             "kind": "howto",
@@ -28,7 +28,7 @@ def eval_records(answer_scores, decline_scores):
     ]
     recs += [
         {
-            "id": f"d-{i:03d}",
+            "id": f"{prefix}d-{i:03d}",
             "question": f"off topic {i}",
             "label": "decline",
             "kind": "offtopic",
@@ -39,12 +39,14 @@ def eval_records(answer_scores, decline_scores):
     return recs
 
 
-def calibration_for(answer_scores, decline_scores, shipped):
+def calibration_for(answer_scores, decline_scores, shipped, check=None):
+    """calibration.json for a fit set, and a check set (default: one the shipped threshold passes)."""
     config = {
         "signals": [SIGNAL],
         "gating": {"signal": SIGNAL, "adjacent": shipped, "strong": max(shipped, 0.6)},
     }
-    return calibrate(eval_records(answer_scores, decline_scores), config)
+    check = check if check is not None else ([max(shipped, 0.0) + 0.3] * 5, [min(shipped, 1.0) - 0.2] * 5)
+    return calibrate(eval_records(answer_scores, decline_scores), config, eval_records(*check, prefix="c-"), "check")
 
 
 def precision_for(ranks):
@@ -62,6 +64,7 @@ def precision_for(ranks):
     return precision_eval(items, fused, reranked, qrels)
 
 
+GOOD_CHECK = eval_records([0.95] * 5, [0.0] * 5, prefix="c-")  # a check set every threshold here passes
 GOOD_CALIBRATION = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), shipped=0.25)
 GOOD_PRECISION = precision_for({"howto": [1] * 14 + [2] * 6, "fact": [1] * 5 + [None] * 3})
 BASELINE = baseline_from(GOOD_PRECISION, GOOD_CALIBRATION, "test")
@@ -82,6 +85,8 @@ def test_all_good_passes():
         "threshold_gap",
         "threshold_in_gap",
         "answer_coverage",
+        "check_set",
+        "decline_set_size",
         "precision_regression",
         "decline_regression",
         "eval_sets_valid",
@@ -190,14 +195,14 @@ def test_junit_has_a_failure_exactly_for_failed_checks(tmp_path):
     assert set(cases) == {c["name"] for c in gate["checks"]}
     with_failure = {name for name, case in cases.items() if case.find("failure") is not None}
     assert with_failure == failed(gate) == {"threshold_gap", "threshold_in_gap", "answer_coverage", "eval_sets_valid"}
-    assert suites[0].get("failures") == "4" and suites[0].get("tests") == "6"
+    assert suites[0].get("failures") == "4" and suites[0].get("tests") == "8"
     message = cases["eval_sets_valid"].find("failure").get("message")
     assert 'bad <row> & "quote"' in message
 
 
 def test_junit_all_passing_has_no_failure():
     root = ET.fromstring(junit_xml(run_gate()).encode())
-    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 6
+    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 8
 
 
 def mixed_records():
@@ -221,9 +226,9 @@ def test_gap_scope_holds_only_the_listed_decline_kinds_to_the_gap():
         "signals": [SIGNAL],
         "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6},
     }
-    everything = calibrate(mixed_records(), base)
+    everything = calibrate(mixed_records(), base, GOOD_CHECK)
     assert failed(run_gate(everything, baseline={})) == {"threshold_gap", "threshold_in_gap"}
-    scoped = calibrate(mixed_records(), {**base, "gate_decline_kinds": ["offtopic"]})
+    scoped = calibrate(mixed_records(), {**base, "gate_decline_kinds": ["offtopic"]}, GOOD_CHECK)
     gate = run_gate(scoped, baseline={})
     assert gate["passed"], gate["reasons"]
     assert scoped["gating"]["n"] == {"answer": 30, "decline": 20}
@@ -238,11 +243,11 @@ def test_decline_regression_pairs_should_decline_questions():
         "gate_decline_kinds": ["offtopic"],
         "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6},
     }
-    scoped = calibrate(mixed_records(), config)
+    scoped = calibrate(mixed_records(), config, GOOD_CHECK)
     accepted = baseline_from(GOOD_PRECISION, scoped, "test")
     assert run_gate(scoped, baseline=accepted)["passed"]
     # near-topic n-000, n-001 were declined (0.1, 0.19 < 0.25); at 0.05 they are answered
-    looser = calibrate(mixed_records(), {**config, "gating": {**config["gating"], "adjacent": 0.05}})
+    looser = calibrate(mixed_records(), {**config, "gating": {**config["gating"], "adjacent": 0.05}}, GOOD_CHECK)
     gate = run_gate(looser, baseline=accepted, regression={"max_losses": 1})
     assert "decline_regression" in failed(gate)
     check = next(c for c in gate["checks"] if c["name"] == "decline_regression")
@@ -285,7 +290,8 @@ def test_gap_check_states_the_bound_and_flags_a_gap_decided_by_one_question():
 def test_gate_reports_how_many_questions_had_no_score():
     recs = eval_records(np.linspace(0.3, 0.9, 30), [*np.linspace(0.0, 0.2, 29), 0.0])
     recs[-1]["signals"][SIGNAL] = None  # the reranker failed on one should-decline question
-    calibration = calibrate(recs, {"signals": [SIGNAL], "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6}})
+    config = {"signals": [SIGNAL], "gating": {"signal": SIGNAL, "adjacent": 0.25, "strong": 0.6}}
+    calibration = calibrate(recs, config, GOOD_CHECK)
     gate = run_gate(calibration)
     assert gate["passed"] is True and gate["unscored"] == {"signal": SIGNAL, "count": 1}
     check = next(c for c in gate["checks"] if c["name"] == "answer_coverage")

@@ -160,6 +160,7 @@ def cmd_beir(args) -> int:
 def cmd_accept(args) -> int:
     """Accept a run's per-question precision and decline outcomes as the baseline."""
     from artifact_io import read_json, write_json
+    from evals.check_set import log_move, move_to_fit, seen_check_questions
     from evals.regression import baseline_from
     from pipelines.versions.lock import writer_lock
 
@@ -167,14 +168,28 @@ def cmd_accept(args) -> int:
     run = Path(args.run)
     if not args.artifacts and run.resolve().parent.name == "runs":  # <artifacts>/runs/<id>: lock that folder
         cfg["artifacts"] = str(run.resolve().parent.parent)
-    baseline = baseline_from(read_json(run / "precision.json"), read_json(run / "calibration.json"), str(run))
+    calibration = read_json(run / "calibration.json")
+    baseline = baseline_from(read_json(run / "precision.json"), calibration, str(run))
     out = Path(args.out or cfg["evals"]["baseline"])
-    fitted = accepted_combiner(cfg, read_json(run / "calibration.json"))
+    fitted = accepted_combiner(cfg, calibration)
     with writer_lock(cfg, f"sourcegate accept {run}"):
+        previous = read_json(out) if out.exists() else None
+        seen = seen_check_questions(calibration, previous)
+        if seen:  # a new threshold has seen these check questions: fit data from now on (issue #28)
+            moved = move_to_fit(cfg["evals"]["check_set"], cfg["evals"]["calibration_set"], seen)
+            record = {"accepted_from": str(run), "threshold": baseline["threshold"], **moved}
+            log_move(record | {"previous_threshold": (previous or {}).get("threshold")}, cfg["evals"]["check_moves"])
+            baseline["check_moved"] = record
         write_json(baseline, out)
         if fitted is not None:
             combiner.write(fitted, cfg["answerability"]["combiner"])
     print(f"baseline written: {out} (from {run})")
+    if seen:
+        print(
+            f"check questions moved to the fit set {cfg['evals']['calibration_set']}: {len(moved['moved'])} "
+            f"(the accepted threshold {baseline['threshold']} has seen them); {moved['remaining']} unseen check "
+            f"questions remain in {cfg['evals']['check_set']}; logged in {cfg['evals']['check_moves']}"
+        )
     if fitted is not None:
         cv = fitted["cross_validated"]
         print(

@@ -33,7 +33,8 @@ def file_fact(path: str | None) -> dict | None:
 
 def eval_sets(cfg: Mapping) -> list[str]:
     """The eval sets an evaluation reads (their content is part of what a verdict judged)."""
-    return [cfg["evals"]["calibration_set"], cfg["evals"]["precision_set"]]
+    check = cfg["evals"].get("check_set")
+    return [cfg["evals"]["calibration_set"], *([check] if check else []), cfg["evals"]["precision_set"]]
 
 
 def embedding_fingerprint(cfg: Mapping) -> str:

@@ -1,0 +1,145 @@
+"""Benchmark 17: which threshold placement keeps unseen should-answer questions (issue #28).
+
+Each rule (evals/placement.py: tightest, linear midpoint, logit midpoint of the gap) is placed
+on data and judged on data it was not placed on, never on the check set:
+- cross-fitted on each dataset: the threshold placed without a fold, kept/declined counted on
+  that fold (deterministic folds, evals/placement.cross_fitted);
+- demo -> BEIR: placed on the demo's fit set, applied to SciFact's and NFCorpus's queries.
+
+Two stages:
+  python -m benchmarks.placement scores --out /tmp/coverage/beir   # index + score each BEIR set
+  python -m benchmarks.placement table --demo RUN/calibration.json [MORE.json ...] --out /tmp/coverage/beir
+
+`scores` indexes each dataset like `sourcegate beir` (cached under --out) and scores its test
+queries as should-answer and the demo fit set's off-topic questions as should-decline
+(calibration.json per dataset). `table` prints the Markdown table of docs/benchmarks.md §19 and
+writes benchmarks/results/placement.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from artifact_io import read_json, write_json
+from benchmarks._common import RESULTS, SCIFACT
+from evals.placement import RULES, cross_fitted, place
+
+DATASETS = {"scifact": SCIFACT, "nfcorpus": SCIFACT.parent / "nfcorpus"}
+FIT_SET = Path("config/evals/calibration.jsonl")
+GATED_KINDS = ("off_topic",)
+
+
+def off_topic_file(fit_set: Path) -> Path:
+    """The fit set's off-topic questions (the gated decline kind) as a file of their own."""
+    rows = [line for line in fit_set.read_text(encoding="utf-8").splitlines() if '"off_topic"' in line]
+    out = Path(tempfile.mkdtemp()) / "off_topic.jsonl"
+    out.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return out
+
+
+def score_datasets(out: Path) -> None:
+    from pipelines.app import factories
+    from pipelines.app.beir import calibrate_beir, index_dataset, load_queries
+    from pipelines.config import load
+
+    cfg = load("config/pipeline.yaml")
+    decline = off_topic_file(FIT_SET)
+    for name, dataset in DATASETS.items():
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        bcfg, version = index_dataset(cfg, dataset, folder, progress=True)
+        retriever, _ = factories.retriever_for(cfg, factories.open_store(bcfg).open(version))
+        queries, _ = load_queries(dataset)
+        print(name, calibrate_beir(cfg, retriever, queries, str(decline), folder), flush=True)
+
+
+def gated_scores(calibration: dict, signal: str) -> tuple[list[float], list[bool]]:
+    """(scores, is_answer) of the questions the gap holds: should-answer and the gated decline kinds."""
+    rows = [
+        q
+        for q in calibration["questions"]
+        if q["signals"].get(signal) is not None and (q["label"] == "answer" or q.get("kind") in GATED_KINDS)
+    ]
+    return [q["signals"][signal] for q in rows], [q["label"] == "answer" for q in rows]
+
+
+def transfer(threshold: float | None, scores: list[float], is_answer: list[bool]) -> dict:
+    """What a threshold placed elsewhere keeps and declines here."""
+    answer = [s for s, a in zip(scores, is_answer) if a]
+    decline = [s for s, a in zip(scores, is_answer) if not a]
+    return {
+        "kept": sum(s >= threshold for s in answer),
+        "n_answer": len(answer),
+        "declined": sum(s < threshold for s in decline),
+        "n_decline": len(decline),
+    }
+
+
+def demo_scores(calibrations: list[Path], signal: str) -> tuple[list[float], list[bool]]:
+    """The demo fit set's gated scores, merged from calibration.json files (ids unique across them)."""
+    merged: dict[str, dict] = {}
+    for path in calibrations:
+        merged.update({q["id"]: q for q in read_json(path)["questions"]})
+    return gated_scores({"questions": list(merged.values())}, signal)
+
+
+def table(demo: list[Path], out: Path, signal: str, folds: int) -> dict:
+    """Every rule cross-fitted on each dataset, and placed on the demo and applied to each BEIR set.
+    A BEIR set without scores under `out` is listed in `not_measured`, never filled in."""
+    scored = {"demo (fit set)": demo_scores(demo, signal)}
+    present = [name for name in DATASETS if (out / name / "calibration.json").exists()]
+    scored.update({name: gated_scores(read_json(out / name / "calibration.json"), signal) for name in present})
+    fit_scores, fit_answer = scored["demo (fit set)"]
+    answer = [s for s, a in zip(fit_scores, fit_answer) if a]
+    decline = [s for s, a in zip(fit_scores, fit_answer) if not a]
+    result = {"signal": signal, "folds": folds, "not_measured": sorted(set(DATASETS) - set(present)), "rules": {}}
+    for rule in RULES:
+        row = {"cross_fitted": {name: cross_fitted(s, a, rule, folds) for name, (s, a) in scored.items()}}
+        row["demo threshold"] = place(answer, decline, rule)
+        row["transfer"] = {name: transfer(row["demo threshold"], *scored[name]) for name in present}
+        result["rules"][rule] = row
+    return result
+
+
+def _cell(r: dict) -> str:
+    return f"{r['kept']}/{r['n_answer']} / {r['declined']}/{r['n_decline']}"
+
+
+def markdown(result: dict) -> str:
+    first = next(iter(result["rules"].values()))
+    names, beir = list(first["cross_fitted"]), list(first["transfer"])
+    head = "| rule | " + " | ".join(f"{n}: kept / declined (cross-fitted)" for n in names)
+    head += " | demo threshold | " + "".join(f"{n}: kept / declined at it | " for n in beir)
+    lines = [head.rstrip(" |") + " |", "|" + "---|" * (2 + len(names) + len(beir))]
+    for rule, row in result["rules"].items():
+        cells = [_cell(row["cross_fitted"][n]) for n in names] + [f"{row['demo threshold']:.4g}"]
+        cells += [_cell(row["transfer"][n]) for n in beir]
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    if result["not_measured"]:
+        lines.append(f"\nnot measured: {', '.join(result['not_measured'])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=["scores", "table"])
+    parser.add_argument("--out", type=Path, required=True, help="the BEIR caches and per-dataset calibration.json")
+    parser.add_argument("--demo", type=Path, nargs="+", help="table: calibration.json files of the demo fit set")
+    parser.add_argument("--signal", default="rerank_top")
+    parser.add_argument("--folds", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.stage == "scores":
+        score_datasets(args.out)
+        return 0
+    result = table(args.demo, args.out, args.signal, args.folds)
+    write_json(result, RESULTS / "placement.json")
+    print(markdown(result))
+    print(json.dumps({r: row["demo threshold"] for r, row in result["rules"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

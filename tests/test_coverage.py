@@ -1,0 +1,245 @@
+"""Issue #28: placement rules, cross-fitted coverage, the exact bound, the check set in the gate,
+and `accept` moving the check questions a new threshold has seen into the fit set."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import beta, binomtest
+
+from artifact_io import write_json
+from evals.calibration import calibrate
+from evals.check_set import move_to_fit, seen_check_questions
+from evals.gate import evaluate_gate
+from evals.placement import cross_fitted, exact_lower_bound, folds_of, place
+from evals.precision import precision_eval
+from evals.regression import BaselineError, baseline_from, check_baseline
+from pipelines.app.cli import main
+
+SIGNAL = "rerank_top"
+
+
+def records(answer, decline, prefix="", decline_kind="off_topic"):
+    rows = [
+        {"id": f"{prefix}a-{i}", "question": f"q{i}?", "label": "answer", "kind": "single", "signals": {SIGNAL: s}}
+        for i, s in enumerate(answer)
+    ]
+    return rows + [
+        {"id": f"{prefix}d-{i}", "question": f"o{i}?", "label": "decline", "kind": decline_kind, "signals": {SIGNAL: s}}
+        for i, s in enumerate(decline)
+    ]
+
+
+def config(adjacent, **extra):
+    gating = {"signal": SIGNAL, "adjacent": adjacent, "strong": 0.5}
+    return {"signals": [SIGNAL], "gating": gating, "gate_decline_kinds": ["off_topic"], **extra}
+
+
+FIT = records(np.linspace(0.3, 0.9, 25).tolist(), np.linspace(0.0, 0.05, 20).tolist())
+
+
+def test_placement_rules_by_hand():
+    answer, decline = [0.2567, 0.8], [0.0019, 0.001]
+    assert place(answer, decline, "tightest") == 0.2567
+    assert place(answer, decline, "midpoint") == pytest.approx((0.2567 + 0.0019) / 2)
+    # logit midpoint: the geometric mean of the odds, back to a probability
+    odds = math.sqrt(0.2567 / 0.7433 * 0.0019 / 0.9981)
+    assert place(answer, decline, "logit_midpoint") == pytest.approx(odds / (1 + odds))
+    assert place(answer, decline, "logit_midpoint") == pytest.approx(0.0250, abs=1e-4)  # linear: 0.1293
+    assert place([0.3], [0.5], "midpoint") == 0.3  # no gap: every rule is the tightest
+    with pytest.raises(ValueError, match="placement must be one of"):
+        place(answer, decline, "middle")
+
+
+def test_cross_fitted_coverage_equals_a_hand_computation():
+    # answers a0..a5 (input order), declines d0..d3; k = 2: round-robin folds per label
+    answer = [0.9, 0.2, 0.8, 0.7, 0.3, 0.6]
+    decline = [0.1, 0.25, 0.05, 0.15]
+    scores, labels = answer + decline, [True] * 6 + [False] * 4
+    assert folds_of(labels, 2).tolist() == [0, 1, 0, 1, 0, 1, 0, 1, 0, 1]
+    # fold 0 = a0 a2 a4 (0.9 0.8 0.3), d0 d2 (0.1 0.05); trained on fold 1: a 0.2 0.7 0.6, d 0.25 0.15
+    #   no gap there (0.2 <= 0.25): threshold 0.2 -> keeps all 3, declines d0 0.1 and d2 0.05
+    # fold 1 = a1 a3 a5 (0.2 0.7 0.6), d1 d3 (0.25 0.15); trained on fold 0: a min 0.3, d max 0.1
+    #   midpoint 0.2 -> keeps all 3 (0.2 >= 0.2), declines d3 0.15 but not d1 0.25
+    mid = cross_fitted(scores, labels, "midpoint", 2)
+    assert (mid["kept"], mid["n_answer"], mid["declined"], mid["n_decline"]) == (6, 6, 3, 4)
+    assert mid["thresholds"] == pytest.approx([0.2, 0.2])
+    # tightest: fold 0 threshold 0.2 (as above); fold 1 threshold 0.3 declines a1 (0.2), d1 and d3
+    tight = cross_fitted(scores, labels, "tightest", 2)
+    assert (tight["kept"], tight["declined"], tight["missed"]) == (5, 4, [1])
+    assert tight["coverage"] == pytest.approx(5 / 6)
+
+
+def test_exact_lower_bound_is_clopper_pearson():
+    for kept, n in ((72, 72), (65, 72), (0, 10), (47, 48)):
+        ours = exact_lower_bound(kept, n, 0.95)
+        assert ours == pytest.approx(binomtest(kept, n).proportion_ci(0.95, method="exact").low)
+        # the Clopper-Pearson lower end by its definition: the alpha/2 quantile of Beta(k, n - k + 1)
+        assert ours == pytest.approx(beta.ppf(0.025, kept, n - kept + 1) if kept else 0.0)
+    assert exact_lower_bound(72, 72, 0.95) == pytest.approx(0.025 ** (1 / 72))
+    assert exact_lower_bound(0, 0, 0.95) is None
+
+
+def test_three_coverage_figures_and_the_lowest_is_the_headline():
+    check = records([0.5] * 40, [0.0] * 5, prefix="c-")
+    cal = calibrate(FIT, config(0.1, cross_fit_folds=5), check, "check.jsonl")
+    figures = {f["name"]: f for f in cal["coverage"]["figures"]}
+    assert figures["in_sample"]["value"] == pytest.approx(25 / 26)
+    assert "like the fit set's" in figures["in_sample"]["assumes"]
+    assert figures["cross_fitted"]["value"] == pytest.approx(cross_fitted(*_gated(FIT), "tightest", 5)["coverage"])
+    assert figures["check"]["value"] == pytest.approx(binomtest(40, 40).proportion_ci(0.95, method="exact").low)
+    low = min(figures.values(), key=lambda f: f["value"])
+    assert cal["coverage"]["headline"]["name"] == low["name"]
+    gate = evaluate_gate(cal, None, None, gating_signal=SIGNAL)
+    assert gate["coverage"]["headline"]["value"] == low["value"] and "lowest of 3" in gate["promise"]
+
+
+def _gated(rows):
+    return [r["signals"][SIGNAL] for r in rows], [r["label"] == "answer" for r in rows]
+
+
+def failed(gate):
+    return {c["name"] for c in gate["checks"] if not c["passed"]}
+
+
+def test_a_declined_check_question_fails_the_gate_naming_it_and_its_score():
+    check = records([0.5, 0.0047, 0.4], [0.0, 0.2], prefix="c-")
+    gate = evaluate_gate(calibrate(FIT, config(0.1), check, "check.jsonl"), None, None, gating_signal=SIGNAL)
+    assert not gate["passed"] and "check_set" in failed(gate)
+    detail = next(c["detail"] for c in gate["checks"] if c["name"] == "check_set")
+    assert "c-a-1 (0.0047)" in detail and "declines 1 of 3" in detail
+    # an off-topic check question above the threshold is held to the gap like the fit set's
+    assert "answers 1 of 2 gated should-decline (off_topic) questions: c-d-1 (0.2)" in detail
+
+
+def test_near_topic_check_declines_are_not_held_to_the_gap():
+    check = records([0.5], [0.3], prefix="c-", decline_kind="near_topic")
+    gate = evaluate_gate(calibrate(FIT, config(0.1), check, "check.jsonl"), None, None, gating_signal=SIGNAL)
+    assert "check_set" not in failed(gate)
+
+
+def test_no_check_set_fails_the_gate():
+    gate = evaluate_gate(calibrate(FIT, config(0.1)), None, None, gating_signal=SIGNAL)
+    assert "check_set" in failed(gate)
+
+
+def test_a_gated_decline_set_smaller_than_min_per_label_fails():
+    small = records(np.linspace(0.3, 0.9, 25).tolist(), [0.0] * 14)
+    check = records([0.5], [0.0], prefix="c-")
+    gate = evaluate_gate(calibrate(small, config(0.1, min_per_label=20), check), None, None, gating_signal=SIGNAL)
+    assert failed(gate) == {"decline_set_size"}
+    assert "holds only 14 questions (calibration.min_per_label: 20)" in gate["reasons"][0]
+
+
+@pytest.mark.parametrize("bad", [{}, [], {"questions": {}}, {"questions": {"precision": {"q": 1}, "decline": {}}}])
+def test_an_empty_or_malformed_baseline_is_an_error(bad):
+    with pytest.raises(BaselineError, match="sourcegate accept"):
+        check_baseline(bad, "precision.json")
+
+
+def test_an_empty_baseline_file_stops_the_gate_with_an_error(tmp_path):
+    """The gate step reads the baseline: `{}` raises BaselineError, a ValueError, which the CLI
+    exits 2 on (pipelines/app/cli.py main); never a pass."""
+    assert issubclass(BaselineError, ValueError)
+    run = _run_folder(tmp_path, records([0.5], [0.0], prefix="c-"))
+    (tmp_path / "empty.json").write_text("{}")
+    cfg = [f"evals.baseline={tmp_path / 'empty.json'}"]
+    from evals.harness import gate_for_dir
+    from pipelines import config as config_mod
+
+    with pytest.raises(BaselineError):
+        gate_for_dir(config_mod.load("config/pipeline.yaml", _overrides(cfg)), run, {})
+
+
+def _overrides(items):
+    return dict(item.split("=", 1) for item in items)
+
+
+def _run_folder(tmp_path, check_rows, adjacent=0.1):
+    """A run folder as a night leaves it: calibration.json (with its check set), precision.json, no errors."""
+    run = tmp_path / "runs" / "20261201-000000"
+    run.mkdir(parents=True)
+    cal = calibrate(FIT, config(adjacent), check_rows, "check.jsonl")
+    items = [{"id": "p-1", "kind": "single"}]
+    precision = precision_eval(items, {"p-1": ["rel"]}, {"p-1": ["rel"]}, {"p-1": {"rel": 1}})
+    write_json(cal, run / "calibration.json")
+    write_json(precision, run / "precision.json")
+    write_json({"errors": []}, run / "eval_errors.json")
+    return run
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _evalset_rows(rows):
+    return [
+        {
+            "id": r["id"],
+            "question": r["question"],
+            "label": r["label"],
+            "kind": r["kind"],
+            "expected": ["x#y"] if r["label"] == "answer" else [],
+            "context": [],
+        }
+        for r in rows
+    ]
+
+
+def test_accept_moves_the_check_questions_a_new_threshold_has_seen(tmp_path, capsys):
+    check_rows = records([0.5, 0.6], [0.0], prefix="c-")
+    run = _run_folder(tmp_path, check_rows, adjacent=0.1)
+    fit = _jsonl(tmp_path / "fit.jsonl", _evalset_rows(FIT))
+    check = _jsonl(tmp_path / "check.jsonl", _evalset_rows(check_rows) + _evalset_rows(records([0.7], [], "new-")))
+    baseline, moves = tmp_path / "baseline.json", tmp_path / "moves.jsonl"
+    old = baseline_from(json.loads((run / "precision.json").read_text()), calibrate(FIT, config(0.14)), "old")
+    write_json(old, baseline)  # accepted with 0.14; the run ships 0.1: a new threshold
+    sets = [
+        f"evals.calibration_set={fit}",
+        f"evals.check_set={check}",
+        f"evals.check_moves={moves}",
+        "answerability.combiner=null",
+    ]
+    args = ["accept", str(run), "--out", str(baseline)]
+    assert main([a for s in sets for a in ("--set", s)] + args) == 0
+    moved = ["c-a-0", "c-a-1", "c-d-0"]
+    fit_ids = [json.loads(line)["id"] for line in fit.read_text().splitlines()]
+    assert fit_ids[-3:] == moved and len(fit_ids) == len(FIT) + 3
+    assert [json.loads(line)["id"] for line in check.read_text().splitlines()] == ["new-a-0"]  # never scored: unseen
+    log = [json.loads(line) for line in moves.read_text().splitlines()]
+    assert log[0]["moved"] == moved and log[0]["previous_threshold"]["adjacent"] == 0.14
+    assert log[0]["threshold"]["adjacent"] == 0.1 and log[0]["remaining"] == 1
+    assert json.loads(baseline.read_text())["check_moved"]["moved"] == moved
+    assert "1 unseen check questions remain" in capsys.readouterr().out
+    # accepting again with the same threshold moves nothing: the check questions left stay unseen
+    assert main([a for s in sets for a in ("--set", s)] + args) == 0
+    assert len(moves.read_text().splitlines()) == 1
+
+
+def test_the_same_threshold_has_seen_no_check_question():
+    cal = calibrate(FIT, config(0.1), records([0.5], [0.0], prefix="c-"), "check.jsonl")
+    assert seen_check_questions(cal, {"threshold": {"signal": SIGNAL, "adjacent": 0.1}}) == []
+    assert seen_check_questions(cal, {"threshold": {"signal": SIGNAL, "adjacent": 0.2}}) == ["c-a-0", "c-d-0"]
+
+
+def test_a_move_that_would_clash_writes_nothing(tmp_path):
+    fit = _jsonl(tmp_path / "fit.jsonl", _evalset_rows(records([0.5], [])))
+    check = _jsonl(tmp_path / "check.jsonl", _evalset_rows(records([0.5], [])))
+    before = fit.read_text(), check.read_text()
+    with pytest.raises(ValueError, match="already have an id in the fit set"):
+        move_to_fit(check, fit, ["a-0"])
+    assert (fit.read_text(), check.read_text()) == before
+
+
+def test_the_report_shows_the_three_figures_and_the_unseen_check_questions():
+    from evals.report import render_report
+
+    check = records([0.5] * 40, [0.0] * 5, prefix="c-")
+    cal = calibrate(FIT, config(0.1), check, "check.jsonl")
+    html = render_report(cal, None, evaluate_gate(cal, None, None, gating_signal=SIGNAL), {})
+    assert "Coverage promise" in html and "Headline: a new should-answer question is kept" in html
+    for name in ("in-sample", "cross-fitted", "check"):
+        assert f"<td>{name}</td>" in html
+    assert "40 should-answer and 5 should-decline questions remain unseen" in html
