@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.promotable import PROMOTABLE
 from tests.tier_guard import pytest_runtest_call, pytest_runtest_setup  # noqa: F401  (hooks: the tier guard)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,7 +43,7 @@ def make_cfg(tmp_path):
     from pipelines import config
 
     def make(**overrides):
-        base = {"artifacts": str(tmp_path / "artifacts")}
+        base = {"artifacts": str(tmp_path / "artifacts"), **PROMOTABLE}  # a gate that can pass (tests/promotable.py)
         base.update(overrides)
         return config.load(ROOT / "config" / "pipeline.yaml", base)
 
@@ -111,7 +112,8 @@ def demo_index(tmp_path_factory, embedder):
     from pipelines.search.embedded import EmbeddedSearcher
 
     artifacts = tmp_path_factory.mktemp("demo") / "artifacts"
-    cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": str(artifacts), "corpus.path": str(DEMO)})
+    overrides = {"artifacts": str(artifacts), "corpus.path": str(DEMO), **PROMOTABLE}
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", overrides)
     run_id = "20260101-000000"
     steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)

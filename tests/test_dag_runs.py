@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.promotable import promotable_sections
+
 pytestmark = [pytest.mark.airflow, pytest.mark.models]  # the runs embed and rerank in their subprocesses
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +173,7 @@ def write_config(path: Path, artifacts: Path, **sections) -> str:
         return base
 
     body = yaml.safe_load((ROOT / "config" / "pipeline.yaml").read_text())
+    merge(body, promotable_sections())  # a gate that can pass (tests/promotable.py)
     merge(body, {"artifacts": str(artifacts), **sections})
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     return str(path)

@@ -17,6 +17,7 @@ from pyarrow import fs as pafs
 
 from pipelines.app import staging
 from pipelines.versions.object_store import ObjectStore, WriteOnceViolation, endpoint_from_env, split_uri
+from tests.promotable import promotable_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,15 @@ def test_staging_reads_the_previous_live_and_own_run_whole_and_only_records_of_t
 def sourcegate(args, env, cwd, timeout=1800) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | env | {"PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.app.cli", "--config", str(ROOT / "config" / "pipeline.yaml"), *args],
+        [
+            sys.executable,
+            "-m",
+            "pipelines.app.cli",
+            "--config",
+            str(ROOT / "config" / "pipeline.yaml"),
+            *promotable_args(),
+            *args,
+        ],
         env=full,
         cwd=cwd,
         capture_output=True,
@@ -183,7 +192,14 @@ def test_a_whole_night_to_the_server_then_a_query_from_it_and_an_outage_leaves_l
     outage = tmp_path / "night-2"
     outage.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.app.cli", "--config", str(ROOT / "config" / "pipeline.yaml")]
+        [
+            sys.executable,
+            "-m",
+            "pipelines.app.cli",
+            "--config",
+            str(ROOT / "config" / "pipeline.yaml"),
+            *promotable_args(),
+        ]
         + ["run", "--artifacts", uri, "--quiet", "--run-id", "outage-night"],
         env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         | env

@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.app.cli import main
+from tests.promotable import promotable_args
 
 pytestmark = pytest.mark.models
 
@@ -20,7 +21,9 @@ def read(path):
 
 
 def test_first_night_builds_passes_the_gate_and_promotes(artifacts, capsys):
-    assert main(["run", "--artifacts", str(artifacts), "--run-id", "20261101-020000", "--quiet"]) == 0
+    assert (
+        main([*promotable_args(), "run", "--artifacts", str(artifacts), "--run-id", "20261101-020000", "--quiet"]) == 0
+    )
     out = capsys.readouterr().out
     assert "gate: PASSED" in out and "report.html" in out
     run = artifacts / "runs" / "20261101-020000"
@@ -64,7 +67,9 @@ def test_first_night_builds_passes_the_gate_and_promotes(artifacts, capsys):
 
 
 def test_second_night_with_no_change_encodes_nothing(artifacts, capsys):
-    assert main(["run", "--artifacts", str(artifacts), "--run-id", "20261102-020000", "--quiet"]) == 0
+    assert (
+        main([*promotable_args(), "run", "--artifacts", str(artifacts), "--run-id", "20261102-020000", "--quiet"]) == 0
+    )
     info = read(artifacts / "runs" / "20261102-020000" / "run.json")
     assert info["counts"]["embedded"] == 0 and info["counts"]["embedding_reused"] == info["counts"]["chunks"]
     assert info["counts"]["ingest"]["unchanged"] == info["counts"]["ingest"]["documents"]

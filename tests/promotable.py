@@ -1,0 +1,34 @@
+"""A demo night whose gate passes, for the tests of what follows a pass.
+
+Since issue #28 the shipped config's verdict on the demo is FAILED, honestly: with the ten off-topic questions
+written blind, no threshold separates the fit set (a-o-104 scores 0.63), and 0.14 declines seven should-answer
+questions of the check set (docs/calibration.md). Promotion, rollback, retention, reuse, the DAG's promote task
+and the fault suite still need versions that passed; they run the demo with the fit set the gate passed on before
+#28 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without a-o-101..110, 14 off-topic,
+hence min_per_label 14) and no check set. This claims nothing about quality: it is a fixture of a passing gate.
+"""
+
+from __future__ import annotations
+
+PROMOTABLE = {
+    "evals.calibration_set": "tests/data/evals/calibration-pre28.jsonl",
+    "evals.check_set": None,
+    "calibration.min_per_label": 14,
+}
+
+
+def promotable_args() -> list[str]:
+    """The same as `--set` arguments of the CLI."""
+    return [a for key, value in PROMOTABLE.items() for a in ("--set", f"{key}={'null' if value is None else value}")]
+
+
+def promotable_sections() -> dict:
+    """The same as nested config sections (for a config file)."""
+    out: dict = {}
+    for dotted, value in PROMOTABLE.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
