@@ -21,6 +21,8 @@ from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
 from evals.report import write_report
 
+TEXT_VECTORS = "text_vectors.parquet"  # the signals' text vectors of a night, for the next one
+
 
 def calibration_config(cfg: dict) -> dict:
     return {**cfg["calibration"], "gating": {k: cfg["answer"][k] for k in ("signal", "adjacent", "strong")}}
@@ -36,14 +38,19 @@ def evaluate(
     precision_set: str | None = None,
     progress: bool = False,
     before_sweep: Callable[[list[dict]], dict | None] | None = None,
+    text_vectors_from: Path | None = None,
 ) -> dict:
     """Calibration sweep + precision evals of one index; writes calibration.json, precision.json.
 
     `before_sweep(records)` runs on the calibration records before the sweep (`sourcegate
     calibrate` refits the answerability combiner there and rescores its signal); what it
-    returns is recorded under calibration.json's `combiner`.
+    returns is recorded under calibration.json's `combiner`. `text_vectors_from` is an earlier
+    night's TEXT_VECTORS: the question, word and sentence vectors it kept are not encoded again,
+    and this night's are written to `out_dir` for the next.
     """
     out_dir = Path(out_dir)
+    cache = getattr(retriever, "text_vectors", None)
+    reused = cache.load(text_vectors_from) if cache is not None else 0
     chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
     errors: list[str] = []
     sets = {}
@@ -86,7 +93,10 @@ def evaluate(
     rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg["answer"])
     rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
     write_jsonl(rows, out_dir / "questions.jsonl")
-    return {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
+    out = {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
+    if cache is not None:
+        out["text_vectors"] = {"reused": reused, "encoded": cache.encoded, "kept": cache.save(out_dir / TEXT_VECTORS)}
+    return out
 
 
 def diff_with(folder: Path, live_folder: Path | None) -> dict | None:

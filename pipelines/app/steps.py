@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json
-from evals.harness import evaluate, gate_for_dir
+from evals.harness import TEXT_VECTORS, evaluate, gate_for_dir
 from pipelines import models
 from pipelines.app.factories import get_embedder, open_store, retriever_for
 from pipelines.build import embed_backends, quarantine
@@ -49,6 +49,13 @@ def previous_run(cfg: dict, run_id: str) -> Path | None:
     """The newest earlier run that got as far as chunks: the baseline for diffs and the embed cache."""
     runs = Path(cfg["artifacts"]) / "runs"
     earlier = sorted(p for p in runs.glob("*") if p.name < run_id and (p / "chunks.parquet").exists())
+    return earlier[-1] if earlier else None
+
+
+def earlier_text_vectors(cfg: dict, run_id: str) -> Path | None:
+    """The newest earlier night's evaluation text vectors (questions, words, sentences), if any."""
+    runs = Path(cfg["artifacts"]) / "runs"
+    earlier = sorted(p for p in runs.glob(f"*/{TEXT_VECTORS}") if p.parent.name < run_id)
     return earlier[-1] if earlier else None
 
 
@@ -431,12 +438,14 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
             folder,
             progress=progress,
             before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
+            text_vectors_from=earlier_text_vectors(cfg, run_id),
         )
     update_run_info(
         folder,
         evaluated_version=version,
         evaluated=facts,
         counts={"eval_questions": out["questions"]},
+        eval_text_vectors=out.get("text_vectors"),  # reused from the previous night / encoded / kept
         models={
             "reranker": {
                 "kind": cfg["reranker"]["kind"],

@@ -18,13 +18,18 @@ wires them in with the models it already holds. Higher always means "more answer
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from pipelines.search.bm25 import tokenize
+
+log = logging.getLogger(__name__)
 
 TOP_PASSAGES = 3  # passages of the final order that may hold the answer
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])|\n+")
@@ -89,20 +94,104 @@ def best_sentence_cosine(query_vector: np.ndarray, sentences: Sequence[str], enc
     return float(max(0.0, (encode(list(sentences)) @ np.asarray(query_vector)).max()))
 
 
-class WordVectors:
-    """Memoised bi-encoder vectors of single words: the corpus vocabulary is small and repeats."""
+class TextVectors:
+    """Bi-encoder vectors of texts the signals embed (questions, their words, passage sentences),
+    memoised by text hash under the model's fingerprint.
 
-    def __init__(self, embedder, limit: int = 200_000):
+    Exact to reuse: every backend makes a text's vector a function of the text alone (torch-bf16's
+    fixed shapes, ONNX one text per run; torch's dynamic padding moves it by < 1e-6), so a vector
+    kept from another question, batch or night equals a fresh one. `prefetch` encodes all missing
+    texts of many questions in one call (full forward passes instead of one question's few); `save`
+    and `load` keep the vectors across nights, as the chunk cache does (pipelines/build/embed.py).
+    """
+
+    def __init__(self, embedder, limit: int = 500_000):
         self.embedder, self.limit = embedder, limit
+        self.fingerprint = getattr(embedder, "fingerprint", None)
         self.memo: dict[str, np.ndarray] = {}
+        self.encoded = 0  # texts this process had to encode (the rest came from the memo)
 
-    def __call__(self, words: list[str]) -> np.ndarray:
-        todo = [w for w in dict.fromkeys(words) if w not in self.memo]
-        if todo:
-            if len(self.memo) + len(todo) > self.limit:
-                self.memo.clear()
-            self.memo.update(zip(todo, self.embedder.encode(todo)))
-        return np.stack([self.memo[w] for w in words]) if words else np.zeros((0, 0), np.float32)
+    def prefetch(self, texts: Iterable[str]) -> None:
+        todo = sorted({text_hash(t): t for t in texts if text_hash(t) not in self.memo}.items())
+        if not todo:
+            return
+        if len(self.memo) + len(todo) > self.limit:
+            self.memo.clear()
+        vectors = self.embedder.encode([t for _, t in todo])
+        self.memo.update((h, v) for (h, _), v in zip(todo, vectors))
+        self.encoded += len(todo)
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.prefetch(texts)
+        if not texts:
+            return np.zeros((0, getattr(self.embedder, "dimension", 0)), np.float32)
+        return np.stack([self.memo[text_hash(t)] for t in texts])
+
+    def save(self, path: Path) -> int:
+        """Write the memo (text hash, model fingerprint, vector) atomically; returns the rows written."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        hashes = sorted(self.memo)
+        dim = int(getattr(self.embedder, "dimension", 0) or (len(self.memo[hashes[0]]) if hashes else 0))
+        flat = np.stack([self.memo[h] for h in hashes]).reshape(-1) if hashes else np.zeros(0, np.float32)
+        table = pa.table(
+            {
+                "text_hash": pa.array(hashes, pa.string()),
+                "model_fingerprint": pa.array([self.fingerprint] * len(hashes), pa.string()),
+                "embedding": pa.FixedSizeListArray.from_arrays(pa.array(flat.astype(np.float32)), dim),
+            }
+        )
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(path)
+        return len(hashes)
+
+    def load(self, path: Path | None) -> int:
+        """Take the vectors an earlier night kept under this model's fingerprint; returns how many.
+
+        A missing file is an empty cache; one that cannot be read is logged and ignored (its vectors
+        are encoded again, to the same values), never trusted half-read.
+        """
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        if path is None or not Path(path).exists() or self.fingerprint is None:
+            return 0
+        try:
+            table = pq.read_table(path)
+            table = table.filter(pc.equal(table["model_fingerprint"], self.fingerprint))
+            col = table["embedding"].combine_chunks()
+            dim = col.type.list_size
+        except (OSError, KeyError, ValueError, AttributeError) as exc:  # pyarrow's errors derive from these
+            log.warning("text vector cache %s unreadable, encoding again: %s", path, exc)
+            return 0
+        if dim != getattr(self.embedder, "dimension", dim):
+            return 0
+        vectors = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim).astype(np.float32)
+        self.memo.update(zip(table["text_hash"].to_pylist(), vectors))
+        return table.num_rows
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def signal_inputs(query: str, top_texts: Sequence[str], stopwords: Iterable[str]) -> tuple[list, list, list]:
+    """What the answerability signals read: the question's content terms, the top passages' words
+    (sorted, distinct) and their sentences."""
+    terms = content_terms(query, stopwords)
+    words = sorted({w for text in top_texts for w in tokenize(text)})
+    sentences = [s for text in top_texts for s in split_sentences(text)]
+    return terms, words, sentences
+
+
+def texts_to_encode(query: str, top_texts: Sequence[str], stopwords: Iterable[str]) -> list[str]:
+    """Every text `answerability_signals` will embed for this retrieval (for `TextVectors.prefetch`)."""
+    terms, words, sentences = signal_inputs(query, top_texts, stopwords)
+    present = set(words)
+    rest = [t for t in terms if t not in present]
+    return [*rest, *(words if rest else []), *sentences]
 
 
 def answerability_signals(
@@ -117,11 +206,9 @@ def answerability_signals(
 ) -> dict:
     """The answerability signals of one retrieval (see the module docstring); `n_chunks` and
     `document_frequencies` describe the whole index (`content_terms` of the query -> chunks)."""
-    terms = content_terms(query, stopwords)
+    terms, words, sentences = signal_inputs(query, top_texts, stopwords)
     weights = rarity_weights(terms, n_chunks, document_frequencies)
-    words = sorted({w for text in top_texts for w in tokenize(text)})
     similarity = term_similarity(terms, words, word_vectors)
-    sentences = [s for text in top_texts for s in split_sentences(text)]
     return {
         "concept_coverage": concept_coverage(weights, similarity),
         "sentence_cosine": best_sentence_cosine(query_vector, sentences, sentence_vectors),
