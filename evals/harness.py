@@ -21,7 +21,9 @@ from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
 from evals.report import write_report
 
-TEXT_VECTORS = "text_vectors.parquet"  # the signals' text vectors of a night, for the next one
+# What a night's evaluation keeps for the next one: values that depend on texts alone
+TEXT_VECTORS = "text_vectors.parquet"  # question, word and sentence vectors, under the bi-encoder's fingerprint
+RERANK_PAIRS = "rerank_pairs.parquet"  # question-passage logits, under the cross-encoder's fingerprint
 
 
 def calibration_config(cfg: dict) -> dict:
@@ -38,19 +40,18 @@ def evaluate(
     precision_set: str | None = None,
     progress: bool = False,
     before_sweep: Callable[[list[dict]], dict | None] | None = None,
-    text_vectors_from: Path | None = None,
+    kept_from: Path | None = None,
 ) -> dict:
     """Calibration sweep + precision evals of one index; writes calibration.json, precision.json.
 
     `before_sweep(records)` runs on the calibration records before the sweep (`sourcegate
     calibrate` refits the answerability combiner there and rescores its signal); what it
-    returns is recorded under calibration.json's `combiner`. `text_vectors_from` is an earlier
-    night's TEXT_VECTORS: the question, word and sentence vectors it kept are not encoded again,
-    and this night's are written to `out_dir` for the next.
+    returns is recorded under calibration.json's `combiner`. `kept_from` is an earlier night's
+    folder: the text vectors and rerank logits it kept (TEXT_VECTORS, RERANK_PAIRS) are not
+    computed again, and this night's are written to `out_dir` for the next.
     """
     out_dir = Path(out_dir)
-    cache = getattr(retriever, "text_vectors", None)
-    reused = cache.load(text_vectors_from) if cache is not None else 0
+    reused = keep_from(retriever, kept_from)
     chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
     errors: list[str] = []
     sets = {}
@@ -93,10 +94,30 @@ def evaluate(
     rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg["answer"])
     rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
     write_jsonl(rows, out_dir / "questions.jsonl")
-    out = {"questions": len(records) + len(p_records), "eval_errors": len(errors)}
-    if cache is not None:
-        out["text_vectors"] = {"reused": reused, "encoded": cache.encoded, "kept": cache.save(out_dir / TEXT_VECTORS)}
-    return out
+    return {
+        "questions": len(records) + len(p_records),
+        "eval_errors": len(errors),
+        "kept": keep_for_next(retriever, out_dir, reused),
+    }
+
+
+def kept_parts(retriever) -> dict:
+    """The retriever's parts that keep values across nights (`load_kept` / `save_kept` / `computed`), by file."""
+    parts = {TEXT_VECTORS: getattr(retriever, "text_vectors", None), RERANK_PAIRS: getattr(retriever, "scorer", None)}
+    return {name: part for name, part in parts.items() if hasattr(part, "save_kept")}
+
+
+def keep_from(retriever, folder: Path | None) -> dict:
+    """Load what an earlier night kept into the retriever's parts; how many values each took."""
+    return {name: part.load_kept(folder / name if folder else None) for name, part in kept_parts(retriever).items()}
+
+
+def keep_for_next(retriever, out_dir: Path, reused: dict) -> dict:
+    """Write this night's kept values to `out_dir`; per file: reused, computed, kept."""
+    return {
+        name: {"reused": reused.get(name, 0), "computed": part.computed, "kept": part.save_kept(out_dir / name)}
+        for name, part in kept_parts(retriever).items()
+    }
 
 
 def diff_with(folder: Path, live_folder: Path | None) -> dict | None:

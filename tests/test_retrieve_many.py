@@ -118,23 +118,23 @@ def test_text_vectors_are_kept_across_nights_under_their_fingerprint(tmp_path, c
     texts = ["bicycle", "Seniors ride free on weekdays.", "Can I bring my bike?"]
     first = TextVectors(FingerprintedBag())
     fresh = first(texts)
-    assert first.save(tmp_path / "tv.parquet") == 3
+    assert first.save_kept(tmp_path / "tv.parquet") == 3
 
     again = FingerprintedBag()
     second = TextVectors(again)
-    assert second.load(tmp_path / "tv.parquet") == 3
+    assert second.load_kept(tmp_path / "tv.parquet") == 3
     assert np.array_equal(second(texts), fresh) and again.calls == 0  # nothing encoded the next night
     second(["a new sentence here"])
-    assert again.calls == 1 and second.encoded == 1
+    assert again.calls == 1 and second.computed == 1
 
     other = TextVectors(FingerprintedBag("sha256:other-model"))
-    assert other.load(tmp_path / "tv.parquet") == 0  # another model's vectors are never reused
+    assert other.load_kept(tmp_path / "tv.parquet") == 0  # another model's vectors are never reused
 
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with caplog.at_level(logging.WARNING):
-        assert TextVectors(FingerprintedBag()).load(tmp_path / "bad.parquet") == 0
+        assert TextVectors(FingerprintedBag()).load_kept(tmp_path / "bad.parquet") == 0
     assert "unreadable" in caplog.text
-    assert TextVectors(FingerprintedBag()).load(tmp_path / "missing.parquet") == 0
+    assert TextVectors(FingerprintedBag()).load_kept(tmp_path / "missing.parquet") == 0
 
 
 def demo_questions(cfg, every: int = 5) -> list[tuple[str, list[str]]]:

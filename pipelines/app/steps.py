@@ -52,10 +52,10 @@ def previous_run(cfg: dict, run_id: str) -> Path | None:
     return earlier[-1] if earlier else None
 
 
-def earlier_text_vectors(cfg: dict, run_id: str) -> Path | None:
-    """The newest earlier night's evaluation text vectors (questions, words, sentences), if any."""
+def earlier_evaluation(cfg: dict, run_id: str) -> Path | None:
+    """The newest earlier run folder whose evaluation kept its text vectors (and rerank logits)."""
     runs = Path(cfg["artifacts"]) / "runs"
-    earlier = sorted(p for p in runs.glob(f"*/{TEXT_VECTORS}") if p.parent.name < run_id)
+    earlier = sorted(p.parent for p in runs.glob(f"*/{TEXT_VECTORS}") if p.parent.name < run_id)
     return earlier[-1] if earlier else None
 
 
@@ -438,14 +438,14 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
             folder,
             progress=progress,
             before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
-            text_vectors_from=earlier_text_vectors(cfg, run_id),
+            kept_from=earlier_evaluation(cfg, run_id),
         )
     update_run_info(
         folder,
         evaluated_version=version,
         evaluated=facts,
         counts={"eval_questions": out["questions"]},
-        eval_text_vectors=out.get("text_vectors"),  # reused from the previous night / encoded / kept
+        eval_kept=out["kept"],  # text vectors and rerank logits: reused from an earlier night / computed / kept
         models={
             "reranker": {
                 "kind": cfg["reranker"]["kind"],

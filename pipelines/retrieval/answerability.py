@@ -18,8 +18,6 @@ wires them in with the models it already holds. Higher always means "more answer
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.retrieval import kept
 from pipelines.search.bm25 import tokenize
-
-log = logging.getLogger(__name__)
 
 TOP_PASSAGES = 3  # passages of the final order that may hold the answer
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])|\n+")
@@ -101,80 +98,46 @@ class TextVectors:
     Exact to reuse: every backend makes a text's vector a function of the text alone (torch-bf16's
     fixed shapes, ONNX one text per run; torch's dynamic padding moves it by < 1e-6), so a vector
     kept from another question, batch or night equals a fresh one. `prefetch` encodes all missing
-    texts of many questions in one call (full forward passes instead of one question's few); `save`
-    and `load` keep the vectors across nights, as the chunk cache does (pipelines/build/embed.py).
+    texts of many questions in one call (full forward passes instead of one question's few); `save_kept`
+    and `load_kept` keep the vectors across nights, as the chunk cache does (pipelines/build/embed.py).
     """
 
     def __init__(self, embedder, limit: int = 500_000):
         self.embedder, self.limit = embedder, limit
         self.fingerprint = getattr(embedder, "fingerprint", None)
         self.memo: dict[str, np.ndarray] = {}
-        self.encoded = 0  # texts this process had to encode (the rest came from the memo)
+        self.computed = 0  # texts this process had to encode (the rest came from the memo)
 
     def prefetch(self, texts: Iterable[str]) -> None:
-        todo = sorted({text_hash(t): t for t in texts if text_hash(t) not in self.memo}.items())
+        keyed = {kept.text_key(t): t for t in texts}
+        if len(self.memo) + len(keyed) > self.limit:  # bounded memory; whatever is asked now stays encodable
+            self.memo.clear()
+        todo = sorted((k, t) for k, t in keyed.items() if k not in self.memo)
         if not todo:
             return
-        if len(self.memo) + len(todo) > self.limit:
-            self.memo.clear()
         vectors = self.embedder.encode([t for _, t in todo])
         self.memo.update((h, v) for (h, _), v in zip(todo, vectors))
-        self.encoded += len(todo)
+        self.computed += len(todo)
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         self.prefetch(texts)
         if not texts:
-            return np.zeros((0, getattr(self.embedder, "dimension", 0)), np.float32)
-        return np.stack([self.memo[text_hash(t)] for t in texts])
+            return np.zeros((0, self.dimension), np.float32)
+        return np.stack([self.memo[kept.text_key(t)] for t in texts])
 
-    def save(self, path: Path) -> int:
-        """Write the memo (text hash, model fingerprint, vector) atomically; returns the rows written."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def save_kept(self, path: Path) -> int:
+        """Write the memo for the next night (pipelines/retrieval/kept.py); returns the rows written."""
+        return kept.save(path, self.fingerprint, self.memo, self.dimension)
 
-        hashes = sorted(self.memo)
-        dim = int(getattr(self.embedder, "dimension", 0) or (len(self.memo[hashes[0]]) if hashes else 0))
-        flat = np.stack([self.memo[h] for h in hashes]).reshape(-1) if hashes else np.zeros(0, np.float32)
-        table = pa.table(
-            {
-                "text_hash": pa.array(hashes, pa.string()),
-                "model_fingerprint": pa.array([self.fingerprint] * len(hashes), pa.string()),
-                "embedding": pa.FixedSizeListArray.from_arrays(pa.array(flat.astype(np.float32)), dim),
-            }
-        )
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp)
-        tmp.replace(path)
-        return len(hashes)
+    def load_kept(self, path: Path | None) -> int:
+        """Take the vectors an earlier night kept under this model's fingerprint; returns how many."""
+        found = kept.load(path, self.fingerprint, self.dimension)
+        self.memo.update(found)
+        return len(found)
 
-    def load(self, path: Path | None) -> int:
-        """Take the vectors an earlier night kept under this model's fingerprint; returns how many.
-
-        A missing file is an empty cache; one that cannot be read is logged and ignored (its vectors
-        are encoded again, to the same values), never trusted half-read.
-        """
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        if path is None or not Path(path).exists() or self.fingerprint is None:
-            return 0
-        try:
-            table = pq.read_table(path)
-            table = table.filter(pc.equal(table["model_fingerprint"], self.fingerprint))
-            col = table["embedding"].combine_chunks()
-            dim = col.type.list_size
-        except (OSError, KeyError, ValueError, AttributeError) as exc:  # pyarrow's errors derive from these
-            log.warning("text vector cache %s unreadable, encoding again: %s", path, exc)
-            return 0
-        if dim != getattr(self.embedder, "dimension", dim):
-            return 0
-        vectors = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim).astype(np.float32)
-        self.memo.update(zip(table["text_hash"].to_pylist(), vectors))
-        return table.num_rows
-
-
-def text_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    @property
+    def dimension(self) -> int:
+        return int(getattr(self.embedder, "dimension", 0))
 
 
 def signal_inputs(query: str, top_texts: Sequence[str], stopwords: Iterable[str]) -> tuple[list, list, list]:
