@@ -157,3 +157,24 @@ def test_batched_signals_equal_one_at_a_time_on_the_demo_with_the_real_models(de
         assert_same_signals(got.signals, signals)
         assert [c.chunk_id for c in got.ranked] == ranked
     check_order_and_batch_free(lambda: Retriever.from_config(searcher, embedder, cross_encoder, cfg), questions[:12])
+
+
+@pytest.mark.models
+def test_rerank_logits_are_kept_across_nights_exactly(tmp_path):
+    """The INT8 cross-encoder scores one pair per run, so a kept logit is the fresh one, bit for bit."""
+    from pipelines.retrieval.rerank import OnnxCrossEncoder
+
+    passages = POOL[:3]
+    tonight = OnnxCrossEncoder()
+    fresh = tonight.score("Do seniors ride free?", passages)
+    assert tonight.computed == 3 and tonight.save_kept(tmp_path / "pairs.parquet") == 3
+
+    next_night = OnnxCrossEncoder()
+    assert next_night.load_kept(tmp_path / "pairs.parquet") == 3
+    assert next_night.score("Do seniors ride free?", passages) == fresh and next_night.computed == 0
+    assert next_night.score("Are pets allowed?", passages[:1]) and next_night.computed == 1
+
+    other = OnnxCrossEncoder()
+    other.folder = tmp_path  # another model's files: another fingerprint
+    (tmp_path / "model.onnx").write_bytes(b"other weights")
+    assert other.load_kept(tmp_path / "pairs.parquet") == 0
