@@ -7,7 +7,7 @@ INT8 cross-encoder over the fused top-12), so every stage costs what it costs at
 are 4-10 Zipf pseudo-words (they match BM25 like real ones do); each stage's time comes from
 `Retrieval.timings`. The cold start is `sourcegate query` as a new process on a demo index.
 
-    python -m benchmarks.query_speed --chunks 100000 --queries 40 --demo-index /tmp/speed/artifacts/runs/<run>/index
+    python -m benchmarks.query_speed --chunks 100000 --queries 40 --demo-index /tmp/speed/artifacts/runs/<run>
 """
 
 from __future__ import annotations
@@ -88,18 +88,21 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--demo-index", type=Path, help="an embedded index folder for the cold CLI start")
+    ap.add_argument(
+        "--demo-index", type=Path, help="a demo night's run folder (`query --index`) for the cold CLI start"
+    )
     ap.add_argument("--cli-reps", type=int, default=3)
     args = ap.parse_args()
     res = Result("query_speed", target={"warm_query_p50_ms_at_100k": 100})
     log(f"warm query at {args.chunks} chunks")
     res["warm"] = warm_query(args.chunks, args.queries, args.seed)
     log(f"warm p50 {res['warm']['total']['p50_ms']} ms")
+    res["met"] = {"warm_query_p50_le_100ms": res["warm"]["total"]["p50_ms"] <= 100}
+    res.write()  # the warm numbers stand even if the cold start below fails
     if args.demo_index:
         res["cold_cli"] = cold_cli(args.demo_index, args.cli_reps)
         log(f"cold CLI p50 {res['cold_cli']['wall']['p50_ms']} ms")
-    res["met"] = {"warm_query_p50_le_100ms": res["warm"]["total"]["p50_ms"] <= 100}
-    res.write()
+        res.write()
 
 
 if __name__ == "__main__":
