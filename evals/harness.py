@@ -51,7 +51,7 @@ def evaluate(
     computed again, and this night's are written to `out_dir` for the next.
     """
     out_dir = Path(out_dir)
-    reused = keep_from(retriever, kept_from)
+    start = keep_from(retriever, kept_from)
     chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
     errors: list[str] = []
     sets = {}
@@ -97,7 +97,7 @@ def evaluate(
     return {
         "questions": len(records) + len(p_records),
         "eval_errors": len(errors),
-        "kept": keep_for_next(retriever, out_dir, reused),
+        "kept": keep_for_next(retriever, out_dir, start),
     }
 
 
@@ -108,14 +108,22 @@ def kept_parts(retriever) -> dict:
 
 
 def keep_from(retriever, folder: Path | None) -> dict:
-    """Load what an earlier night kept into the retriever's parts; how many values each took."""
-    return {name: part.load_kept(folder / name if folder else None) for name, part in kept_parts(retriever).items()}
-
-
-def keep_for_next(retriever, out_dir: Path, reused: dict) -> dict:
-    """Write this night's kept values to `out_dir`; per file: reused, computed, kept."""
+    """Load what an earlier night kept into the retriever's parts; per file, how many values it took
+    and what the part had computed so far (a scorer lives as long as its process, across evaluations)."""
     return {
-        name: {"reused": reused.get(name, 0), "computed": part.computed, "kept": part.save_kept(out_dir / name)}
+        name: {"reused": part.load_kept(folder / name if folder else None), "computed_before": part.computed}
+        for name, part in kept_parts(retriever).items()
+    }
+
+
+def keep_for_next(retriever, out_dir: Path, start: dict) -> dict:
+    """Write this night's kept values to `out_dir`; per file: reused, computed by this evaluation, kept."""
+    return {
+        name: {
+            "reused": start[name]["reused"],
+            "computed": part.computed - start[name]["computed_before"],
+            "kept": part.save_kept(out_dir / name),
+        }
         for name, part in kept_parts(retriever).items()
     }
 
