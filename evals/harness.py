@@ -22,6 +22,10 @@ from evals.precision import precision_eval
 from evals.regression import check_baseline
 from evals.report import write_report
 
+# What a night's evaluation keeps for the next one: values that depend on texts alone
+TEXT_VECTORS = "text_vectors.parquet"  # question, word and sentence vectors, under the bi-encoder's fingerprint
+RERANK_PAIRS = "rerank_pairs.parquet"  # question-passage logits, under the cross-encoder's fingerprint
+
 
 def calibration_config(cfg: dict) -> dict:
     return {**cfg["calibration"], "gating": {k: cfg["answer"][k] for k in ("signal", "adjacent", "strong")}}
@@ -37,14 +41,18 @@ def evaluate(
     precision_set: str | None = None,
     progress: bool = False,
     before_sweep: Callable[[list[dict]], dict | None] | None = None,
+    kept_from: Path | None = None,
 ) -> dict:
     """Calibration sweep + precision evals of one index; writes calibration.json, precision.json.
 
     `before_sweep(records)` runs on the calibration records before the sweep (`sourcegate
     calibrate` refits the answerability combiner there and rescores its signal); what it
-    returns is recorded under calibration.json's `combiner`.
+    returns is recorded under calibration.json's `combiner`. `kept_from` is an earlier night's
+    folder: the text vectors and rerank logits it kept (TEXT_VECTORS, RERANK_PAIRS) are not
+    computed again, and this night's are written to `out_dir` for the next.
     """
     out_dir = Path(out_dir)
+    start = keep_from(retriever, kept_from)
     chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
     errors: list[str] = []
     sets = {}
@@ -98,7 +106,38 @@ def evaluate(
     rows += question_rows("check", c_records, qrels_for(sets["check"], chunks), cfg["answer"])
     rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
     write_jsonl(rows, out_dir / "questions.jsonl")
-    return {"questions": len(records) + len(c_records) + len(p_records), "eval_errors": len(errors)}
+    return {
+        "questions": len(records) + len(c_records) + len(p_records),
+        "eval_errors": len(errors),
+        "kept": keep_for_next(retriever, out_dir, start),
+    }
+
+
+def kept_parts(retriever) -> dict:
+    """The retriever's parts that keep values across nights (`load_kept` / `save_kept` / `computed`), by file."""
+    parts = {TEXT_VECTORS: getattr(retriever, "text_vectors", None), RERANK_PAIRS: getattr(retriever, "scorer", None)}
+    return {name: part for name, part in parts.items() if hasattr(part, "save_kept")}
+
+
+def keep_from(retriever, folder: Path | None) -> dict:
+    """Load what an earlier night kept into the retriever's parts; per file, how many values it took
+    and what the part had computed so far (a scorer lives as long as its process, across evaluations)."""
+    return {
+        name: {"reused": part.load_kept(folder / name if folder else None), "computed_before": part.computed}
+        for name, part in kept_parts(retriever).items()
+    }
+
+
+def keep_for_next(retriever, out_dir: Path, start: dict) -> dict:
+    """Write this night's kept values to `out_dir`; per file: reused, computed by this evaluation, kept."""
+    return {
+        name: {
+            "reused": start[name]["reused"],
+            "computed": part.computed - start[name]["computed_before"],
+            "kept": part.save_kept(out_dir / name),
+        }
+        for name, part in kept_parts(retriever).items()
+    }
 
 
 def diff_with(folder: Path, live_folder: Path | None) -> dict | None:

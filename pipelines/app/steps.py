@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json
-from evals.harness import evaluate, gate_for_dir
+from evals.harness import TEXT_VECTORS, evaluate, gate_for_dir
 from pipelines import faults, models
 from pipelines.app.factories import get_embedder, open_store, retriever_for
 from pipelines.build import embed_backends, quarantine
@@ -48,6 +48,13 @@ def previous_run(cfg: dict, run_id: str) -> Path | None:
     """The newest earlier run that got as far as chunks: the baseline for diffs and the embed cache."""
     runs = Path(cfg["artifacts"]) / "runs"
     earlier = sorted(p for p in runs.glob("*") if p.name < run_id and (p / "chunks.parquet").exists())
+    return earlier[-1] if earlier else None
+
+
+def earlier_evaluation(cfg: dict, run_id: str) -> Path | None:
+    """The newest earlier run folder whose evaluation kept its text vectors (and rerank logits)."""
+    runs = Path(cfg["artifacts"]) / "runs"
+    earlier = sorted(p.parent for p in runs.glob(f"*/{TEXT_VECTORS}") if p.parent.name < run_id)
     return earlier[-1] if earlier else None
 
 
@@ -448,12 +455,14 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
             folder,
             progress=progress,
             before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
+            kept_from=earlier_evaluation(cfg, run_id),
         )
     update_run_info(
         folder,
         evaluated_version=version,
         evaluated=facts,
         counts={"eval_questions": out["questions"]},
+        eval_kept=out["kept"],  # text vectors and rerank logits: reused from an earlier night / computed / kept
         models={
             "reranker": {
                 "kind": cfg["reranker"]["kind"],

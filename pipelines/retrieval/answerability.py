@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from pipelines.retrieval import kept
 from pipelines.search.bm25 import tokenize
 
 TOP_PASSAGES = 3  # passages of the final order that may hold the answer
@@ -89,20 +91,70 @@ def best_sentence_cosine(query_vector: np.ndarray, sentences: Sequence[str], enc
     return float(max(0.0, (encode(list(sentences)) @ np.asarray(query_vector)).max()))
 
 
-class WordVectors:
-    """Memoised bi-encoder vectors of single words: the corpus vocabulary is small and repeats."""
+class TextVectors:
+    """Bi-encoder vectors of texts the signals embed (questions, their words, passage sentences),
+    memoised by text hash under the model's fingerprint.
 
-    def __init__(self, embedder, limit: int = 200_000):
+    Exact to reuse: every backend makes a text's vector a function of the text alone (torch-bf16's
+    fixed shapes, ONNX one text per run; torch's dynamic padding moves it by < 1e-6), so a vector
+    kept from another question, batch or night equals a fresh one. `prefetch` encodes all missing
+    texts of many questions in one call (full forward passes instead of one question's few); `save_kept`
+    and `load_kept` keep the vectors across nights, as the chunk cache does (pipelines/build/embed.py).
+    """
+
+    def __init__(self, embedder, limit: int = 500_000):
         self.embedder, self.limit = embedder, limit
+        self.fingerprint = getattr(embedder, "fingerprint", None)
         self.memo: dict[str, np.ndarray] = {}
+        self.computed = 0  # texts this process had to encode (the rest came from the memo)
 
-    def __call__(self, words: list[str]) -> np.ndarray:
-        todo = [w for w in dict.fromkeys(words) if w not in self.memo]
-        if todo:
-            if len(self.memo) + len(todo) > self.limit:
-                self.memo.clear()
-            self.memo.update(zip(todo, self.embedder.encode(todo)))
-        return np.stack([self.memo[w] for w in words]) if words else np.zeros((0, 0), np.float32)
+    def prefetch(self, texts: Iterable[str]) -> None:
+        keyed = {kept.text_key(t): t for t in texts}
+        if len(self.memo) + len(keyed) > self.limit:  # bounded memory; whatever is asked now stays encodable
+            self.memo.clear()
+        todo = sorted((k, t) for k, t in keyed.items() if k not in self.memo)
+        if not todo:
+            return
+        vectors = self.embedder.encode([t for _, t in todo])
+        self.memo.update((h, v) for (h, _), v in zip(todo, vectors))
+        self.computed += len(todo)
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.prefetch(texts)
+        if not texts:
+            return np.zeros((0, self.dimension), np.float32)
+        return np.stack([self.memo[kept.text_key(t)] for t in texts])
+
+    def save_kept(self, path: Path) -> int:
+        """Write the memo for the next night (pipelines/retrieval/kept.py); returns the rows written."""
+        return kept.save(path, self.fingerprint, self.memo, self.dimension)
+
+    def load_kept(self, path: Path | None) -> int:
+        """Take the vectors an earlier night kept under this model's fingerprint; returns how many."""
+        found = kept.load(path, self.fingerprint, self.dimension)
+        self.memo.update(found)
+        return len(found)
+
+    @property
+    def dimension(self) -> int:
+        return int(getattr(self.embedder, "dimension", 0))
+
+
+def signal_inputs(query: str, top_texts: Sequence[str], stopwords: Iterable[str]) -> tuple[list, list, list]:
+    """What the answerability signals read: the question's content terms, the top passages' words
+    (sorted, distinct) and their sentences."""
+    terms = content_terms(query, stopwords)
+    words = sorted({w for text in top_texts for w in tokenize(text)})
+    sentences = [s for text in top_texts for s in split_sentences(text)]
+    return terms, words, sentences
+
+
+def texts_to_encode(query: str, top_texts: Sequence[str], stopwords: Iterable[str]) -> list[str]:
+    """Every text `answerability_signals` will embed for this retrieval (for `TextVectors.prefetch`)."""
+    terms, words, sentences = signal_inputs(query, top_texts, stopwords)
+    present = set(words)
+    rest = [t for t in terms if t not in present]
+    return [*rest, *(words if rest else []), *sentences]
 
 
 def answerability_signals(
@@ -117,11 +169,9 @@ def answerability_signals(
 ) -> dict:
     """The answerability signals of one retrieval (see the module docstring); `n_chunks` and
     `document_frequencies` describe the whole index (`content_terms` of the query -> chunks)."""
-    terms = content_terms(query, stopwords)
+    terms, words, sentences = signal_inputs(query, top_texts, stopwords)
     weights = rarity_weights(terms, n_chunks, document_frequencies)
-    words = sorted({w for text in top_texts for w in tokenize(text)})
     similarity = term_similarity(terms, words, word_vectors)
-    sentences = [s for text in top_texts for s in split_sentences(text)]
     return {
         "concept_coverage": concept_coverage(weights, similarity),
         "sentence_cosine": best_sentence_cosine(query_vector, sentences, sentence_vectors),

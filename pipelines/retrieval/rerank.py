@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from pipelines import models
+from pipelines.retrieval import kept
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,14 @@ class OnnxCrossEncoder:
         self.tokenizer.enable_truncation(max_length)
         self.tokenizer.no_padding()
         self.inputs = {i.name for i in self.session.get_inputs()}
+        self.folder = folder
         self._memo: dict[tuple[str, str], float] = {}
+        self._kept: dict[str, float] = {}  # an earlier night's logits by pair key (`load_kept`)
+        self.computed = 0  # pairs this process ran (the rest came from the memo or an earlier night)
+
+    @property
+    def fingerprint(self) -> str:
+        return models.fingerprint(self.folder)
 
     def logit(self, query: str, passage: str) -> float:
         # One pair per run is exact, so a pair's logit never changes: remember it. Nightly
@@ -78,8 +86,23 @@ class OnnxCrossEncoder:
         if key not in self._memo:
             if len(self._memo) >= self.MEMO_SIZE:
                 self._memo.clear()
-            self._memo[key] = self._run(query, passage)
+            known = self._kept.get(kept.text_key(query, passage)) if self._kept else None
+            if known is None:
+                known, self.computed = self._run(query, passage), self.computed + 1
+            self._memo[key] = known
         return self._memo[key]
+
+    def load_kept(self, path: Path | None) -> int:
+        """Take the logits an earlier night kept under this model's fingerprint (exact: one pair
+        per run); returns how many."""
+        found = kept.load(path, self.fingerprint, 1, np.float64)
+        self._kept.update((k, float(v[0])) for k, v in found.items())
+        return len(found)
+
+    def save_kept(self, path: Path) -> int:
+        """Write the logits of the pairs scored in this process, for the next night; returns how many."""
+        pairs = {kept.text_key(q, p): logit for (q, p), logit in self._memo.items()}
+        return kept.save(path, self.fingerprint, pairs, 1, np.float64)
 
     def _run(self, query: str, passage: str) -> float:
         enc = self.tokenizer.encode(query, passage)

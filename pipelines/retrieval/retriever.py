@@ -11,8 +11,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from pipelines.retrieval import combiner as combiner_mod
-from pipelines.retrieval.answerability import TOP_PASSAGES, WordVectors, answerability_signals, content_terms
+from pipelines.retrieval.answerability import (
+    TOP_PASSAGES,
+    TextVectors,
+    answerability_signals,
+    content_terms,
+    texts_to_encode,
+)
 from pipelines.retrieval.rerank import Reranked, safe_rerank
 from pipelines.search.analyzer import STOPWORDS
 from pipelines.search.base import Hit, HybridResult, SearchBackend, hybrid_search
@@ -47,6 +55,29 @@ class Retrieval:
     reranked: bool
     signals: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # seconds per stage: embed, search, rerank, signals
+
+
+@dataclass
+class _Staged:
+    """A retrieval between its rerank and its signals (what the signals read)."""
+
+    retrieval: Retrieval
+    vector: np.ndarray
+    found: HybridResult
+    result: Reranked | None
+    top: list[str]
+
+
+class Clock:
+    """Seconds since the previous lap."""
+
+    def __init__(self):
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
 
 
 def rrf(lists: Sequence[Sequence[Hit]], k: int = 60) -> list[tuple[str, float]]:
@@ -134,7 +165,7 @@ class Retriever:
         self.combiner = combiner  # the accepted answerability combiner (pipelines/retrieval/combiner.py), or None
         self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
         self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
-        self.word_vectors = WordVectors(embedder)
+        self.text_vectors = TextVectors(embedder)  # questions, their words, passage sentences: by text hash
 
     @classmethod
     def from_config(cls, searcher, embedder, scorer, cfg: dict, **overrides) -> Retriever:
@@ -191,36 +222,59 @@ class Retriever:
         return result, [head[i] for i in order] + fused[self.rerank_depth :]
 
     def retrieve(self, question: str, context: Sequence[str] = ()) -> Retrieval:
-        query = effective_query(question, context)
-        clock = [time.perf_counter()]
+        return self.retrieve_many([(question, context)])[0]
 
-        def lap() -> float:
-            clock.append(time.perf_counter())
-            return clock[-1] - clock[-2]
+    def retrieve_many(self, questions: Sequence[tuple[str, Sequence[str]]]) -> list[Retrieval]:
+        """Retrievals of many (question, prior turns), batched across questions: the question vectors
+        in one pass, then every word and sentence the signals embed in one more. Each retrieval and
+        its signals are the same as alone, in any order or batch (a text's vector is its text's alone).
 
-        vector = self.embedder.encode_query(query)
-        timings = {"embed": lap()}
+        Timings are seconds per question; a batched stage is shared out evenly.
+        """
+        if not questions:
+            return []
+        clock = Clock()
+        queries = [effective_query(q, c) for q, c in questions]
+        vectors = self.text_vectors(queries)
+        embed_each = clock.lap() / len(queries)
+        staged = [self._ranked(query, vector, embed_each) for query, vector in zip(queries, vectors)]
+        clock.lap()
+        self.text_vectors.prefetch(t for s in staged for t in texts_to_encode(s.retrieval.query, s.top, STOPWORDS))
+        prefetch_each = clock.lap() / len(queries)
+        for s in staged:
+            s.retrieval.signals = self._signals(s)
+            s.retrieval.timings["signals"] = clock.lap() + prefetch_each
+        return [s.retrieval for s in staged]
+
+    def _ranked(self, query: str, vector: np.ndarray, embed_s: float) -> _Staged:
+        """One question's search and rerank; its signals wait for the batch's texts to be encoded."""
+        clock = Clock()
         fused, found = self.fuse(query, vector, content_terms(query, STOPWORDS))
-        timings["search"] = lap()
+        search_s = clock.lap()
         result, ranked = self.rerank(query, fused)
-        timings["rerank"] = lap()
-        signals = self.signals(query, fused, found, result)
+        timings = {"embed": embed_s, "search": search_s, "rerank": clock.lap()}
+        retrieval = Retrieval(query, fused, ranked, result is not None, {}, timings)
+        top = [c.text for c in fused[:TOP_PASSAGES]]  # the fused top: the same at any rerank_weight (G7)
+        return _Staged(retrieval, vector, found, result, top)
+
+    def _signals(self, s: _Staged) -> dict:
+        query = s.retrieval.query
+        signals = self.signals(query, s.retrieval.fused, s.found, s.result)
         signals.update(
             answerability_signals(
                 query,
-                vector,
-                [c.text for c in fused[:TOP_PASSAGES]],  # the fused top: the same at any rerank_weight (G7)
-                found.distribution.total,  # idf over the whole index, not the candidates (G7)
-                found.document_frequencies,
+                s.vector,
+                s.top,
+                s.found.distribution.total,  # idf over the whole index, not the candidates (G7)
+                s.found.document_frequencies,
                 STOPWORDS,
-                self.word_vectors,
-                self.embedder.encode,
+                self.text_vectors,
+                self.text_vectors,
             )
         )
         # the accepted coefficients over the signals above; None without a combiner or a feature
         signals[combiner_mod.SIGNAL] = combiner_mod.score(self.combiner, signals) if self.combiner else None
-        timings["signals"] = lap()
-        return Retrieval(query, fused, ranked, result is not None, signals, timings)
+        return signals
 
     @staticmethod
     def signals(query: str, fused: list[Candidate], found, result: Reranked | None) -> dict:

@@ -1,0 +1,180 @@
+"""Batched retrieval (`Retriever.retrieve_many`) and the signals' text-vector cache: the same
+signals as the one-question-at-a-time path, in any order or batch, and across nights."""
+
+import logging
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from evals.evalset import load_evalset
+from pipelines.retrieval import combiner as combiner_mod
+from pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
+from pipelines.retrieval.retriever import Retriever, effective_query
+from pipelines.search.analyzer import STOPWORDS
+from pipelines.search.embedded import EmbeddedStore
+from tests.conftest import chunks_with_vectors
+from tests.test_answerability import POOL, BagOfWords
+
+QUESTIONS = [
+    ("Do seniors ride free in a taxi?", []),
+    ("Can seniors use the reduced fare card on the night bus?", []),
+    ("Are pets allowed?", []),
+    ("and bikes?", ["Can I take my dog on the light rail?"]),
+    ("What is it?", []),
+    ("Where do I hang my bicycle on the train?", []),
+]
+
+
+def one_at_a_time(retriever: Retriever, question: str, context=()) -> tuple[dict, list[str]]:
+    """The reference: retrieval as it was before batching, one question, nothing memoised
+    (the query through encode_query, words and sentences straight through the embedder)."""
+    query = effective_query(question, context)
+    encode = retriever.embedder.encode
+    vector = retriever.embedder.encode_query(query)
+    fused, found = retriever.fuse(query, vector, content_terms(query, STOPWORDS))
+    result, ranked = retriever.rerank(query, fused)
+    signals = Retriever.signals(query, fused, found, result)
+    top = [c.text for c in fused[:TOP_PASSAGES]]
+    n, df = found.distribution.total, found.document_frequencies
+    signals.update(answerability_signals(query, vector, top, n, df, STOPWORDS, encode, encode))
+    signals[combiner_mod.SIGNAL] = combiner_mod.score(retriever.combiner, signals) if retriever.combiner else None
+    return signals, [c.chunk_id for c in ranked]
+
+
+def assert_same_signals(a: dict, b: dict, tol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], float) and isinstance(b[k], float):
+            assert math.isclose(a[k], b[k], rel_tol=0, abs_tol=tol), (k, a[k], b[k])
+        else:
+            assert a[k] == b[k], (k, a[k], b[k])
+
+
+@pytest.fixture
+def bag_index(tmp_path):
+    rng = np.random.default_rng(3)
+    filler = ["bus", "train", "fare", "pass", "bike", "night", "airport", "refund", "seniors", "ride", "dog", "rail"]
+    texts = POOL + [" ".join(rng.choice(filler, size=8)) + ". Ride the rail often." for _ in range(30)]
+    encoder = BagOfWords()
+    rows = [
+        {"chunk_id": f"c{i:03d}", "doc_id": f"d{i}", "title": "T", "section": "S", "section_id": "s", "body": t}
+        | {"text": t, "text_hash": str(i), "ordinal": 0}
+        for i, t in enumerate(texts)
+    ]
+    pq.write_table(chunks_with_vectors(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
+    store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
+    store.load("v1", str(tmp_path / "c.parquet"))
+    return store.open("v1"), encoder
+
+
+def test_batched_signals_equal_one_question_at_a_time(bag_index):
+    searcher, encoder = bag_index
+    retriever = Retriever(searcher, encoder, None, bm25_top_n=10, knn_top_n=10)
+    batched = retriever.retrieve_many(QUESTIONS)
+    for (question, context), got in zip(QUESTIONS, batched):
+        signals, ranked = one_at_a_time(
+            Retriever(searcher, encoder, None, bm25_top_n=10, knn_top_n=10), question, context
+        )
+        assert_same_signals(got.signals, signals, tol=0.0)
+        assert [c.chunk_id for c in got.ranked] == ranked
+    assert any(0 < r.signals["concept_coverage"] < 1 for r in batched)  # the signals are not trivial here
+
+
+def signals_by_question(retriever: Retriever, questions, batch: int) -> dict:
+    out = {}
+    for start in range(0, len(questions), batch):
+        part = questions[start : start + batch]
+        out.update({q: r.signals for (q, _), r in zip(part, retriever.retrieve_many(part))})
+    return out
+
+
+def check_order_and_batch_free(make_retriever, questions) -> None:
+    reference = signals_by_question(make_retriever(), questions, len(questions))
+    shared = make_retriever()  # one memo across the orders below: vectors come from other batches
+    for order, batch in [(questions[::-1], len(questions)), (questions, 1), (questions[1::2] + questions[::2], 3)]:
+        for retriever in (make_retriever(), shared):
+            assert signals_by_question(retriever, order, batch) == reference
+
+
+def test_signals_do_not_depend_on_question_order_or_batch(bag_index):
+    searcher, encoder = bag_index
+    check_order_and_batch_free(lambda: Retriever(searcher, encoder, None, bm25_top_n=10, knn_top_n=10), QUESTIONS)
+
+
+class FingerprintedBag(BagOfWords):
+    dimension = BagOfWords.dim
+
+    def __init__(self, fingerprint="sha256:bag"):
+        self.fingerprint, self.calls = fingerprint, 0
+
+    def encode(self, texts):
+        self.calls += len(texts)
+        return super().encode(texts)
+
+
+def test_text_vectors_are_kept_across_nights_under_their_fingerprint(tmp_path, caplog):
+    texts = ["bicycle", "Seniors ride free on weekdays.", "Can I bring my bike?"]
+    first = TextVectors(FingerprintedBag())
+    fresh = first(texts)
+    assert first.save_kept(tmp_path / "tv.parquet") == 3
+
+    again = FingerprintedBag()
+    second = TextVectors(again)
+    assert second.load_kept(tmp_path / "tv.parquet") == 3
+    assert np.array_equal(second(texts), fresh) and again.calls == 0  # nothing encoded the next night
+    second(["a new sentence here"])
+    assert again.calls == 1 and second.computed == 1
+
+    other = TextVectors(FingerprintedBag("sha256:other-model"))
+    assert other.load_kept(tmp_path / "tv.parquet") == 0  # another model's vectors are never reused
+
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with caplog.at_level(logging.WARNING):
+        assert TextVectors(FingerprintedBag()).load_kept(tmp_path / "bad.parquet") == 0
+    assert "unreadable" in caplog.text
+    assert TextVectors(FingerprintedBag()).load_kept(tmp_path / "missing.parquet") == 0
+
+
+def demo_questions(cfg, every: int = 5) -> list[tuple[str, list[str]]]:
+    """Every `every`-th calibration question (both labels, the multi-turn ones too): fixed inputs."""
+    items = load_evalset(cfg["evals"]["calibration_set"])
+    return [(it["question"], it.get("context", [])) for it in items[::every]]
+
+
+@pytest.mark.models
+def test_batched_signals_equal_one_at_a_time_on_the_demo_with_the_real_models(demo_index, embedder, cross_encoder):
+    """The shipped models (bf16 bi-encoder, INT8 cross-encoder) on the demo: the batched, memoised
+    evaluation gives every question the signals and order of the old per-question path."""
+    cfg, _, searcher = demo_index
+    questions = demo_questions(cfg)
+    assert any(context for _, context in questions)
+    retriever = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
+    batched = retriever.retrieve_many(questions)
+    for (question, context), got in zip(questions, batched):
+        signals, ranked = one_at_a_time(retriever, question, context)
+        assert_same_signals(got.signals, signals)
+        assert [c.chunk_id for c in got.ranked] == ranked
+    check_order_and_batch_free(lambda: Retriever.from_config(searcher, embedder, cross_encoder, cfg), questions[:12])
+
+
+@pytest.mark.models
+def test_rerank_logits_are_kept_across_nights_exactly(tmp_path):
+    """The INT8 cross-encoder scores one pair per run, so a kept logit is the fresh one, bit for bit."""
+    from pipelines.retrieval.rerank import OnnxCrossEncoder
+
+    passages = POOL[:3]
+    tonight = OnnxCrossEncoder()
+    fresh = tonight.score("Do seniors ride free?", passages)
+    assert tonight.computed == 3 and tonight.save_kept(tmp_path / "pairs.parquet") == 3
+
+    next_night = OnnxCrossEncoder()
+    assert next_night.load_kept(tmp_path / "pairs.parquet") == 3
+    assert next_night.score("Do seniors ride free?", passages) == fresh and next_night.computed == 0
+    assert next_night.score("Are pets allowed?", passages[:1]) and next_night.computed == 1
+
+    other = OnnxCrossEncoder()
+    other.folder = tmp_path  # another model's files: another fingerprint
+    (tmp_path / "model.onnx").write_bytes(b"other weights")
+    assert other.load_kept(tmp_path / "pairs.parquet") == 0
