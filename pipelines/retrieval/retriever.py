@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipelines import config as config_models
 from pipelines.retrieval import combiner as combiner_mod
 from pipelines.retrieval.answerability import (
     TOP_PASSAGES,
@@ -146,6 +147,10 @@ def combiner_for(cfg: dict) -> dict | None:
     return combiner_mod.load(section["combiner"], section["features"]) if section["combiner"] else None
 
 
+# The one source of defaults is the config's models (pipelines/config.py); no number of its own here.
+_RETRIEVAL, _RERANKER = config_models.Retrieval(), config_models.Reranker()
+
+
 class Retriever:
     def __init__(
         self,
@@ -153,12 +158,12 @@ class Retriever:
         embedder,
         scorer=None,
         *,
-        bm25_top_n: int = 18,
-        knn_top_n: int = 18,
-        rrf_k: int = 5,
-        rerank_depth: int = 12,
-        rerank_weight: float = 1.0,
-        rerank_timeout_s: float = 30.0,
+        bm25_top_n: int = _RETRIEVAL.bm25_top_n,
+        knn_top_n: int = _RETRIEVAL.knn_top_n,
+        rrf_k: int = _RETRIEVAL.rrf_k,
+        rerank_depth: int = _RETRIEVAL.rerank_depth,
+        rerank_weight: float = _RETRIEVAL.rerank_weight,
+        rerank_timeout_s: float = _RERANKER.timeout_s,
         combiner: dict | None = None,
     ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer

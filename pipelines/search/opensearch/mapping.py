@@ -7,11 +7,12 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from pipelines.config import OpenSearch
 from pipelines.search.analyzer import opensearch_analysis
 from pipelines.search.bm25 import K1 as BM25_K1
 from pipelines.search.bm25 import B as BM25_B
 
-DEFAULT_PREFIX = "sourcegate"
+DEFAULT_PREFIX = OpenSearch().index_prefix  # the config's default (pipelines/config.py)
 REQUIRED_COLUMNS = ("chunk_id", "doc_id", "title", "section", "text", "embedding")
 # Optional parquet columns indexed when present (for inspection; not searched).
 OPTIONAL_COLUMNS = {"section_id": "keyword", "text_hash": "keyword", "ordinal": "long", "model_id": "keyword"}

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.config import OpenSearch
 from pipelines.search.base import STORED_FIELDS, Hit, HybridResult, ScoreDistribution
 
 
@@ -18,7 +19,7 @@ class OpenSearchSearcher:
         client,
         index: str,
         *,
-        distribution_size: int = 1000,
+        distribution_size: int = OpenSearch().distribution_size,
         ef_search: int | None = 100,
         manifest: Mapping | None = None,
     ):

@@ -9,17 +9,19 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from pipelines.config import OpenSearch
 from pipelines.search.base import oldest_first, refuse_dropping_live
 from pipelines.search.opensearch import content, mapping
 from pipelines.search.opensearch.bulk import BulkLoader
 from pipelines.search.opensearch.loader import load_version
-from pipelines.search.opensearch.mapping import DEFAULT_PREFIX, FORBIDDEN_IN_INDEX, META_KEY, PREFIX_RE, own_meta
+from pipelines.search.opensearch.mapping import FORBIDDEN_IN_INDEX, META_KEY, PREFIX_RE, own_meta
 from pipelines.search.opensearch.promotions import PromotionsIndex
 from pipelines.search.opensearch.searcher import OpenSearchSearcher
 from pipelines.versions import manifest as mf
 from pipelines.versions import promotions
 
 log = logging.getLogger(__name__)
+_SECTION = OpenSearch()  # the config's defaults (pipelines/config.py): the one source of them
 
 
 class OpenSearchStore:
@@ -28,16 +30,16 @@ class OpenSearchStore:
     def __init__(
         self,
         client=None,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = _SECTION.index_prefix,
         *,
-        chunk_size: int = 500,
-        max_retries: int = 5,
+        chunk_size: int = _SECTION.bulk_chunk_size,
+        max_retries: int = _SECTION.max_retries,
         initial_backoff: float = 2.0,
         max_backoff: float = 60.0,
         shards: int = 1,
         replicas: int = 0,
         progress: bool = True,
-        distribution_size: int = 1000,
+        distribution_size: int = _SECTION.distribution_size,
         ef_search: int | None = 100,
     ):
         if not PREFIX_RE.match(prefix):
@@ -77,10 +79,10 @@ class OpenSearchStore:
 
             client = client_for(section)
         options = {
-            "prefix": section.get("index_prefix", DEFAULT_PREFIX),
-            "chunk_size": section.get("bulk_chunk_size", 500),
-            "max_retries": section.get("max_retries", 5),
-            "distribution_size": section.get("distribution_size", 1000),
+            "prefix": section["index_prefix"],
+            "chunk_size": section["bulk_chunk_size"],
+            "max_retries": section["max_retries"],
+            "distribution_size": section["distribution_size"],
         }
         options.update(kwargs)
         return cls(client, **options)
