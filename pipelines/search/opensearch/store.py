@@ -15,7 +15,7 @@ from pipelines.search.opensearch.bulk import BulkLoader
 from pipelines.search.opensearch.loader import load_version
 from pipelines.search.opensearch.mapping import DEFAULT_PREFIX, FORBIDDEN_IN_INDEX, META_KEY, PREFIX_RE, own_meta
 from pipelines.search.opensearch.promotions import PromotionsIndex
-from pipelines.search.opensearch.searcher import OpenSearchSearcher
+from pipelines.search.opensearch.searcher import SEARCH_RETRIES, OpenSearchSearcher
 from pipelines.versions import manifest as mf
 from pipelines.versions import promotions
 
@@ -39,6 +39,7 @@ class OpenSearchStore:
         progress: bool = True,
         distribution_size: int = 1000,
         ef_search: int | None = 100,
+        search_retries: int = SEARCH_RETRIES,
     ):
         if not PREFIX_RE.match(prefix):
             raise ValueError(f"index prefix must be lower-case [a-z0-9._-] and start alphanumeric, got {prefix!r}")
@@ -63,6 +64,7 @@ class OpenSearchStore:
         self._promotions = PromotionsIndex(client, prefix)
         self.distribution_size = distribution_size
         self.ef_search = ef_search
+        self.search_retries = search_retries
 
     @classmethod
     def from_config(cls, cfg: dict, client=None, **kwargs: Any) -> OpenSearchStore:
@@ -81,6 +83,7 @@ class OpenSearchStore:
             "chunk_size": section.get("bulk_chunk_size", 500),
             "max_retries": section.get("max_retries", 5),
             "distribution_size": section.get("distribution_size", 1000),
+            "search_retries": section.get("search_retries", SEARCH_RETRIES),
         }
         options.update(kwargs)
         return cls(client, **options)
@@ -280,5 +283,10 @@ class OpenSearchStore:
         else:
             manifest, index = self.verify(version, hashes=False), self.index_name(version)
         return OpenSearchSearcher(
-            self.client, index, distribution_size=self.distribution_size, ef_search=self.ef_search, manifest=manifest
+            self.client,
+            index,
+            distribution_size=self.distribution_size,
+            ef_search=self.ef_search,
+            manifest=manifest,
+            max_retries=self.search_retries,
         )
