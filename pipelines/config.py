@@ -52,6 +52,11 @@ class OpenSearch(Section):
     max_retries: int = Field(
         5, description="retries of a 429/5xx bulk request, with exponential backoff (2 s doubling, 60 s cap)"
     )
+    search_retries: int = Field(
+        4,
+        ge=0,
+        description="retries of a search the node rejects with 429 (overloaded), backoff 0.5 s doubling, 8 s cap",
+    )
     distribution_size: int = Field(1000, description="top hits used for the BM25 z-score distribution")
     airflow_conn_id: str | None = Field(
         None, description="an Airflow connection for the client (the DAGs set opensearch_default); null: OPENSEARCH_*"

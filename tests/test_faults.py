@@ -46,8 +46,11 @@ def tiny_eval_sets(folder: Path) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
-    """Config file for a tiny night: 2 of the 3 articles to start with, tiny evals, the accepted baseline."""
-    base = tmp_path_factory.mktemp("faults")
+    return tiny_night(tmp_path_factory.mktemp("faults"))
+
+
+def tiny_night(base: Path) -> dict:
+    """Config file for a tiny night in `base`: 2 of the 3 articles to start with, tiny evals, the accepted baseline."""
     corpus = base / "corpus"
     corpus.mkdir()
     for name in ARTICLES[:2]:

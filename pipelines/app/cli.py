@@ -15,6 +15,7 @@ from pipelines import config as config_mod
 from pipelines.retrieval import combiner
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
+OPENSEARCH_CLIENT_LOGGER = "opensearch"  # opensearch-py's per-request log (a warning with a traceback per failure)
 
 
 def load_config(args) -> dict:
@@ -372,6 +373,8 @@ def main(argv=None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    if not args.verbose:  # the client logs every failed request with its traceback; the exit line names the cause
+        logging.getLogger(OPENSEARCH_CLIENT_LOGGER).setLevel(logging.ERROR)
     return run_command(args)
 
 

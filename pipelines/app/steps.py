@@ -447,6 +447,7 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
     searcher = open_store(cfg).open(version)  # verified: a corrupt or incomplete version is never evaluated
     retriever, scorer = retriever_for(cfg, searcher)
     facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))
+    faults.reached("evaluate:searching")
     with timed(folder, "evaluate"):
         out = evaluate(
             retriever,

@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipelines.search.opensearch.backoff import delays
+
 log = logging.getLogger(__name__)
 FILTER_BATCH = 8192  # Parquet rows read per batch when only a night's delta is indexed
 
@@ -114,9 +116,9 @@ class BulkLoader:
         by_id = {a["_id"]: a for a in actions}
         pending = actions
         done = 0
-        for attempt in range(self.max_retries + 1):
+        waits = [0.0, *delays(self.max_retries, self.initial_backoff, self.max_backoff)]
+        for attempt, delay in enumerate(waits):
             if attempt:
-                delay = min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
                 log.warning(
                     "bulk: retrying %d chunk(s) in %.1fs (attempt %d/%d)",
                     len(pending),

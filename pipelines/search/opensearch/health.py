@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pipelines.search.opensearch.mapping import DEFAULT_PREFIX
+from pipelines.versions.promotions import PROMOTIONS_INDEX
 
 LOCK_INDEX = ".sourcegate-locks"  # the alias lock's documents (pipelines/versions/lock.py)
+WRITE_BLOCK_ID = "8"  # `index.blocks.write` ("index write (api)"): every complete version carries it (G1)
 RECOVERY = "free disk, then clear the block (docs/operations.md: a full disk)"
 
 
@@ -25,13 +27,21 @@ def concerns(index: str, prefix: str) -> bool:
     return index in (LOCK_INDEX, prefix) or index.startswith(f"{prefix}-")
 
 
+def own_block(index: str, block_id: str, prefix: str) -> bool:
+    """The write block a load puts on a version once it is complete: a night never writes there again (it
+    loads a new index; a delta clones the live one), so it stops nothing. On the promotions log it would."""
+    return block_id == WRITE_BLOCK_ID and index.startswith(f"{prefix}-") and index != f"{prefix}-{PROMOTIONS_INDEX}"
+
+
 def blocks_in(state: Mapping, prefix: str) -> list[str]:
     """Each block that stops a night's writes, as '<where>: <description>', from `_cluster/state/blocks`."""
     blocks = state.get("blocks") or {}
     found = [f"cluster: {b.get('description')}" for b in (blocks.get("global") or {}).values()]
     for index, by_id in sorted((blocks.get("indices") or {}).items()):
         if concerns(index, prefix):
-            found += [f"index {index}: {b.get('description')}" for b in by_id.values()]
+            found += [
+                f"index {index}: {b.get('description')}" for i, b in by_id.items() if not own_block(index, i, prefix)
+            ]
     return found
 
 

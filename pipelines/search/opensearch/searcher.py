@@ -9,6 +9,11 @@ import numpy as np
 
 from pipelines.config import OpenSearch
 from pipelines.search.base import STORED_FIELDS, Hit, HybridResult, ScoreDistribution
+from pipelines.search.opensearch.backoff import REJECTED, retry_rejected
+
+SEARCH_RETRIES = OpenSearch().search_retries  # the config's default: a 429'd search waits 0.5, 1, 2, 4 s
+SEARCH_BACKOFF_S = 0.5
+SEARCH_BACKOFF_CAP_S = 8.0
 
 
 class OpenSearchSearcher:
@@ -22,15 +27,34 @@ class OpenSearchSearcher:
         distribution_size: int = OpenSearch().distribution_size,
         ef_search: int | None = 100,
         manifest: Mapping | None = None,
+        max_retries: int = SEARCH_RETRIES,
     ):
         self.client = client
+        self.max_retries = max_retries
         self.index = index
         self.manifest = manifest
         self.distribution_size = distribution_size
         self.ef_search = ef_search
 
+    def _request(self, call, what: str):
+        """One request to the node, retried with bounded backoff while it answers 429 (overloaded)."""
+        return retry_rejected(
+            call,
+            f"{what} {self.index}",
+            max_retries=self.max_retries,
+            initial=SEARCH_BACKOFF_S,
+            cap=SEARCH_BACKOFF_CAP_S,
+        )
+
     def _search(self, body: dict) -> dict:
-        return self.client.search(index=self.index, body=body)
+        return self._request(lambda: self.client.search(index=self.index, body=body), "search")
+
+    def _msearch(self, searches: list[dict], filter_path: list[str]) -> list[dict]:
+        """The responses of one ``_msearch``; a sub-search the node rejected (429) retries the whole request."""
+        body = [line for s in searches for line in ({"index": self.index}, s)]
+        return self._request(
+            lambda: self._responses(self.client.msearch(body=body, filter_path=filter_path)), "msearch"
+        )
 
     @staticmethod
     def _match(query: str) -> dict:
@@ -65,7 +89,7 @@ class OpenSearchSearcher:
         )
         scores = np.array([h["_score"] for h in resp["hits"]["hits"]], dtype=np.float64)
         matched = int(resp["hits"]["total"]["value"])
-        total = int(self.client.count(index=self.index)["count"])
+        total = int(self._request(lambda: self.client.count(index=self.index), "count")["count"])
         return ScoreDistribution(scores=scores, matched=matched, total=total)
 
     @staticmethod
@@ -82,17 +106,19 @@ class OpenSearchSearcher:
         return totals[0], dict(zip(words, totals[1:]))
 
     def _totals(self, searches: list[dict]) -> list[int]:
-        resp = self.client.msearch(
-            body=[line for s in searches for line in ({"index": self.index}, s)],
-            filter_path=["responses.hits.total.value", "responses.error"],
-        )
-        return [int(r["hits"]["total"]["value"]) for r in self._responses(resp)]
+        responses = self._msearch(searches, ["responses.hits.total.value", "responses.error", "responses.status"])
+        return [int(r["hits"]["total"]["value"]) for r in responses]
 
     def _responses(self, resp: dict) -> list[dict]:
+        from opensearchpy import TransportError
+
         responses = resp["responses"]
         for r in responses:
-            if "error" in r:
-                raise RuntimeError(f"OpenSearch search of {self.index} failed: {r['error']}")
+            if "error" not in r:
+                continue
+            if r.get("status") == REJECTED:  # the node's own 429, as a client error: retried, then exit 2
+                raise TransportError(REJECTED, (r["error"] or {}).get("type", "rejected"), r)
+            raise RuntimeError(f"OpenSearch search of {self.index} failed: {r['error']}")
         return responses
 
     def hybrid(
@@ -116,7 +142,6 @@ class OpenSearchSearcher:
         ``filter_path`` keeps ids, scores, sources, totals, the aggregation and errors, nothing else.
         """
         source = list(STORED_FIELDS)
-        header = {"index": self.index}
         knn = self._knn_query(vector, max(knn_k, 1))
         searches = [
             {
@@ -130,9 +155,9 @@ class OpenSearchSearcher:
             {"size": 0, "track_total_hits": True},
             *(self._count(w) for w in terms),
         ]
-        resp = self.client.msearch(
-            body=[line for s in searches for line in (header, s)],
-            filter_path=[
+        responses = self._msearch(
+            searches,
+            [
                 "responses.hits.hits._id",
                 "responses.hits.hits._score",
                 "responses.hits.hits._source",
@@ -142,9 +167,9 @@ class OpenSearchSearcher:
                 "responses.aggregations.bm25.sum_of_squares",
                 "responses.aggregations.bm25.max",
                 "responses.error",
+                "responses.status",
             ],
         )
-        responses = self._responses(resp)
         bm25_hits, knn_hits = (r.get("hits", {}).get("hits", []) for r in responses[:2])
         stored = {h["_id"]: {f: h["_source"].get(f) for f in STORED_FIELDS} | {"chunk_id": h["_id"]} for h in bm25_hits}
         stored.update(
@@ -174,7 +199,12 @@ class OpenSearchSearcher:
         ids = list(chunk_ids)
         if not ids:
             return []
-        resp = self.client.mget(index=self.index, body={"ids": sorted(set(ids))}, _source_includes=list(STORED_FIELDS))
+        resp = self._request(
+            lambda: self.client.mget(
+                index=self.index, body={"ids": sorted(set(ids))}, _source_includes=list(STORED_FIELDS)
+            ),
+            "mget",
+        )
         found = {d["_id"]: d["_source"] for d in resp["docs"] if d.get("found")}
         missing = [c for c in ids if c not in found]
         if missing:

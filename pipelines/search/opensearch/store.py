@@ -16,7 +16,7 @@ from pipelines.search.opensearch.bulk import BulkLoader
 from pipelines.search.opensearch.loader import load_version
 from pipelines.search.opensearch.mapping import FORBIDDEN_IN_INDEX, META_KEY, PREFIX_RE, own_meta
 from pipelines.search.opensearch.promotions import PromotionsIndex
-from pipelines.search.opensearch.searcher import OpenSearchSearcher
+from pipelines.search.opensearch.searcher import SEARCH_RETRIES, OpenSearchSearcher
 from pipelines.versions import manifest as mf
 from pipelines.versions import promotions
 
@@ -41,6 +41,7 @@ class OpenSearchStore:
         progress: bool = True,
         distribution_size: int = _SECTION.distribution_size,
         ef_search: int | None = 100,
+        search_retries: int = SEARCH_RETRIES,
     ):
         if not PREFIX_RE.match(prefix):
             raise ValueError(f"index prefix must be lower-case [a-z0-9._-] and start alphanumeric, got {prefix!r}")
@@ -65,6 +66,7 @@ class OpenSearchStore:
         self._promotions = PromotionsIndex(client, prefix)
         self.distribution_size = distribution_size
         self.ef_search = ef_search
+        self.search_retries = search_retries
 
     @classmethod
     def from_config(cls, cfg: dict, client=None, **kwargs: Any) -> OpenSearchStore:
@@ -83,6 +85,7 @@ class OpenSearchStore:
             "chunk_size": section["bulk_chunk_size"],
             "max_retries": section["max_retries"],
             "distribution_size": section["distribution_size"],
+            "search_retries": section["search_retries"],
         }
         options.update(kwargs)
         return cls(client, **options)
@@ -282,5 +285,10 @@ class OpenSearchStore:
         else:
             manifest, index = self.verify(version, hashes=False), self.index_name(version)
         return OpenSearchSearcher(
-            self.client, index, distribution_size=self.distribution_size, ef_search=self.ef_search, manifest=manifest
+            self.client,
+            index,
+            distribution_size=self.distribution_size,
+            ef_search=self.ef_search,
+            manifest=manifest,
+            max_retries=self.search_retries,
         )
