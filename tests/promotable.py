@@ -5,14 +5,16 @@ written blind, no threshold separates the fit set (a-o-104 scores 0.63), and 0.1
 questions of the check set (docs/calibration.md). Promotion, rollback, retention, reuse, the DAG's promote task
 and the fault suite still need versions that passed; they run the demo with the fit set the gate passed on before
 #28 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without a-o-101..110, 14 off-topic,
-hence min_per_label 14) and no check set. This claims nothing about quality: it is a fixture of a passing gate.
+hence min_per_label 14) and, as its check set, 14 of those questions under new ids
+(tests/data/evals/check-pre28.jsonl): a gate without a check set fails ("coverage is unchecked"). This claims
+nothing about quality: it is a fixture of a passing gate, not a check.
 """
 
 from __future__ import annotations
 
 PROMOTABLE = {
     "evals.calibration_set": "tests/data/evals/calibration-pre28.jsonl",
-    "evals.check_set": None,
+    "evals.check_set": "tests/data/evals/check-pre28.jsonl",
     "calibration.min_per_label": 14,
 }
 
