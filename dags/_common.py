@@ -55,6 +55,8 @@ PATH_KEYS = (
     "evals.calibration_set",
     "evals.precision_set",
     "evals.baseline",
+    "evals.check_set",
+    "evals.check_moves",
     "answerability.combiner",
 )
 

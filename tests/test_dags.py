@@ -191,3 +191,18 @@ def test_failed_gate_fails_the_task_with_every_reason(common, caplog):
         "gate: coverage 0.93 < 1.0",
     ]
     assert common.enforce_gate({"passed": True, "reasons": []}) == {"passed": True, "reasons": []}
+
+
+def test_every_path_in_the_config_is_made_absolute_for_the_tasks(common):
+    """A task runs in a directory of its own: every config value that is a file path must be in PATH_KEYS
+    (a check set left relative was "not found" by the gate task)."""
+    from pipelines import config
+
+    def paths(model, prefix=""):
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, config.BaseModel):
+                yield from paths(field.annotation, f"{prefix}{name}.")
+            elif name.endswith(("_set", "_path", "path", "baseline", "combiner", "moves")) or name == "artifacts":
+                yield prefix + name
+
+    assert sorted(set(paths(config.PipelineConfig)) - set(common.PATH_KEYS)) == []
