@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.versions import promotions
-from pipelines.versions.object_store import ObjectStore, is_remote, sha256_path
+from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, sha256_path
 
 RECORDS = ("run.json", "gate.json", "index/manifest.json")  # every run's: listing, ordering, retention
 INDEX_FILES = "index/"  # a run's index version files: needed only to open or verify that version
 PROMOTIONS_PREFIX = "promotions/"
 LIVE = "LIVE"
 SKIPPED = (".sourcegate.lock", ".sourcegate.lock.json")
+PUBLISHED_AS = ".published-as"  # in a scratch folder: the s3:// URI it is published to (never itself published)
 
 
 @dataclass
@@ -107,23 +108,35 @@ def local_files(scratch: Path) -> list[str]:
 
 def publish(store: ObjectStore, scratch: Path, snap: Snapshot) -> None:
     """Write back what the steps changed: run files (manifests last), new promotion records, LIVE, removals."""
-    remote = store.listing("runs/")
-    complete = {run_of(k) for k in remote if k.endswith("/index/manifest.json")}
-    changed = [k for k in local_files(scratch) if snap.sha256.get(k) != sha256_path(scratch / k)]
-    manifests = [k for k in changed if k.endswith("/index/manifest.json")]
-    for key in [k for k in changed if k not in manifests] + manifests:
-        if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
-            store.upload_once(scratch / key, key)  # G1: a complete version's files never change
-        else:
-            store.upload(scratch / key, key)
-    for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
-        store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
     live_file = scratch / LIVE
     live = live_file.read_text(encoding="utf-8").strip() if live_file.exists() else None
-    if live and live != snap.live:
-        store.put(LIVE, (live + "\n").encode())
-    for run in sorted(snap.runs - {p.name for p in (scratch / "runs").iterdir() if p.is_dir()}):
-        store.delete_prefix(f"runs/{run}/")
+    with store_errors(store, "publishing", live_changed=False):
+        remote = store.listing("runs/")
+        complete = {run_of(k) for k in remote if k.endswith("/index/manifest.json")}
+        changed = [k for k in local_files(scratch) if snap.sha256.get(k) != sha256_path(scratch / k)]
+        manifests = [k for k in changed if k.endswith("/index/manifest.json")]
+        for key in [k for k in changed if k not in manifests] + manifests:
+            if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
+                store.upload_once(scratch / key, key)  # G1: a complete version's files never change
+            else:
+                store.upload(scratch / key, key)
+        for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
+            store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+        if live and live != snap.live:
+            store.put(LIVE, (live + "\n").encode())
+    with store_errors(store, "removing the run folders retention dropped", live_changed=live != snap.live):
+        for run in sorted(snap.runs - {p.name for p in (scratch / "runs").iterdir() if p.is_dir()}):
+            store.delete_prefix(f"runs/{run}/")
+
+
+@contextmanager
+def store_errors(store: ObjectStore, doing: str, live_changed: bool) -> Iterator[None]:
+    """A failed store request (pyarrow raises OSError) as one error naming the store, the phase and LIVE's fate."""
+    try:
+        yield
+    except OSError as exc:
+        fate = f"LIVE {'was' if live_changed else 'was not'} changed"
+        raise StoreUnavailable(f"object store {store.uri} failed while {doing}: {exc}; {fate}") from exc
 
 
 @contextmanager
@@ -134,12 +147,20 @@ def staged(cfg: dict, run_id: str | None = None, with_index: set[str] = frozense
         return
     store = ObjectStore.from_uri(cfg["artifacts"])
     scratch = Path(tempfile.mkdtemp(prefix="sourcegate-stage-"))
+    (scratch / PUBLISHED_AS).write_text(store.uri, encoding="utf-8")
     try:
-        snap = stage(store, scratch, run_id, with_index)
+        with store_errors(store, "staging", live_changed=False):
+            snap = stage(store, scratch, run_id, with_index)
         yield {**cfg, "artifacts": str(scratch)}
         publish(store, scratch, snap)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def as_published(cfg: dict) -> dict:
+    """`cfg` with `artifacts` as recorded (run.json): the s3:// URI for a staged scratch folder, else as is."""
+    marker = Path(cfg["artifacts"]) / PUBLISHED_AS
+    return {**cfg, "artifacts": marker.read_text(encoding="utf-8")} if marker.is_file() else cfg
 
 
 def remote_path(cfg: dict, local: str | Path, scratch_cfg: dict) -> str:

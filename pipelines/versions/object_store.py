@@ -29,6 +29,10 @@ class WriteOnceViolation(RuntimeError):
     """An immutable object already exists with different content."""
 
 
+class StoreUnavailable(RuntimeError):
+    """The object store failed a request (unreachable, refused, timed out): names the store and what was asked."""
+
+
 def is_remote(artifacts: str | os.PathLike) -> bool:
     return str(artifacts).startswith(SCHEMES)
 
