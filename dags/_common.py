@@ -148,6 +148,15 @@ def cfg() -> dict:
     return load_config(params["config"], overrides)
 
 
+def in_store(step: str, call):
+    """A task's step call `call(config)`: with `artifacts: s3://…`, on a scratch folder of this task holding only
+    what the step reads, published after it (pipelines/app/staging.py); a local artifacts folder as is."""
+    from pipelines.app.staging import task_staged
+
+    with task_staged(cfg(), step, run_id()) as config:
+        return call(config)
+
+
 def params() -> dict:
     return get_current_context()["params"]
 

@@ -70,13 +70,36 @@ def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path
     assert len(records) == 1 and json.loads(store.get(next(iter(records))))["version"] == "r1"
 
 
-def test_staging_reads_the_previous_live_and_own_run_whole_and_only_records_of_the_rest():
+def test_staging_reads_what_a_step_reads_and_only_records_of_the_rest():
     keys = {f"runs/{r}/{n}": 1 for r in ("r1", "r2", "r3") for n in ("chunks.parquet", "run.json")}
-    assert staging.full_runs(keys, live="r1", run_id="r4") == {"r1", "r3", "r4"}
-    assert staging.wanted("runs/r2/run.json", {"r3"}, set()) and not staging.wanted(
-        "runs/r2/chunks.parquet", {"r3"}, set()
-    )
-    assert not staging.wanted("runs/r3/index/embeddings.npy", {"r3"}, set())  # a version's files only to open it
+    assert staging.previous_of(keys, "r4") == "r3" and staging.previous_of(keys, "r1") is None
+    night = staging.roles_of(staging.NIGHT, "r4", "r3", "r1")
+    assert staging.wanted("runs/r2/run.json", staging.NIGHT, night)  # every run's records
+    assert not staging.wanted("runs/r2/chunks.parquet", staging.NIGHT, night)
+    assert staging.wanted("runs/r3/chunks.parquet", staging.NIGHT, night)  # the previous run (embed cache)
+    assert not staging.wanted("runs/r3/index/embeddings.npy", staging.NIGHT, night)  # a version's files: to open it
+    assert staging.wanted("runs/r4/index/embeddings.npy", staging.NIGHT, night)
+    embed = staging.STEP_READS["embed"]
+    roles = staging.roles_of(embed, "r4", "r3", "r1")
+    assert staging.wanted("runs/r4/chunks.text.parquet", embed, roles)
+    assert staging.wanted("runs/r3/chunks.parquet", embed, roles)
+    assert not staging.wanted("runs/r4/documents.parquet", embed, roles)
+    assert not staging.wanted("runs/r1/chunks.parquet", embed, roles)  # the live run: not what embed reads
+
+
+def test_a_staged_step_sees_placeholders_of_what_it_does_not_read_and_publishes_only_what_it_wrote(tmp_path):
+    store = local_store(tmp_path)
+    for key, body in {"runs/r1/run.json": b"{}", "runs/r1/chunks.parquet": b"vectors", "LIVE": b"r1\n"}.items():
+        store.put(key, body)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    snap = staging.stage(store, scratch, "r2", staging.STEP_READS["ingest"])
+    assert (scratch / "runs/r1/chunks.parquet").read_bytes() == b""  # listed, not downloaded
+    assert (scratch / "runs/r1/run.json").read_bytes() == b"{}"
+    (scratch / "runs/r2").mkdir(parents=True)
+    (scratch / "runs/r2/run.json").write_text("{}")
+    staging.publish(store, scratch, snap)
+    assert store.get("runs/r1/chunks.parquet") == b"vectors" and store.get("runs/r2/run.json") == b"{}"
 
 
 # --- against the real server ---------------------------------------------------------------------------

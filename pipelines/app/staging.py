@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.versions import promotions
+from pipelines.versions.lock import command_line, writer_lock
 from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, sha256_path
 
 RECORDS = ("run.json", "gate.json", "index/manifest.json")  # every run's: listing, ordering, retention
@@ -53,41 +54,88 @@ def run_of(key: str) -> str | None:
     return parts[1] if len(parts) > 2 and parts[0] == "runs" else None
 
 
-def full_runs(keys: dict[str, int], live: str | None, run_id: str | None) -> set[str]:
-    """The runs a night reads whole: the newest earlier one with chunks, the live one, the run itself."""
+ANY = "*"  # in a Reads entry: every file of that run folder outside index/
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a step reads beyond every run's RECORDS, LIVE and the promotions log: names (or folder prefixes
+    such as "index/", or ANY) inside its own run folder, the previous run's (newest earlier one with
+    chunks: ingest diff, chunk reuse, embed cache) and the live run's."""
+
+    own: tuple[str, ...] = ()
+    previous: tuple[str, ...] = ()
+    live: tuple[str, ...] = ()
+
+
+NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,))  # `sourcegate run`: every step in one
+STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/steps.py)
+    "ingest": Reads(own=("quarantine.jsonl",), previous=("documents.parquet",)),
+    "chunk": Reads(
+        own=("documents.parquet", "quarantine.jsonl"), previous=("documents.parquet", "chunks.text.parquet")
+    ),
+    "embed": Reads(own=("chunks.text.parquet",), previous=("chunks.parquet",)),
+    "merge": Reads(own=("chunks.text.parquet", "embed/")),
+    "validate": Reads(own=("chunks.parquet", "quarantine.jsonl", "quality.json")),
+    "load": Reads(own=("chunks.parquet", "chunks.valid.parquet"), live=("chunks.parquet", "chunks.valid.parquet")),
+    "evaluate": Reads(own=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet")),
+    "gate": Reads(
+        own=("calibration.json", "precision.json", "eval_errors.json", "questions.jsonl"), live=("questions.jsonl",)
+    ),
+    "promote": Reads(own=(INDEX_FILES,)),
+    "cleanup": Reads(),
+}
+
+
+def previous_of(keys: dict[str, int], run_id: str | None) -> str | None:
+    """The newest run before `run_id` with chunks (steps.previous_run, on the store's listing)."""
     with_chunks = sorted({run_of(k) for k in keys if k.endswith("/chunks.parquet") and run_of(k)})
     earlier = [r for r in with_chunks if run_id is None or r < run_id]
-    return {r for r in (earlier[-1] if earlier else None, live, run_id) if r}
+    return earlier[-1] if earlier else None
 
 
-def wanted(key: str, whole: set[str], with_index: set[str]) -> bool:
+def matches(inside: str, names: tuple[str, ...]) -> bool:
+    return any(
+        inside == n or (n.endswith("/") and inside.startswith(n)) or (n == ANY and not inside.startswith(INDEX_FILES))
+        for n in names
+    )
+
+
+def wanted(key: str, reads: Reads, roles: dict[str, tuple[str, ...]]) -> bool:
+    """Is `key` read? `roles`: run id -> the names read in it (own, previous, live; merged when one run is two)."""
     run = run_of(key)
     if run is None:
         return False
     inside = key.split("/", 2)[2]
-    if inside in RECORDS:
-        return True
-    if inside.startswith(INDEX_FILES):
-        return run in with_index
-    return run in whole
+    return inside in RECORDS or matches(inside, roles.get(run, ()))
 
 
-def stage(store: ObjectStore, scratch: Path, run_id: str | None, with_index: set[str] = frozenset()) -> Snapshot:
-    """Download into `scratch` what a night (or a command on `with_index` versions) reads."""
+def roles_of(reads: Reads, run_id: str | None, previous: str | None, live: str | None) -> dict[str, tuple[str, ...]]:
+    roles: dict[str, tuple[str, ...]] = {}
+    for run, names in ((run_id, reads.own), (previous, reads.previous), (live, reads.live)):
+        if run:
+            roles[run] = roles.get(run, ()) + names
+    return roles
+
+
+def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = NIGHT) -> Snapshot:
+    """Download into `scratch` what `reads` names; every other object of a run folder is an empty placeholder
+    (so listings, `previous_run` and retention see the store as it is; a step that read one would fail on it)."""
     snap = Snapshot()
     keys = store.listing("runs/")
     live = store.get(LIVE)
     snap.live = live.decode().strip() if live else None
     if snap.live:
         (scratch / LIVE).write_text(snap.live + "\n", encoding="utf-8")
-    whole = full_runs(keys, snap.live, run_id) | set(with_index)
+    roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live)
     snap.runs = {r for k in keys if (r := run_of(k))}
     for key in sorted(keys):
-        if wanted(key, whole, set(with_index) | ({run_id} if run_id else set())):
+        if wanted(key, reads, roles):
             store.download(key, scratch / key)
-            snap.sha256[key] = sha256_path(scratch / key)
-    for run in snap.runs:
-        (scratch / "runs" / run).mkdir(parents=True, exist_ok=True)
+        else:
+            (scratch / key).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / key).write_bytes(b"")
+        snap.sha256[key] = sha256_path(scratch / key)
     records = [json.loads(store.get(k)) for k in sorted(store.listing(PROMOTIONS_PREFIX))]
     for record in records:
         promotions.append_record(record, scratch / promotions.PROMOTIONS_LOG)
@@ -140,7 +188,7 @@ def store_errors(store: ObjectStore, doing: str, live_changed: bool) -> Iterator
 
 
 @contextmanager
-def staged(cfg: dict, run_id: str | None = None, with_index: set[str] = frozenset()) -> Iterator[dict]:
+def staged(cfg: dict, run_id: str | None = None, reads: Reads = NIGHT) -> Iterator[dict]:
     """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success."""
     if not is_remote(cfg["artifacts"]):
         yield cfg
@@ -150,11 +198,24 @@ def staged(cfg: dict, run_id: str | None = None, with_index: set[str] = frozense
     (scratch / PUBLISHED_AS).write_text(store.uri, encoding="utf-8")
     try:
         with store_errors(store, "staging", live_changed=False):
-            snap = stage(store, scratch, run_id, with_index)
+            snap = stage(store, scratch, run_id, reads)
         yield {**cfg, "artifacts": str(scratch)}
         publish(store, scratch, snap)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def task_staged(cfg: dict, step: str, run_id: str) -> Iterator[dict]:
+    """One DAG task on an s3:// artifacts prefix: under the writer's lock object (embed shards share it: each
+    publishes only its own shard file), only what `step` reads staged into this task's own scratch folder,
+    published after the step returns, the scratch removed. A local artifacts folder: `cfg` as is."""
+    if not is_remote(cfg["artifacts"]):
+        yield cfg
+        return
+    lock = writer_lock(cfg, f"{command_line()} [{step}]", shared=step == "embed")
+    with lock, staged(cfg, run_id, STEP_READS[step]) as local:
+        yield local
 
 
 def as_published(cfg: dict) -> dict:
