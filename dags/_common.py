@@ -21,6 +21,7 @@ from airflow.sdk import Asset, Param, get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from pipelines import config as config_mod
+from pipelines.versions.object_store import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ PATH_KEYS = (
 
 
 def absolute(path: str | Path, root: Path = PROJECT_ROOT) -> str:
+    if is_remote(path):  # s3://bucket/prefix: a location on the object store, not a path
+        return str(path)
     p = Path(path).expanduser()
     return str(p if p.is_absolute() else root / p)
 

@@ -23,6 +23,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,12 @@ class Reads:
     own: tuple[str, ...] = ()
     previous: tuple[str, ...] = ()
     live: tuple[str, ...] = ()
+    named: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (run id, names) for a command on given runs
+
+
+def reading(names: tuple[str, ...], *runs: str) -> Reads:
+    """What a command on `runs` reads: `names` in each."""
+    return Reads(named=tuple((run, names) for run in runs))
 
 
 NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,))  # `sourcegate run`: every step in one
@@ -112,7 +119,7 @@ def wanted(key: str, reads: Reads, roles: dict[str, tuple[str, ...]]) -> bool:
 
 def roles_of(reads: Reads, run_id: str | None, previous: str | None, live: str | None) -> dict[str, tuple[str, ...]]:
     roles: dict[str, tuple[str, ...]] = {}
-    for run, names in ((run_id, reads.own), (previous, reads.previous), (live, reads.live)):
+    for run, names in ((run_id, reads.own), (previous, reads.previous), (live, reads.live), *reads.named):
         if run:
             roles[run] = roles.get(run, ()) + names
     return roles
@@ -188,8 +195,9 @@ def store_errors(store: ObjectStore, doing: str, live_changed: bool) -> Iterator
 
 
 @contextmanager
-def staged(cfg: dict, run_id: str | None = None, reads: Reads = NIGHT) -> Iterator[dict]:
-    """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success."""
+def staged(cfg: dict, run_id: str | None = None, reads: Reads = NIGHT, publish_after: bool = True) -> Iterator[dict]:
+    """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success
+    (a read-only command: `publish_after=False`)."""
     if not is_remote(cfg["artifacts"]):
         yield cfg
         return
@@ -200,22 +208,27 @@ def staged(cfg: dict, run_id: str | None = None, reads: Reads = NIGHT) -> Iterat
         with store_errors(store, "staging", live_changed=False):
             snap = stage(store, scratch, run_id, reads)
         yield {**cfg, "artifacts": str(scratch)}
-        publish(store, scratch, snap)
+        if publish_after:
+            publish(store, scratch, snap)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextmanager
-def task_staged(cfg: dict, step: str, run_id: str) -> Iterator[dict]:
-    """One DAG task on an s3:// artifacts prefix: under the writer's lock object (embed shards share it: each
-    publishes only its own shard file), only what `step` reads staged into this task's own scratch folder,
-    published after the step returns, the scratch removed. A local artifacts folder: `cfg` as is."""
+def locked_staged(cfg: dict, command: str, run_id: str | None, reads: Reads, shared: bool = False) -> Iterator[dict]:
+    """A writer on an s3:// artifacts prefix: under the lock object, `reads` staged into its own scratch folder,
+    published after it returns, the scratch removed. A local artifacts folder: `cfg` as is (the steps lock it)."""
     if not is_remote(cfg["artifacts"]):
         yield cfg
         return
-    lock = writer_lock(cfg, f"{command_line()} [{step}]", shared=step == "embed")
-    with lock, staged(cfg, run_id, STEP_READS[step]) as local:
+    with writer_lock(cfg, command, shared=shared), staged(cfg, run_id, reads) as local:
         yield local
+
+
+def task_staged(cfg: dict, step: str, run_id: str) -> ContextManager[dict]:
+    """One DAG task: only what `step` reads (STEP_READS). Embed shards share the lock: each publishes only its
+    own shard file."""
+    return locked_staged(cfg, f"{command_line()} [{step}]", run_id, STEP_READS[step], shared=step == "embed")
 
 
 def as_published(cfg: dict) -> dict:
