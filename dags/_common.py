@@ -151,12 +151,13 @@ def cfg() -> dict:
     return load_config(params["config"], overrides)
 
 
-def in_store(step: str, call):
+def in_store(step: str, call, shard: tuple[int, int] | None = None):
     """A task's step call `call(config)`: with `artifacts: s3://…`, on a scratch folder of this task holding only
-    what the step reads, published after it (pipelines/app/staging.py); a local artifacts folder as is."""
+    what the step reads (an embed `shard`, (shard, shards): only its slice), published after it
+    (pipelines/app/staging.py); a local artifacts folder as is."""
     from pipelines.app.staging import task_staged
 
-    with task_staged(cfg(), step, run_id()) as config:
+    with task_staged(cfg(), step, run_id(), shard) as config:
         return call(config)
 
 

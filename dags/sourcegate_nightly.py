@@ -63,7 +63,8 @@ def sourcegate_nightly():
         from pipelines.app import steps
 
         cache = not params()["full_rebuild"]
-        return in_store("embed", lambda c: steps.embed_step(c, run_id(), shard, len(shards), use_cache=cache))
+        part = (shard, len(shards))
+        return in_store("embed", lambda c: steps.embed_step(c, run_id(), *part, use_cache=cache), shard=part)
 
     @task
     def merge(shard_stats) -> int:

@@ -102,6 +102,32 @@ def test_a_staged_step_sees_placeholders_of_what_it_does_not_read_and_publishes_
     assert store.get("runs/r1/chunks.parquet") == b"vectors" and store.get("runs/r2/run.json") == b"{}"
 
 
+def test_an_embed_shard_downloads_only_the_row_groups_of_its_slice(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.batches import read_rows, shard_range
+
+    store = local_store(tmp_path)
+    import hashlib
+
+    texts = ["".join(hashlib.sha256(f"{i}-{j}".encode()).hexdigest() for j in range(16)) for i in range(90)]
+    table = pa.table({"text_hash": [f"h{i:03d}" for i in range(90)], "text": texts})  # barely compressible
+    src = tmp_path / "chunks.text.parquet"
+    pq.write_table(table, src, row_group_size=10)
+    store.upload(src, "runs/r2/chunks.text.parquet")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    reads = staging.Reads(shard=("chunks.text.parquet", 1, 3))
+    staging.stage(store, scratch, "r2", reads)
+    local = scratch / "runs/r2/chunks.text.parquet"
+    start, stop = shard_range(90, 1, 3)
+    assert pa.concat_tables(read_rows(local, start, stop)) == table.slice(start, stop - start)
+    assert local.stat().st_size == src.stat().st_size
+    downloaded = store.download_rows("runs/r2/chunks.text.parquet", tmp_path / "again.parquet", lambda n: (start, stop))
+    assert downloaded < src.stat().st_size / 2  # 3 of 9 row groups, the header and the footer
+
+
 # --- against the real server ---------------------------------------------------------------------------
 
 

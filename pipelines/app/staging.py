@@ -18,6 +18,7 @@ scratch folder is always removed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -25,9 +26,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pipelines.batches import shard_range
 from pipelines.versions import promotions
 from pipelines.versions.lock import command_line, writer_lock
 from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, sha256_path
@@ -68,6 +70,7 @@ class Reads:
     previous: tuple[str, ...] = ()
     live: tuple[str, ...] = ()
     named: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (run id, names) for a command on given runs
+    shard: tuple[str, int, int] | None = None  # (own Parquet name, shard, shards): only that shard's row groups
 
 
 def reading(names: tuple[str, ...], *runs: str) -> Reads:
@@ -137,7 +140,11 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live)
     snap.runs = {r for k in keys if (r := run_of(k))}
     for key in sorted(keys):
-        if wanted(key, reads, roles):
+        if reads.shard and key == f"runs/{run_id}/{reads.shard[0]}":
+            store.download_rows(
+                key, scratch / key, functools.partial(shard_range, shard=reads.shard[1], shards=reads.shard[2])
+            )
+        elif wanted(key, reads, roles):
             store.download(key, scratch / key)
         else:
             (scratch / key).parent.mkdir(parents=True, exist_ok=True)
@@ -225,10 +232,13 @@ def locked_staged(cfg: dict, command: str, run_id: str | None, reads: Reads, sha
         yield local
 
 
-def task_staged(cfg: dict, step: str, run_id: str) -> ContextManager[dict]:
-    """One DAG task: only what `step` reads (STEP_READS). Embed shards share the lock: each publishes only its
-    own shard file."""
-    return locked_staged(cfg, f"{command_line()} [{step}]", run_id, STEP_READS[step], shared=step == "embed")
+def task_staged(cfg: dict, step: str, run_id: str, shard: tuple[int, int] | None = None) -> ContextManager[dict]:
+    """One DAG task: only what `step` reads (STEP_READS); an embed `shard` (shard, shards) only its slice of
+    chunks.text.parquet. Embed shards share the lock: each publishes only its own shard file."""
+    reads = STEP_READS[step]
+    if shard is not None:
+        reads = replace(reads, shard=("chunks.text.parquet", *shard))
+    return locked_staged(cfg, f"{command_line()} [{step}]", run_id, reads, shared=step == "embed")
 
 
 def as_published(cfg: dict) -> dict:
