@@ -246,7 +246,7 @@ def nights(s3_server, tmp_path_factory):
     # store again when they publish, whatever they computed, so this night runs without the cross-encoder
     # (its evaluation is most of a night's time; the verdict does not matter to a night that cannot publish).
     relay = Relay(s3_server.port)
-    args = ["run", "--artifacts", n.uri, "--quiet", "--run-id", "outage-night", "--set", "reranker.kind=none"]
+    args = ["run", "--artifacts", n.uri, "--quiet", "--run-id", "outage-night", "--reranker", "none"]
     proc = subprocess.Popen(
         sourcegate_argv(args, n.config),
         env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -402,4 +402,5 @@ def _wait_for_stage(proc, timeout=600):
         if glob.glob(os.path.join(tempfile.gettempdir(), "sourcegate-stage-*", "runs", "outage-night", "run.json")):
             return
         time.sleep(0.5)
-    raise AssertionError("the night never reached its steps")
+    out, err = proc.communicate() if proc.poll() is not None else ("", "(still running)")
+    raise AssertionError(f"the night never reached its steps: {out[-1500:]} {err[-1500:]}")
