@@ -21,6 +21,7 @@ from airflow.sdk import Asset, Param, get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from pipelines import config as config_mod
+from pipelines.versions.object_store import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ PATH_KEYS = (
 
 
 def absolute(path: str | Path, root: Path = PROJECT_ROOT) -> str:
+    if is_remote(path):  # s3://bucket/prefix: a location on the object store, not a path
+        return str(path)
     p = Path(path).expanduser()
     return str(p if p.is_absolute() else root / p)
 
@@ -148,6 +151,16 @@ def cfg() -> dict:
     if params.get("corpus"):
         overrides["corpus.path"] = absolute(params["corpus"])
     return load_config(params["config"], overrides)
+
+
+def in_store(step: str, call, shard: tuple[int, int] | None = None):
+    """A task's step call `call(config)`: with `artifacts: s3://…`, on a scratch folder of this task holding only
+    what the step reads (an embed `shard`, (shard, shards): only its slice), published after it
+    (pipelines/app/staging.py); a local artifacts folder as is."""
+    from pipelines.app.staging import task_staged
+
+    with task_staged(cfg(), step, run_id(), shard) as config:
+        return call(config)
 
 
 def params() -> dict:

@@ -25,9 +25,9 @@ from _common import (
     NIGHTLY_SCHEDULE,
     RETRY_ARGS,
     START_DATE,
-    cfg,
     dag_actor,
     enforce_gate,
+    in_store,
     nightly_params,
     params,
     run_id,
@@ -50,61 +50,64 @@ def sourcegate_nightly():
     def ingest() -> dict:
         from pipelines.app import steps
 
-        return steps.ingest_step(cfg(), run_id())
+        return in_store("ingest", lambda c: steps.ingest_step(c, run_id()))
 
     @task
     def chunk() -> list[int]:
         from pipelines.app import steps
 
-        return shard_list(steps.chunk_step(cfg(), run_id()))
+        return shard_list(in_store("chunk", lambda c: steps.chunk_step(c, run_id())))
 
     @task
     def embed(shard: int, shards: list[int]) -> dict:
         from pipelines.app import steps
 
-        return steps.embed_step(cfg(), run_id(), shard, len(shards), use_cache=not params()["full_rebuild"])
+        cache = not params()["full_rebuild"]
+        part = (shard, len(shards))
+        return in_store("embed", lambda c: steps.embed_step(c, run_id(), *part, use_cache=cache), shard=part)
 
     @task
     def merge(shard_stats) -> int:
         from pipelines.app import steps
 
-        return steps.merge_step(cfg(), run_id(), list(shard_stats))
+        return in_store("merge", lambda c: steps.merge_step(c, run_id(), list(shard_stats)))
 
     @task
     def validate() -> bool:
         from pipelines.app import steps
 
-        return steps.validate_step(cfg(), run_id())
+        return in_store("validate", lambda c: steps.validate_step(c, run_id()))
 
     @task(**RETRY_ARGS)
     def load() -> int:
         from pipelines.app import steps
 
-        return steps.load_step(cfg(), run_id(), full=params()["full_rebuild"])
+        full = params()["full_rebuild"]
+        return in_store("load", lambda c: steps.load_step(c, run_id(), full=full))
 
     @task
     def evaluate() -> dict:
         from pipelines.app import steps
 
-        return steps.evaluate_step(cfg(), run_id())
+        return in_store("evaluate", lambda c: steps.evaluate_step(c, run_id()))
 
     @task
     def gate() -> dict:
         from pipelines.app import steps
 
-        return enforce_gate(steps.gate_step(cfg(), run_id()))
+        return enforce_gate(in_store("gate", lambda c: steps.gate_step(c, run_id())))
 
     @task(outlets=[LIVE_INDEX], **RETRY_ARGS)
     def promote() -> str:
         from pipelines.app import steps
 
-        return steps.promote_step(cfg(), run_id(), actor=dag_actor())
+        return in_store("promote", lambda c: steps.promote_step(c, run_id(), actor=dag_actor()))
 
     @task
     def cleanup() -> dict:
         from pipelines.app import steps
 
-        return steps.cleanup_step(cfg())
+        return in_store("cleanup", steps.cleanup_step)
 
     shards = chunk()
     ingest() >> shards

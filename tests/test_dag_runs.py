@@ -70,6 +70,17 @@ if memo.exists():  # the pair logits of earlier runs (see the module docstring)
 bag = DagBag(args["dags"])
 assert not bag.import_errors, bag.import_errors
 dag = bag.dags[args["dag_id"]]
+
+if args.get("task_dirs"):  # each task (each mapped shard) runs in a fresh working directory of its own
+    import os, tempfile
+
+    def own_cwd(context):
+        ti = context["ti"]
+        folder = tempfile.mkdtemp(prefix=f"{ti.task_id}-{ti.map_index}-", dir=args["task_dirs"])
+        os.chdir(folder)
+
+    for t in dag.tasks:
+        t.on_execute_callback = [own_cwd]
 dr = dag.test(logical_date=datetime.fromisoformat(args["logical_date"]), run_conf=args["conf"],
               mark_success_pattern=args["mark_success"])
 
@@ -126,11 +137,18 @@ class Airflow:
         assert out.returncode == 0, f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
     def test_dag(
-        self, dag_id: str, logical_date: str, conf: dict, mark_success: str | None = None, env: dict | None = None
+        self,
+        dag_id: str,
+        logical_date: str,
+        conf: dict,
+        mark_success: str | None = None,
+        env: dict | None = None,
+        task_dirs: Path | None = None,
     ) -> dict:
         """dag.test() one run in a fresh interpreter (cwd: a scratch folder, not the project);
         returns {state, run_id, tasks: {task[map]: state}, live}. Tasks matching the regex
-        `mark_success` are marked successful without running; `env` adds to the run's environment."""
+        `mark_success` are marked successful without running; `env` adds to the run's environment; with
+        `task_dirs`, each task runs in a fresh working directory made under it."""
         self.runs += 1
         log = self.home / f"run-{self.runs}-{dag_id}.log"
         cwd = self.home / "cwd"
@@ -143,6 +161,7 @@ class Airflow:
                 "conf": conf,
                 "mark_success": mark_success,
                 "memo": str(self.home / "rerank-memo.json"),
+                "task_dirs": str(task_dirs) if task_dirs else None,
             }
         )
         with log.open("w") as fh:  # dag.test logs every task's output to stdout
@@ -162,7 +181,7 @@ class Airflow:
         return summary
 
 
-def write_config(path: Path, artifacts: Path, **sections) -> str:
+def write_config(path: Path, artifacts: Path | str, **sections) -> str:
     """The project's config/pipeline.yaml with artifacts elsewhere and `sections` merged in
     (key by key; its relative paths still resolve against the project root)."""
     import yaml
@@ -349,3 +368,52 @@ def test_nightly_run_on_opensearch(airflow, tmp_path):
         assert not (artifacts / "LIVE").exists()  # the embedded pointer is not the OpenSearch alias
     finally:
         client.indices.delete(index=f"{prefix}-*", params={"ignore_unavailable": "true"})
+
+
+# --- artifacts on an object store (issue 23) ------------------------------------------------------------
+
+
+def tree(folder: Path) -> dict[str, float]:
+    """Every path under `folder` with its mtime (what a run must leave as it found it)."""
+    return {str(p): p.stat().st_mtime for p in folder.rglob("*")} if folder.exists() else {}
+
+
+@pytest.mark.s3
+def test_nightly_run_with_artifacts_on_the_s3_server_shares_nothing_but_the_store(airflow, s3_server, tmp_path):
+    """Every task in its own working directory, each staging only what its step reads into its own scratch
+    folder (removed after): the night passes and promotes on the moto server, and no task writes a local
+    artifacts folder, the project's included."""
+    from pipelines.versions.object_store import ObjectStore
+    from tests.test_object_store import _server_fs
+
+    uri = s3_server.bucket("dag-nights") + "/sourcegate"
+    config = write_config(tmp_path / "s3.yaml", uri)
+    task_dirs, scratch = tmp_path / "tasks", tmp_path / "tmp"
+    task_dirs.mkdir(), scratch.mkdir()
+    project_artifacts = tree(ROOT / "artifacts")
+    conf = {"config": config, "corpus": "corpus/demo", "backend": "embedded", "shards": 2}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | s3_server.env | {"TMPDIR": str(scratch)}
+    night = airflow.test_dag("sourcegate_nightly", "2025-01-06T02:00:00+00:00", conf, env=env, task_dirs=task_dirs)
+    assert night["state"] == "success", failed_tasks(night)
+    assert all(state == "success" for state in night["tasks"].values()), failed_tasks(night)
+    run_id = "20250106-020000"
+    assert night["live"] == run_id
+
+    store = ObjectStore.from_uri(uri, fs=_server_fs(s3_server))
+    assert store.get("LIVE").decode().strip() == run_id
+    keys = store.listing(f"runs/{run_id}/")
+    for name in ARTIFACT_FILES + ("index/manifest.json", "embed/shard-0000.parquet", "embed/shard-0001.parquet"):
+        assert name in {k.split("/", 2)[2] for k in keys}, f"{name} not published"
+    assert json.loads(store.get(f"runs/{run_id}/gate.json"))["passed"] is True
+    info = json.loads(store.get(f"runs/{run_id}/run.json"))
+    assert info["config"]["artifacts"] == uri and info["promoted"]["version"] == run_id
+    assert len(store.listing("promotions/")) == 1
+
+    dirs = sorted(p.name.rsplit("-", 1)[0] for p in task_dirs.iterdir())
+    assert dirs == sorted(
+        ["cleanup--1", "chunk--1", "embed-0", "embed-1", "evaluate--1", "gate--1", "ingest--1", "load--1"]
+        + ["merge--1", "promote--1", "validate--1"]
+    ), dirs  # one working directory per task, mapped shards included
+    assert not [str(p) for p in task_dirs.rglob("*") if p.is_file() or p.name == "artifacts"]
+    assert not list(scratch.glob("sourcegate-stage-*"))  # every task removed its scratch folder
+    assert tree(ROOT / "artifacts") == project_artifacts  # the project's local artifacts folder untouched

@@ -17,7 +17,7 @@ from pyarrow import fs as pafs
 
 from pipelines.app import staging
 from pipelines.versions.object_store import ObjectStore, WriteOnceViolation, endpoint_from_env, split_uri
-from tests.promotable import promotable_args
+from tests.promotable import promotable_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,30 +71,100 @@ def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path
     assert len(records) == 1 and json.loads(store.get(next(iter(records))))["version"] == "r1"
 
 
-def test_staging_reads_the_previous_live_and_own_run_whole_and_only_records_of_the_rest():
+def test_staging_reads_what_a_step_reads_and_only_records_of_the_rest():
     keys = {f"runs/{r}/{n}": 1 for r in ("r1", "r2", "r3") for n in ("chunks.parquet", "run.json")}
-    assert staging.full_runs(keys, live="r1", run_id="r4") == {"r1", "r3", "r4"}
-    assert staging.wanted("runs/r2/run.json", {"r3"}, set()) and not staging.wanted(
-        "runs/r2/chunks.parquet", {"r3"}, set()
-    )
-    assert not staging.wanted("runs/r3/index/embeddings.npy", {"r3"}, set())  # a version's files only to open it
+    assert staging.previous_of(keys, "r4") == "r3" and staging.previous_of(keys, "r1") is None
+    night = staging.roles_of(staging.NIGHT, "r4", "r3", "r1")
+    assert staging.wanted("runs/r2/run.json", staging.NIGHT, night)  # every run's records
+    assert not staging.wanted("runs/r2/chunks.parquet", staging.NIGHT, night)
+    assert staging.wanted("runs/r3/chunks.parquet", staging.NIGHT, night)  # the previous run (embed cache)
+    assert not staging.wanted("runs/r3/index/embeddings.npy", staging.NIGHT, night)  # a version's files: to open it
+    assert staging.wanted("runs/r4/index/embeddings.npy", staging.NIGHT, night)
+    embed = staging.STEP_READS["embed"]
+    roles = staging.roles_of(embed, "r4", "r3", "r1")
+    assert staging.wanted("runs/r4/chunks.text.parquet", embed, roles)
+    assert staging.wanted("runs/r3/chunks.parquet", embed, roles)
+    assert not staging.wanted("runs/r4/documents.parquet", embed, roles)
+    assert not staging.wanted("runs/r1/chunks.parquet", embed, roles)  # the live run: not what embed reads
+
+
+def test_a_staged_step_sees_placeholders_of_what_it_does_not_read_and_publishes_only_what_it_wrote(tmp_path):
+    store = local_store(tmp_path)
+    for key, body in {"runs/r1/run.json": b"{}", "runs/r1/chunks.parquet": b"vectors", "LIVE": b"r1\n"}.items():
+        store.put(key, body)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    snap = staging.stage(store, scratch, "r2", staging.STEP_READS["ingest"])
+    assert (scratch / "runs/r1/chunks.parquet").read_bytes() == b""  # listed, not downloaded
+    assert (scratch / "runs/r1/run.json").read_bytes() == b"{}"
+    (scratch / "runs/r2").mkdir(parents=True)
+    (scratch / "runs/r2/run.json").write_text("{}")
+    staging.publish(store, scratch, snap)
+    assert store.get("runs/r1/chunks.parquet") == b"vectors" and store.get("runs/r2/run.json") == b"{}"
+
+
+def test_an_embed_shard_downloads_only_the_row_groups_of_its_slice(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.batches import read_rows, shard_range
+
+    store = local_store(tmp_path)
+    import hashlib
+
+    texts = ["".join(hashlib.sha256(f"{i}-{j}".encode()).hexdigest() for j in range(16)) for i in range(90)]
+    table = pa.table({"text_hash": [f"h{i:03d}" for i in range(90)], "text": texts})  # barely compressible
+    src = tmp_path / "chunks.text.parquet"
+    pq.write_table(table, src, row_group_size=10)
+    store.upload(src, "runs/r2/chunks.text.parquet")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    reads = staging.Reads(shard=("chunks.text.parquet", 1, 3))
+    staging.stage(store, scratch, "r2", reads)
+    local = scratch / "runs/r2/chunks.text.parquet"
+    start, stop = shard_range(90, 1, 3)
+    assert pa.concat_tables(read_rows(local, start, stop)) == table.slice(start, stop - start)
+    assert local.stat().st_size == src.stat().st_size
+    downloaded = store.download_rows("runs/r2/chunks.text.parquet", tmp_path / "again.parquet", lambda n: (start, stop))
+    assert downloaded < src.stat().st_size / 2  # 3 of 9 row groups, the header and the footer
 
 
 # --- against the real server ---------------------------------------------------------------------------
 
 
-def sourcegate(args, env, cwd, timeout=1800) -> subprocess.CompletedProcess:
+# The config's relative paths (corpus, eval sets, baseline, combiner) made absolute: the CLI resolves them
+# against its working directory, and every command here runs in its own empty one.
+RELATIVE_KEYS = (
+    ("corpus", "path"),
+    ("evals", "calibration_set"),
+    ("evals", "precision_set"),
+    ("evals", "baseline"),
+    ("evals", "check_set"),
+    ("evals", "check_moves"),
+    ("answerability", "combiner"),
+)
+
+
+def project_config(dest: Path) -> Path:
+    import yaml
+
+    body = yaml.safe_load((ROOT / "config" / "pipeline.yaml").read_text())
+    for section, values in promotable_sections().items():  # a gate that can pass (tests/promotable.py)
+        body[section].update(values)
+    for section, key in RELATIVE_KEYS:
+        body[section][key] = str(ROOT / body[section][key])
+    dest.write_text(yaml.safe_dump(body, sort_keys=False))
+    return dest
+
+
+def sourcegate_argv(args, config: Path) -> list[str]:
+    return [sys.executable, "-m", "pipelines.app.cli", "--config", str(config), *args]
+
+
+def sourcegate(args, env, cwd, config: Path, timeout=1800) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | env | {"PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.app.cli",
-            "--config",
-            str(ROOT / "config" / "pipeline.yaml"),
-            *promotable_args(),
-            *args,
-        ],
+        sourcegate_argv(args, config),
         env=full,
         cwd=cwd,
         capture_output=True,
@@ -156,78 +226,162 @@ def all_text(folder: Path) -> str:
     return "\n".join(p.read_bytes().decode("utf-8", "replace") for p in folder.rglob("*") if p.is_file())
 
 
-@pytest.mark.s3
-@pytest.mark.models
-def test_a_whole_night_to_the_server_then_a_query_from_it_and_an_outage_leaves_live(s3_server, tmp_path):
-    from tests.s3_server import SECRET
+@pytest.fixture(scope="module")
+def nights(s3_server, tmp_path_factory):
+    """Two real nights on the server: a first one, then (after a query-free outage night that fails to
+    publish) `outage-night` rerun to completion. Each command in its own empty working directory."""
+    from types import SimpleNamespace
 
-    uri = s3_server.bucket("demo-nights") + "/sourcegate"
-    env = s3_server.env | {"SOURCEGATE_CACHE": str(tmp_path / "cache")}
-    work = tmp_path / "night-1"
-    work.mkdir()
-    night = sourcegate(["run", "--artifacts", uri, "--quiet"], env, work)
-    assert night.returncode == 0, night.stderr[-3000:]
-    assert f"artifacts: {uri}/runs/" in night.stdout
-    store = ObjectStore.from_uri(uri, fs=_server_fs(s3_server))
-    live = store.get("LIVE").decode().strip()
-    keys = store.listing()
-    assert f"runs/{live}/index/manifest.json" in keys and f"runs/{live}/report.html" in keys
-    assert len(store.listing("promotions/")) == 1
-    assert not (work / "artifacts").exists()  # nothing written to a local artifacts folder
-
-    query_dir = tmp_path / "query"
-    query_dir.mkdir()
-    answer = sourcegate(["query", "Can I bring my bike on the train?", "--artifacts", uri, "--json"], env, query_dir)
-    assert answer.returncode == 0, answer.stderr[-3000:]
-    assert json.loads(answer.stdout)["passages"]
-    assert list((tmp_path / "cache").iterdir())  # downloaded once, keyed by the manifest hash
-    verify = sourcegate(["verify", live, "--artifacts", uri], env, query_dir)
-    assert verify.returncode == 0 and "ok" in verify.stdout
-
-    # The server goes away during the next night (its endpoint closes: moto keeps objects only in memory, so
-    # the night talks to it through a relay that is closed): a clear error, exit 2, and LIVE is untouched.
     from tests.s3_server import Relay
 
+    tmp = tmp_path_factory.mktemp("s3-nights")
+    n = SimpleNamespace(tmp=tmp, uri=s3_server.bucket("demo-nights") + "/sourcegate")
+    n.env = s3_server.env | {"SOURCEGATE_CACHE": str(tmp / "cache")}
+    n.config = project_config(tmp / "pipeline.yaml")
+    n.store = ObjectStore.from_uri(n.uri, fs=_server_fs(s3_server))
+    n.work, n.outage = tmp / "night-1", tmp / "night-2"
+    n.work.mkdir(), n.outage.mkdir()
+    n.night = sourcegate(["run", "--artifacts", n.uri, "--quiet"], n.env, n.work, n.config)
+    assert n.night.returncode == 0, n.night.stderr[-3000:]
+    n.first = n.store.get("LIVE").decode().strip()
+    n.first_keys, n.first_records = n.store.listing(), len(n.store.listing("promotions/"))
+
+    # The server goes away during the next night (its endpoint closes: moto keeps objects only in memory, so
+    # the night talks to it through a relay that is closed). The steps run on scratch and first meet the
+    # store again when they publish, whatever they computed, so this night runs without the cross-encoder
+    # (its evaluation is most of a night's time; the verdict does not matter to a night that cannot publish).
     relay = Relay(s3_server.port)
-    outage = tmp_path / "night-2"
-    outage.mkdir()
+    args = ["run", "--artifacts", n.uri, "--quiet", "--run-id", "outage-night", "--reranker", "none"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.app.cli",
-            "--config",
-            str(ROOT / "config" / "pipeline.yaml"),
-            *promotable_args(),
-        ]
-        + ["run", "--artifacts", uri, "--quiet", "--run-id", "outage-night"],
+        sourcegate_argv(args, n.config),
         env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        | env
+        | n.env
         | {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}", "PYTHONPATH": str(ROOT)},
-        cwd=outage,
+        cwd=n.outage,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     _wait_for_stage(proc)
     relay.close()
-    out, err = proc.communicate(timeout=1800)
-    assert proc.returncode == 2, (out[-2000:], err[-2000:])
-    assert "sourcegate: error:" in err and "Traceback" not in err
-    assert store.get("LIVE").decode().strip() == live
+    n.out, n.err = proc.communicate(timeout=1800)
+    n.outage_code = proc.returncode
+    n.live_after_outage = n.store.get("LIVE").decode().strip()
+    n.outage_keys = n.store.listing("runs/outage-night/")
 
-    rerun = sourcegate(["run", "--artifacts", uri, "--quiet", "--run-id", "outage-night"], env, outage)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert store.get("LIVE").decode().strip() == "outage-night"
+    n.rerun = sourcegate(
+        ["run", "--artifacts", n.uri, "--quiet", "--run-id", "outage-night"], n.env, n.outage, n.config
+    )
+    assert n.rerun.returncode == 0, n.rerun.stderr[-3000:]
+    return n
 
-    # No credential in any artifact on the store, any local leftover, or any output.
-    scratch_copy = tmp_path / "copy"
-    for key in store.listing():
-        store.download(key, scratch_copy / key)
-    texts = [all_text(scratch_copy), all_text(tmp_path / "cache"), all_text(work), all_text(outage)]
-    texts += [night.stdout, night.stderr, answer.stdout, answer.stderr, out, err, rerun.stdout, rerun.stderr]
+
+@pytest.mark.s3
+@pytest.mark.models
+def test_a_whole_night_to_the_server_then_a_query_from_it(nights, tmp_path):
+    n = nights
+    assert f"artifacts: {n.uri}/runs/" in n.night.stdout
+    assert f"runs/{n.first}/index/manifest.json" in n.first_keys and f"runs/{n.first}/report.html" in n.first_keys
+    assert n.first_records == 1
+    assert not (n.work / "artifacts").exists()  # nothing written to a local artifacts folder
+    info = json.loads(n.store.get(f"runs/{n.first}/run.json"))
+    assert info["config"]["artifacts"] == n.uri  # where it is published, not the scratch folder it ran in
+
+    answer = sourcegate(
+        ["query", "Can I bring my bike on the train?", "--artifacts", n.uri, "--json"], n.env, tmp_path, n.config
+    )
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    assert json.loads(answer.stdout)["passages"]
+    assert list((n.tmp / "cache").iterdir())  # downloaded once, keyed by the manifest hash
+    verify = sourcegate(["verify", n.first, "--artifacts", n.uri], n.env, tmp_path, n.config)
+    assert verify.returncode == 0 and "ok" in verify.stdout
+    n.outputs = [answer.stdout, answer.stderr, verify.stdout, verify.stderr]
+
+
+@pytest.mark.s3
+@pytest.mark.models
+def test_the_server_gone_mid_night_is_exit_2_leaves_live_and_the_rerun_completes(nights):
+    n = nights
+    assert n.outage_code == 2, (n.out[-2000:], n.err[-2000:])
+    assert f"object store {n.uri} failed while publishing" in n.err and "LIVE was not changed" in n.err, n.err[-2000:]
+    assert "Traceback" not in n.err
+    assert n.live_after_outage == n.first
+    assert not n.outage_keys  # nothing of the failed night was published
+    assert n.store.get("LIVE").decode().strip() == "outage-night"  # the rerun completed and promoted
+
+
+@pytest.mark.s3
+@pytest.mark.models
+def test_no_credential_in_any_artifact_or_log(nights, s3_server, tmp_path):
+    from tests.s3_server import SECRET
+
+    n = nights
+    copy = tmp_path / "copy"
+    for key in n.store.listing():
+        n.store.download(key, copy / key)
+    texts = [all_text(copy), all_text(n.tmp / "cache"), all_text(n.work), all_text(n.outage)]
+    texts += [n.night.stdout, n.night.stderr, n.out, n.err, n.rerun.stdout, n.rerun.stderr, *getattr(n, "outputs", [])]
     texts.append(s3_server.log.read_text(errors="replace"))
-    assert not any(SECRET in text for text in texts)
+    assert all(texts[:1]) and not any(SECRET in text for text in texts)
+
+
+# --- maintenance commands on the store (rollback, runs, diff, accept) -----------------------------------------
+
+
+@pytest.mark.s3
+@pytest.mark.models
+def test_runs_lists_the_runs_on_the_store(nights, tmp_path):
+    out = sourcegate(["runs", "--artifacts", nights.uri, "--json"], nights.env, tmp_path, nights.config)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r["run"]: r for r in json.loads(out.stdout)}
+    assert set(rows) == {nights.first, "outage-night"}
+    assert all(r["verdict"] == "passed" for r in rows.values()), rows
+
+
+@pytest.mark.s3
+@pytest.mark.models
+def test_diff_joins_two_runs_on_the_store(nights, tmp_path):
+    args = ["diff", nights.first, "outage-night", "--artifacts", nights.uri, "--json"]
+    out = sourcegate(args, nights.env, tmp_path, nights.config)
+    assert out.returncode == 0, out.stderr[-3000:]
+    diff = json.loads(out.stdout)
+    assert diff["a"] == f"{nights.uri}/runs/{nights.first}" and diff["b"] == f"{nights.uri}/runs/outage-night"
+    assert diff["n"] > 0  # every question of both runs joined
+    assert not list(tmp_path.iterdir())  # read-only: nothing local, nothing left in the working directory
+
+
+@pytest.mark.s3
+@pytest.mark.models
+def test_accept_reads_a_run_on_the_store(nights, tmp_path):
+    baseline, fitted = tmp_path / "out" / "baseline.json", tmp_path / "out" / "combiner.json"
+    args = ["--set", f"answerability.combiner={fitted}", "accept", nights.first, "--artifacts", nights.uri]
+    work = tmp_path / "work"
+    work.mkdir()
+    out = sourcegate([*args, "--out", str(baseline)], nights.env, work, nights.config)
+    assert out.returncode == 0, out.stderr[-3000:]
+    precision = json.loads(nights.store.get(f"runs/{nights.first}/precision.json"))
+    accepted = json.loads(baseline.read_text())
+    assert accepted["accepted_from"] == nights.first
+    assert set(accepted["questions"]["precision"]) == set(precision["per_question"])
+    assert fitted.is_file() and not list(work.iterdir())
+
+
+@pytest.mark.s3
+@pytest.mark.models
+def test_rollback_on_the_store_is_verified_logged_and_promote_goes_forward_again(nights, tmp_path):
+    n = nights
+    records = len(n.store.listing("promotions/"))
+    back = sourcegate(["rollback", "--artifacts", n.uri], n.env, tmp_path, n.config)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert f"outage-night -> {n.first}" in back.stdout
+    assert n.store.get("LIVE").decode().strip() == n.first
+    logged = [json.loads(n.store.get(k)) for k in sorted(n.store.listing("promotions/"))]
+    assert len(logged) == records + 1 and logged[-1]["kind"] == "rollback" and logged[-1]["version"] == n.first
+    forward = sourcegate(["promote", "outage-night", "--artifacts", n.uri], n.env, tmp_path, n.config)
+    assert forward.returncode == 0, forward.stderr[-3000:]
+    assert n.store.get("LIVE").decode().strip() == "outage-night"
+    assert len(n.store.listing("promotions/")) == records + 2
+    assert not (tmp_path / "artifacts").exists()
 
 
 def _server_fs(server):
@@ -253,4 +407,5 @@ def _wait_for_stage(proc, timeout=600):
         if glob.glob(os.path.join(tempfile.gettempdir(), "sourcegate-stage-*", "runs", "outage-night", "run.json")):
             return
         time.sleep(0.5)
-    raise AssertionError("the night never reached its steps")
+    out, err = proc.communicate() if proc.poll() is not None else ("", "(still running)")
+    raise AssertionError(f"the night never reached its steps: {out[-1500:]} {err[-1500:]}")

@@ -112,6 +112,17 @@ def test_a_verdict_is_refused_when_what_it_judged_changed(night, change, message
     assert night.store.live() is None
 
 
+def test_the_verdict_does_not_depend_on_where_the_artifacts_live(night, tmp_path):
+    """`artifacts` is a location: a night staged into one scratch folder is promoted from another."""
+    night("v1")
+    moved = dict(night.cfg, artifacts=str(tmp_path / "elsewhere"))
+    shutil.copytree(night.cfg["artifacts"], moved["artifacts"])
+    assert verdict.config_hash(moved) == verdict.config_hash(night.cfg)
+    assert steps.promote_step(moved, "v1") == "v1"
+    changed = dict(moved, answer={**moved["answer"], "adjacent": 0.01})
+    assert verdict.config_hash(changed) != verdict.config_hash(moved)  # content still counts
+
+
 def test_failed_unbound_or_missing_verdicts_are_refused(night):
     night("v1", passed=False)
     with pytest.raises(verdict.VerdictMismatch, match="gate failed"):

@@ -13,6 +13,7 @@ import yaml
 
 from pipelines import config as config_mod
 from pipelines.retrieval import combiner
+from pipelines.versions.object_store import is_remote
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
 OPENSEARCH_CLIENT_LOGGER = "opensearch"  # opensearch-py's per-request log (a warning with a traceback per failure)
@@ -159,32 +160,41 @@ def cmd_beir(args) -> int:
 
 
 def cmd_accept(args) -> int:
-    """Accept a run's per-question precision and decline outcomes as the baseline."""
+    """Accept a run's per-question precision and decline outcomes as the baseline (with `--artifacts s3://…`,
+    RUN is a run id on the store, read under its lock object)."""
     from artifact_io import read_json, write_json
     from evals.check_set import log_move, move_to_fit, seen_check_questions
     from evals.regression import baseline_from
+    from pipelines.app import staging
+    from pipelines.app.steps import run_dir
     from pipelines.versions.lock import writer_lock
 
     cfg = load_config(args)
-    run = Path(args.run)
-    if not args.artifacts and run.resolve().parent.name == "runs":  # <artifacts>/runs/<id>: lock that folder
-        cfg["artifacts"] = str(run.resolve().parent.parent)
-    calibration = read_json(run / "calibration.json")
-    baseline = baseline_from(read_json(run / "precision.json"), calibration, str(run))
-    out = Path(args.out or cfg["evals"]["baseline"])
-    fitted = accepted_combiner(cfg, calibration)
-    with writer_lock(cfg, f"sourcegate accept {run}"):
-        previous = read_json(out) if out.exists() else None
-        seen = seen_check_questions(calibration, previous)
-        if seen:  # a new threshold has seen these check questions: fit data from now on (issue #28)
-            moved = move_to_fit(cfg["evals"]["check_set"], cfg["evals"]["calibration_set"], seen)
-            record = {"accepted_from": str(run), "threshold": baseline["threshold"], **moved}
-            log_move(record | {"previous_threshold": (previous or {}).get("threshold")}, cfg["evals"]["check_moves"])
-            baseline["check_moved"] = record
-        write_json(baseline, out)
-        if fitted is not None:
-            combiner.write(fitted, cfg["answerability"]["combiner"])
-    print(f"baseline written: {out} (from {run})")
+    remote = is_remote(cfg["artifacts"])
+    if not remote and not args.artifacts and Path(args.run).resolve().parent.name == "runs":  # lock <artifacts>
+        cfg["artifacts"] = str(Path(args.run).resolve().parent.parent)
+    reads = staging.reading(("precision.json", "calibration.json"), args.run) if remote else staging.Reads()
+    with staging.locked_staged(cfg, f"sourcegate accept {args.run}", None, reads) as local:
+        run = run_dir(local, args.run) if remote else Path(args.run)
+        source = args.run if remote else str(run)
+        calibration = read_json(run / "calibration.json")
+        baseline = baseline_from(read_json(run / "precision.json"), calibration, source)
+        out = Path(args.out or cfg["evals"]["baseline"])
+        fitted = accepted_combiner(cfg, calibration)
+        with writer_lock(local, f"sourcegate accept {source}"):
+            previous = read_json(out) if out.exists() else None
+            seen = seen_check_questions(calibration, previous)
+            if seen:  # a new threshold has seen these check questions: fit data from now on (issue #28)
+                moved = move_to_fit(cfg["evals"]["check_set"], cfg["evals"]["calibration_set"], seen)
+                record = {"accepted_from": source, "threshold": baseline["threshold"], **moved}
+                log_move(
+                    record | {"previous_threshold": (previous or {}).get("threshold")}, cfg["evals"]["check_moves"]
+                )
+                baseline["check_moved"] = record
+            write_json(baseline, out)
+            if fitted is not None:
+                combiner.write(fitted, cfg["answerability"]["combiner"])
+    print(f"baseline written: {out} (from {source})")
     if seen:
         print(
             f"check questions moved to the fit set {cfg['evals']['calibration_set']}: {len(moved['moved'])} "
@@ -213,12 +223,13 @@ def accepted_combiner(cfg: dict, calibration: dict) -> dict | None:
 
 
 def cmd_runs(args) -> int:
+    from pipelines.app import staging
     from pipelines.app.factories import open_store
     from pipelines.app.run_table import format_table, list_runs
 
-    cfg = load_config(args)
-    promoted = {r["version"] for r in open_store(cfg).promotions()}  # the log, not run.json (it can lag a crash)
-    rows = list_runs(cfg["artifacts"], promoted)
+    with staging.staged(load_config(args), reads=staging.Reads(), publish_after=False) as local:  # records only
+        promoted = {r["version"] for r in open_store(local).promotions()}  # the log, not run.json (it can lag)
+        rows = list_runs(local["artifacts"], promoted)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 0
 
@@ -251,29 +262,57 @@ def cmd_verify(args) -> int:
 def cmd_promote(args) -> int:
     """Make a run's version live if its passed verdict is bound to exactly what is there now (exit 2 naming
     the field that differs); a retry after a crash finishes the promotion without a second log record."""
+    from pipelines.app import staging
     from pipelines.app.steps import promote_step
 
     cfg = load_config(args)
-    version = promote_step(cfg, args.run, actor=args.actor)
+    reads = staging.STEP_READS["promote"]
+    with staging.locked_staged(cfg, f"sourcegate promote {args.run}", args.run, reads) as local:
+        version = promote_step(local, args.run, actor=args.actor)
     print(f"live index: {version}")
     return 0
 
 
 def cmd_rollback(args) -> int:
     """Re-point the live index to an earlier promoted version whose verdict still binds; logged."""
+    from pipelines.app import staging
     from pipelines.app.steps import rollback_step
 
     cfg = load_config(args)
-    record = rollback_step(cfg, args.version, force=args.force, actor=args.actor)
+    version, reads = args.version, staging.Reads()
+    if is_remote(cfg["artifacts"]):  # stage the target's index files (it is verified before it goes live)
+        version = version or default_rollback_target(cfg)
+        reads = staging.reading(("index/",), version) if version else reads
+    with staging.locked_staged(cfg, f"sourcegate rollback {version or ''}".strip(), None, reads) as local:
+        record = rollback_step(local, version, force=args.force, actor=args.actor)
     print(f"rolled back: live index {record['previous']} -> {record['version']} (logged as a rollback)")
     return 0
 
 
-def cmd_diff(args) -> int:
-    """Per question: gating score, answer mode and labelled rank, run A against run B."""
-    from evals.diff import diff_runs, format_diff
+def default_rollback_target(cfg: dict) -> str | None:
+    """The newest promoted version other than the live one, read from the store (rollback_step's default)."""
+    from pipelines.app.factories import open_store
+    from pipelines.versions import promotions
 
-    diff = diff_runs(args.run_a, args.run_b)
+    store = open_store(cfg)
+    return promotions.rollback_target(store.promotions(), store.live(), set(store.versions()))
+
+
+def cmd_diff(args) -> int:
+    """Per question: gating score, answer mode and labelled rank, run A against run B (with `--artifacts
+    s3://…`, two run ids on the store)."""
+    from evals.diff import QUESTIONS, diff_runs, format_diff
+    from pipelines.app import staging
+    from pipelines.app.steps import run_dir
+
+    cfg = load_config(args) if args.artifacts else None
+    if cfg is None or not is_remote(cfg["artifacts"]):
+        diff = diff_runs(args.run_a, args.run_b)
+    else:
+        reads = staging.reading((QUESTIONS,), args.run_a, args.run_b)
+        with staging.staged(cfg, reads=reads, publish_after=False) as local:
+            diff = diff_runs(run_dir(local, args.run_a), run_dir(local, args.run_b))
+        diff |= {"a": f"{cfg['artifacts']}/runs/{args.run_a}", "b": f"{cfg['artifacts']}/runs/{args.run_b}"}
     print(json.dumps(diff, indent=2, sort_keys=True) if args.json else format_diff(diff))
     return 0
 
@@ -336,7 +375,8 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_beir)
 
     p = sub.add_parser("accept", help="accept a run's per-question precision and decline outcomes as the baseline")
-    p.add_argument("run", help="a run folder"), p.add_argument("--out", help="default: evals.baseline")
+    p.add_argument("run", help="a run folder (a run id with --artifacts s3://…)")
+    p.add_argument("--out", help="default: evals.baseline")
     p.add_argument("--artifacts", help="the artifacts folder whose lock is held while writing")
     p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
     p.set_defaults(func=cmd_accept)
@@ -361,6 +401,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("diff", help="what changed per question between two run folders (scores, modes, ranks)")
     p.add_argument("run_a", help="the older run folder"), p.add_argument("run_b", help="the newer run folder")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--artifacts", help="s3://bucket/prefix: run_a and run_b are run ids on that store")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")

@@ -18,23 +18,28 @@ scratch folder is always removed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pipelines.batches import shard_range
 from pipelines.versions import promotions
-from pipelines.versions.object_store import ObjectStore, is_remote, sha256_path
+from pipelines.versions.lock import command_line, writer_lock
+from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, sha256_path
 
 RECORDS = ("run.json", "gate.json", "index/manifest.json")  # every run's: listing, ordering, retention
 INDEX_FILES = "index/"  # a run's index version files: needed only to open or verify that version
 PROMOTIONS_PREFIX = "promotions/"
 LIVE = "LIVE"
 SKIPPED = (".sourcegate.lock", ".sourcegate.lock.json")
+PUBLISHED_AS = ".published-as"  # in a scratch folder: the s3:// URI it is published to (never itself published)
 
 
 @dataclass
@@ -52,41 +57,99 @@ def run_of(key: str) -> str | None:
     return parts[1] if len(parts) > 2 and parts[0] == "runs" else None
 
 
-def full_runs(keys: dict[str, int], live: str | None, run_id: str | None) -> set[str]:
-    """The runs a night reads whole: the newest earlier one with chunks, the live one, the run itself."""
+ANY = "*"  # in a Reads entry: every file of that run folder outside index/
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a step reads beyond every run's RECORDS, LIVE and the promotions log: names (or folder prefixes
+    such as "index/", or ANY) inside its own run folder, the previous run's (newest earlier one with
+    chunks: ingest diff, chunk reuse, embed cache) and the live run's."""
+
+    own: tuple[str, ...] = ()
+    previous: tuple[str, ...] = ()
+    live: tuple[str, ...] = ()
+    named: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (run id, names) for a command on given runs
+    shard: tuple[str, int, int] | None = None  # (own Parquet name, shard, shards): only that shard's row groups
+
+
+def reading(names: tuple[str, ...], *runs: str) -> Reads:
+    """What a command on `runs` reads: `names` in each."""
+    return Reads(named=tuple((run, names) for run in runs))
+
+
+NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,))  # `sourcegate run`: every step in one
+STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/steps.py)
+    "ingest": Reads(own=("quarantine.jsonl",), previous=("documents.parquet",)),
+    "chunk": Reads(
+        own=("documents.parquet", "quarantine.jsonl"), previous=("documents.parquet", "chunks.text.parquet")
+    ),
+    "embed": Reads(own=("chunks.text.parquet",), previous=("chunks.parquet",)),
+    "merge": Reads(own=("chunks.text.parquet", "embed/")),
+    "validate": Reads(own=("chunks.parquet", "quarantine.jsonl", "quality.json")),
+    "load": Reads(own=("chunks.parquet", "chunks.valid.parquet"), live=("chunks.parquet", "chunks.valid.parquet")),
+    "evaluate": Reads(own=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet")),
+    "gate": Reads(
+        own=("calibration.json", "precision.json", "eval_errors.json", "questions.jsonl"), live=("questions.jsonl",)
+    ),
+    "promote": Reads(own=(INDEX_FILES,)),
+    "cleanup": Reads(),
+}
+
+
+def previous_of(keys: dict[str, int], run_id: str | None) -> str | None:
+    """The newest run before `run_id` with chunks (steps.previous_run, on the store's listing)."""
     with_chunks = sorted({run_of(k) for k in keys if k.endswith("/chunks.parquet") and run_of(k)})
     earlier = [r for r in with_chunks if run_id is None or r < run_id]
-    return {r for r in (earlier[-1] if earlier else None, live, run_id) if r}
+    return earlier[-1] if earlier else None
 
 
-def wanted(key: str, whole: set[str], with_index: set[str]) -> bool:
+def matches(inside: str, names: tuple[str, ...]) -> bool:
+    return any(
+        inside == n or (n.endswith("/") and inside.startswith(n)) or (n == ANY and not inside.startswith(INDEX_FILES))
+        for n in names
+    )
+
+
+def wanted(key: str, reads: Reads, roles: dict[str, tuple[str, ...]]) -> bool:
+    """Is `key` read? `roles`: run id -> the names read in it (own, previous, live; merged when one run is two)."""
     run = run_of(key)
     if run is None:
         return False
     inside = key.split("/", 2)[2]
-    if inside in RECORDS:
-        return True
-    if inside.startswith(INDEX_FILES):
-        return run in with_index
-    return run in whole
+    return inside in RECORDS or matches(inside, roles.get(run, ()))
 
 
-def stage(store: ObjectStore, scratch: Path, run_id: str | None, with_index: set[str] = frozenset()) -> Snapshot:
-    """Download into `scratch` what a night (or a command on `with_index` versions) reads."""
+def roles_of(reads: Reads, run_id: str | None, previous: str | None, live: str | None) -> dict[str, tuple[str, ...]]:
+    roles: dict[str, tuple[str, ...]] = {}
+    for run, names in ((run_id, reads.own), (previous, reads.previous), (live, reads.live), *reads.named):
+        if run:
+            roles[run] = roles.get(run, ()) + names
+    return roles
+
+
+def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = NIGHT) -> Snapshot:
+    """Download into `scratch` what `reads` names; every other object of a run folder is an empty placeholder
+    (so listings, `previous_run` and retention see the store as it is; a step that read one would fail on it)."""
     snap = Snapshot()
     keys = store.listing("runs/")
     live = store.get(LIVE)
     snap.live = live.decode().strip() if live else None
     if snap.live:
         (scratch / LIVE).write_text(snap.live + "\n", encoding="utf-8")
-    whole = full_runs(keys, snap.live, run_id) | set(with_index)
+    roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live)
     snap.runs = {r for k in keys if (r := run_of(k))}
     for key in sorted(keys):
-        if wanted(key, whole, set(with_index) | ({run_id} if run_id else set())):
+        if reads.shard and key == f"runs/{run_id}/{reads.shard[0]}":
+            store.download_rows(
+                key, scratch / key, functools.partial(shard_range, shard=reads.shard[1], shards=reads.shard[2])
+            )
+        elif wanted(key, reads, roles):
             store.download(key, scratch / key)
-            snap.sha256[key] = sha256_path(scratch / key)
-    for run in snap.runs:
-        (scratch / "runs" / run).mkdir(parents=True, exist_ok=True)
+        else:
+            (scratch / key).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / key).write_bytes(b"")
+        snap.sha256[key] = sha256_path(scratch / key)
     records = [json.loads(store.get(k)) for k in sorted(store.listing(PROMOTIONS_PREFIX))]
     for record in records:
         promotions.append_record(record, scratch / promotions.PROMOTIONS_LOG)
@@ -107,39 +170,81 @@ def local_files(scratch: Path) -> list[str]:
 
 def publish(store: ObjectStore, scratch: Path, snap: Snapshot) -> None:
     """Write back what the steps changed: run files (manifests last), new promotion records, LIVE, removals."""
-    remote = store.listing("runs/")
-    complete = {run_of(k) for k in remote if k.endswith("/index/manifest.json")}
-    changed = [k for k in local_files(scratch) if snap.sha256.get(k) != sha256_path(scratch / k)]
-    manifests = [k for k in changed if k.endswith("/index/manifest.json")]
-    for key in [k for k in changed if k not in manifests] + manifests:
-        if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
-            store.upload_once(scratch / key, key)  # G1: a complete version's files never change
-        else:
-            store.upload(scratch / key, key)
-    for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
-        store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
     live_file = scratch / LIVE
     live = live_file.read_text(encoding="utf-8").strip() if live_file.exists() else None
-    if live and live != snap.live:
-        store.put(LIVE, (live + "\n").encode())
-    for run in sorted(snap.runs - {p.name for p in (scratch / "runs").iterdir() if p.is_dir()}):
-        store.delete_prefix(f"runs/{run}/")
+    with store_errors(store, "publishing", live_changed=False):
+        remote = store.listing("runs/")
+        complete = {run_of(k) for k in remote if k.endswith("/index/manifest.json")}
+        changed = [k for k in local_files(scratch) if snap.sha256.get(k) != sha256_path(scratch / k)]
+        manifests = [k for k in changed if k.endswith("/index/manifest.json")]
+        for key in [k for k in changed if k not in manifests] + manifests:
+            if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
+                store.upload_once(scratch / key, key)  # G1: a complete version's files never change
+            else:
+                store.upload(scratch / key, key)
+        for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
+            store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+        if live and live != snap.live:
+            store.put(LIVE, (live + "\n").encode())
+    with store_errors(store, "removing the run folders retention dropped", live_changed=live != snap.live):
+        for run in sorted(snap.runs - {p.name for p in (scratch / "runs").iterdir() if p.is_dir()}):
+            store.delete_prefix(f"runs/{run}/")
 
 
 @contextmanager
-def staged(cfg: dict, run_id: str | None = None, with_index: set[str] = frozenset()) -> Iterator[dict]:
-    """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success."""
+def store_errors(store: ObjectStore, doing: str, live_changed: bool) -> Iterator[None]:
+    """A failed store request (pyarrow raises OSError) as one error naming the store, the phase and LIVE's fate."""
+    try:
+        yield
+    except OSError as exc:
+        fate = f"LIVE {'was' if live_changed else 'was not'} changed"
+        raise StoreUnavailable(f"object store {store.uri} failed while {doing}: {exc}; {fate}") from exc
+
+
+@contextmanager
+def staged(cfg: dict, run_id: str | None = None, reads: Reads = NIGHT, publish_after: bool = True) -> Iterator[dict]:
+    """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success
+    (a read-only command: `publish_after=False`)."""
     if not is_remote(cfg["artifacts"]):
         yield cfg
         return
     store = ObjectStore.from_uri(cfg["artifacts"])
     scratch = Path(tempfile.mkdtemp(prefix="sourcegate-stage-"))
+    (scratch / PUBLISHED_AS).write_text(store.uri, encoding="utf-8")
     try:
-        snap = stage(store, scratch, run_id, with_index)
+        with store_errors(store, "staging", live_changed=False):
+            snap = stage(store, scratch, run_id, reads)
         yield {**cfg, "artifacts": str(scratch)}
-        publish(store, scratch, snap)
+        if publish_after:
+            publish(store, scratch, snap)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def locked_staged(cfg: dict, command: str, run_id: str | None, reads: Reads, shared: bool = False) -> Iterator[dict]:
+    """A writer on an s3:// artifacts prefix: under the lock object, `reads` staged into its own scratch folder,
+    published after it returns, the scratch removed. A local artifacts folder: `cfg` as is (the steps lock it)."""
+    if not is_remote(cfg["artifacts"]):
+        yield cfg
+        return
+    with writer_lock(cfg, command, shared=shared), staged(cfg, run_id, reads) as local:
+        yield local
+
+
+def task_staged(cfg: dict, step: str, run_id: str, shard: tuple[int, int] | None = None) -> ContextManager[dict]:
+    """One DAG task: only what `step` reads (STEP_READS); an embed `shard` (shard, shards) only its slice of
+    chunks.text.parquet. Embed shards share the lock: each publishes only its own shard file."""
+    reads = STEP_READS[step]
+    if shard is not None:
+        reads = replace(reads, shard=("chunks.text.parquet", *shard))
+    return locked_staged(cfg, f"{command_line()} [{step}]", run_id, reads, shared=step == "embed")
+
+
+def as_published(cfg: dict) -> dict:
+    """`cfg` with `artifacts` as recorded (run.json): the s3:// URI for a staged scratch folder, else as is."""
+    marker = Path(cfg["artifacts"]) / PUBLISHED_AS
+    return {**cfg, "artifacts": marker.read_text(encoding="utf-8")} if marker.is_file() else cfg
 
 
 def remote_path(cfg: dict, local: str | Path, scratch_cfg: dict) -> str:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from artifact_io import read_json, write_json
 from evals.harness import TEXT_VECTORS, evaluate, gate_for_dir
 from pipelines import faults, models
+from pipelines.app import staging
 from pipelines.app.factories import get_embedder, open_store, retriever_for
 from pipelines.build import embed_backends, quarantine
 from pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
@@ -142,7 +143,7 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
     update_run_info(
         folder,
         run_id=run_id,
-        config=cfg,
+        config=staging.as_published(cfg),  # where it is published, not the scratch folder it ran in
         corpus=str(corpus or cfg["corpus"]["path"]),
         corpus_hash=corpus_sha,
         previous_run=prev.name if prev else None,

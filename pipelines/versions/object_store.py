@@ -29,6 +29,10 @@ class WriteOnceViolation(RuntimeError):
     """An immutable object already exists with different content."""
 
 
+class StoreUnavailable(RuntimeError):
+    """The object store failed a request (unreachable, refused, timed out): names the store and what was asked."""
+
+
 def is_remote(artifacts: str | os.PathLike) -> bool:
     return str(artifacts).startswith(SCHEMES)
 
@@ -124,6 +128,28 @@ class ObjectStore:
                 out.write(block)
         tmp.replace(dest)
 
+    def download_rows(self, key: str, dest: Path, span) -> int:
+        """A Parquet object's rows [start, stop) = `span(its row count)` only: a local file of the object's size holding its header,
+        footer and the column chunks of the row groups that hold those rows at their offsets, zeros (a
+        sparse hole) elsewhere; a reader of only those row groups (batches.read_rows) reads it as the object.
+        Returns the bytes downloaded."""
+        import pyarrow.parquet as pq
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.part")
+        with self.fs.open_input_file(self.path(key)) as src, open(tmp, "wb") as out:
+            size = src.size()
+            meta = pq.ParquetFile(src).metadata
+            start, stop = span(meta.num_rows)
+            footer = int.from_bytes(src.read_at(8, size - 8)[:4], "little") + 8
+            ranges = [(0, 4), (size - footer, footer)] + row_group_ranges(meta, start, stop)
+            out.truncate(size)
+            for offset, length in ranges:
+                out.seek(offset)
+                out.write(src.read_at(length, offset))
+        tmp.replace(dest)
+        return sum(length for _, length in ranges)
+
     def _writable(self, key: str) -> str:
         """The key's path; a local filesystem (unit tests) needs its folders, an object store has none."""
         path = self.path(key)
@@ -166,3 +192,17 @@ class ObjectStore:
     def delete_prefix(self, prefix: str) -> None:
         for key in self.listing(prefix):
             self.fs.delete_file(self.path(key))
+
+
+def row_group_ranges(meta, start: int, stop: int) -> list[tuple[int, int]]:
+    """(offset, length) of every column chunk of the row groups holding rows [start, stop)."""
+    ranges, first = [], 0
+    for group in range(meta.num_row_groups):
+        rg = meta.row_group(group)
+        if max(start, first) < min(stop, first + rg.num_rows):
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                begin = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+                ranges.append((begin, col.total_compressed_size))
+        first += rg.num_rows
+    return ranges

@@ -53,6 +53,16 @@ def reranker_fingerprint(cfg: Mapping) -> str | None:
         return None
 
 
+# Config keys that say where things live, not what was judged: `artifacts` is a local folder for one night
+# and a per-task scratch folder (a different one per task and worker) for a night on an object store.
+LOCATION_KEYS = ("artifacts",)
+
+
+def config_hash(cfg: Mapping) -> str:
+    """The hash of the config a verdict judged: every key but LOCATION_KEYS."""
+    return sha256_json({k: v for k, v in cfg.items() if k not in LOCATION_KEYS})
+
+
 def evaluated(cfg: Mapping, manifest: Mapping | None, eval_sets: list[str]) -> dict:
     """What one evaluation judged: the version (by manifest hash), the eval sets, the config, the accepted
     answerability combiner its signals were scored with, the models that scored them (embedder, reranker)
@@ -61,7 +71,7 @@ def evaluated(cfg: Mapping, manifest: Mapping | None, eval_sets: list[str]) -> d
         "version": (manifest or {}).get("version"),
         "manifest_sha256": manifest_hash(manifest) if manifest else None,
         "eval_sets": {str(p): file_hash(p) for p in eval_sets},
-        "config_sha256": sha256_json(cfg),
+        "config_sha256": config_hash(cfg),
         "combiner": file_fact((cfg.get("answerability") or {}).get("combiner")),
         "embedder_fingerprint": embedding_fingerprint(cfg),
         "reranker_fingerprint": reranker_fingerprint(cfg),
