@@ -20,7 +20,7 @@ import yaml
 from pipelines.app.cli import main
 from pipelines.search.opensearch import OpenSearchStore
 from tests.conftest import ROOT, chunks_with_vectors
-from tests.promotable import promotable_sections
+from tests.promotable import PROMOTABLE, promotable_sections
 
 pytestmark = [pytest.mark.opensearch, pytest.mark.models]
 
@@ -167,7 +167,8 @@ def test_calibrate_on_opensearch_goes_through_the_same_retriever(
         return calibration, {(r["set"], r["id"]): r["signals"] for r in rows}
 
     (served, served_q), (embedded, embedded_q) = read(out["opensearch"]), read(out["embedded"])
-    assert len(served_q) == len(embedded_q) == len(tiny) + 4  # calibration: all 8; precision: the 4 answers
+    check = len((ROOT / PROMOTABLE["evals.check_set"]).read_text().splitlines())  # the config's check set
+    assert len(served_q) == len(embedded_q) == len(tiny) + 4 + check  # calibration: 8; precision: the 4 answers
     assert served_q.keys() == embedded_q.keys()
     for key, signals in served_q.items():
         assert signals["cosine_top"] == pytest.approx(embedded_q[key]["cosine_top"], abs=1e-4), key

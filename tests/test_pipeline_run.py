@@ -95,9 +95,8 @@ def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifa
         "answer:\n  signal: rerank_top\n  strong: 0.99\n  adjacent: 0.99\n"
         "calibration:\n  gate_decline_kinds: [off_topic]\n"
     )
-    code = main(
-        ["--config", str(config), "run", "--artifacts", str(artifacts), "--run-id", "20261103-020000", "--quiet"]
-    )
+    argv = ["--config", str(config), *promotable_args(), "run", "--artifacts", str(artifacts)]
+    code = main([*argv, "--run-id", "20261103-020000", "--quiet"])
     assert code == 1
     out = capsys.readouterr().out
     assert "gate: FAILED" in out and "declines" in out
@@ -105,6 +104,7 @@ def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifa
     assert not gate["passed"] and {c["name"] for c in gate["checks"] if not c["passed"]} == {
         "answer_coverage",
         "threshold_in_gap",
+        "check_set",  # 0.99 declines the check set's should-answer questions too
     }
     assert (artifacts / "LIVE").read_text().strip() == "20261102-020000"  # the last good index still serves
     assert (artifacts / "runs" / "20261103-020000" / "index").is_dir()  # kept for a maintainer to inspect
