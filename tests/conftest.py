@@ -140,3 +140,23 @@ def s3_env(s3_server, monkeypatch):
     for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)
     return s3_server.env
+
+
+# Files a test must never change: the shipped config, eval sets and baselines, and the test fixtures' eval sets
+# (`accept` rewrites a baseline and moves check questions into a fit set: tests point it at copies).
+GUARDED = ("config", "tests/data/evals")
+
+
+def _guarded_files() -> dict[str, bytes]:
+    return {
+        str(p.relative_to(ROOT)): p.read_bytes() for d in GUARDED for p in sorted((ROOT / d).rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _project_files_unchanged():
+    before = _guarded_files()
+    yield
+    after = _guarded_files()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the tests changed project files: {changed}"

@@ -17,7 +17,7 @@ from pyarrow import fs as pafs
 
 from pipelines.app import staging
 from pipelines.versions.object_store import ObjectStore, WriteOnceViolation, endpoint_from_env, split_uri
-from tests.promotable import promotable_sections
+from tests.promotable import PROMOTABLE, promotable_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -354,7 +354,13 @@ def test_diff_joins_two_runs_on_the_store(nights, tmp_path):
 @pytest.mark.models
 def test_accept_reads_a_run_on_the_store(nights, tmp_path):
     baseline, fitted = tmp_path / "out" / "baseline.json", tmp_path / "out" / "combiner.json"
-    args = ["--set", f"answerability.combiner={fitted}", "accept", nights.first, "--artifacts", nights.uri]
+    # accept moves the check questions a new threshold has seen into the fit set: copies, never the project's files
+    sets = {key: tmp_path / Path(PROMOTABLE[key]).name for key in ("evals.calibration_set", "evals.check_set")}
+    for key, copy in sets.items():
+        copy.write_text((ROOT / PROMOTABLE[key]).read_text())
+    moves = [f"evals.check_moves={tmp_path / 'check_moves.jsonl'}"]
+    overrides = [f"{key}={copy}" for key, copy in sets.items()] + moves + [f"answerability.combiner={fitted}"]
+    args = [a for o in overrides for a in ("--set", o)] + ["accept", nights.first, "--artifacts", nights.uri]
     work = tmp_path / "work"
     work.mkdir()
     out = sourcegate([*args, "--out", str(baseline)], nights.env, work, nights.config)
