@@ -148,21 +148,26 @@ class BagOfWords:
         return self.encode([text])[0]
 
 
-def test_concept_coverage_is_the_same_at_any_list_depth(tmp_path):
-    """G7: bm25_top_n / knn_top_n change the candidate pool, never the rarity weights (whole-index idf)."""
-    rng = np.random.default_rng(14)
-    filler = ["bus", "train", "fare", "pass", "bike", "night", "airport", "refund", "seniors", "ride", "card", "rail"]
-    texts = POOL + [" ".join(rng.choice(filler, size=8)) for _ in range(40)]
+def bag_of_words_index(folder, texts: list[str]):
+    """An embedded version of one chunk per text, embedded by BagOfWords: (its searcher, the encoder)."""
     encoder = BagOfWords()
     rows = [
         {"chunk_id": f"c{i:03d}", "doc_id": f"d{i}", "title": "T", "section": "S", "section_id": "s", "body": t}
         | {"text": t, "text_hash": str(i), "ordinal": 0}
         for i, t in enumerate(texts)
     ]
-    pq.write_table(chunks_with_vectors(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
-    store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
-    store.load("v1", str(tmp_path / "c.parquet"))
-    searcher = store.open("v1")
+    pq.write_table(chunks_with_vectors(rows, encoder.encode(texts), "bag-of-words"), folder / "c.parquet")
+    store = EmbeddedStore(folder / "runs", folder / "LIVE")
+    store.load("v1", str(folder / "c.parquet"))
+    return store.open("v1"), encoder
+
+
+def test_concept_coverage_is_the_same_at_any_list_depth(tmp_path):
+    """G7: bm25_top_n / knn_top_n change the candidate pool, never the rarity weights (whole-index idf)."""
+    rng = np.random.default_rng(14)
+    filler = ["bus", "train", "fare", "pass", "bike", "night", "airport", "refund", "seniors", "ride", "card", "rail"]
+    texts = POOL + [" ".join(rng.choice(filler, size=8)) for _ in range(40)]
+    searcher, encoder = bag_of_words_index(tmp_path, texts)
     shallow, deep = (Retriever(searcher, encoder, None, bm25_top_n=n, knn_top_n=n) for n in (3, 40))
     for question in ["Do seniors ride free in a taxi?", "Can seniors use the reduced fare card on the night bus?"]:
         a, b = shallow.retrieve(question), deep.retrieve(question)

@@ -5,7 +5,6 @@ import logging
 import math
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from evals.evalset import load_evalset
@@ -13,9 +12,7 @@ from pipelines.retrieval import combiner as combiner_mod
 from pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
 from pipelines.retrieval.retriever import Retriever, effective_query
 from pipelines.search.analyzer import STOPWORDS
-from pipelines.search.embedded import EmbeddedStore
-from tests.conftest import chunks_with_vectors
-from tests.test_answerability import POOL, BagOfWords
+from tests.test_answerability import POOL, BagOfWords, bag_of_words_index
 
 QUESTIONS = [
     ("Do seniors ride free in a taxi?", []),
@@ -57,16 +54,7 @@ def bag_index(tmp_path):
     rng = np.random.default_rng(3)
     filler = ["bus", "train", "fare", "pass", "bike", "night", "airport", "refund", "seniors", "ride", "dog", "rail"]
     texts = POOL + [" ".join(rng.choice(filler, size=8)) + ". Ride the rail often." for _ in range(30)]
-    encoder = BagOfWords()
-    rows = [
-        {"chunk_id": f"c{i:03d}", "doc_id": f"d{i}", "title": "T", "section": "S", "section_id": "s", "body": t}
-        | {"text": t, "text_hash": str(i), "ordinal": 0}
-        for i, t in enumerate(texts)
-    ]
-    pq.write_table(chunks_with_vectors(rows, encoder.encode(texts), "bag-of-words"), tmp_path / "c.parquet")
-    store = EmbeddedStore(tmp_path / "runs", tmp_path / "LIVE")
-    store.load("v1", str(tmp_path / "c.parquet"))
-    return store.open("v1"), encoder
+    return bag_of_words_index(tmp_path, texts)
 
 
 def test_batched_signals_equal_one_question_at_a_time(bag_index):
