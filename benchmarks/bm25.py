@@ -22,7 +22,6 @@ Variants (nDCG@10 / recall@100 with the pipeline's metrics, evals.metrics):
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -82,9 +81,15 @@ def chunk_texts(dataset: Path) -> tuple[list[str], list[str]]:
     from pipelines import config
     from pipelines.app import steps
 
-    cfg = copy.deepcopy(config.load(ROOT / "config" / "pipeline.yaml", {}))
-    cfg["artifacts"] = str(SCRATCH / dataset.name)
-    cfg["corpus"].update(path=str(dataset), format="beir", max_doc_bytes=10**7)
+    cfg = config.load(
+        ROOT / "config" / "pipeline.yaml",
+        {
+            "artifacts": str(SCRATCH / dataset.name),
+            "corpus.path": str(dataset),
+            "corpus.format": "beir",
+            "corpus.max_doc_bytes": 10**7,
+        },
+    )
     steps.ingest_step(cfg, "bm25")
     steps.chunk_step(cfg, "bm25")
     table = pq.read_table(steps.run_dir(cfg, "bm25") / "chunks.text.parquet", columns=["doc_id", "text"])

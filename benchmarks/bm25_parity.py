@@ -17,6 +17,7 @@ import numpy as np
 
 def main() -> None:
     from evals.evalset import load_evalset
+    from pipelines.config import OpenSearch
     from pipelines.search.embedded import EmbeddedSearcher
     from pipelines.search.opensearch import OpenSearchStore
     from pipelines.search.opensearch.client import client_from_env
@@ -24,7 +25,7 @@ def main() -> None:
     run = sys.argv[1]
     client = client_from_env()
     prefix = f"bm25parity-{uuid.uuid4().hex[:6]}"
-    store = OpenSearchStore(client, prefix=prefix, progress=False)
+    store = OpenSearchStore(client, OpenSearch(index_prefix=prefix), progress=False)
     try:
         store.load("v1", f"{run}/chunks.parquet")
         remote, embedded = store.open("v1"), EmbeddedSearcher(f"{run}/index")

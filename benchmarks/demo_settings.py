@@ -12,7 +12,6 @@ shared cross-encoder, so pairs scored for one setting are reused by the next.
 from __future__ import annotations
 
 import argparse
-import copy
 import shutil
 import tempfile
 from pathlib import Path
@@ -42,17 +41,19 @@ def main() -> None:
             ROOT / "config" / "pipeline.yaml",
             {"artifacts": str(work / "artifacts"), "corpus.path": str(ROOT / "corpus" / "demo")},
         )
-        for key in ("calibration_set", "precision_set", "baseline"):
-            cfg["evals"][key] = str(ROOT / cfg["evals"][key])
+        keys = ("evals.calibration_set", "evals.precision_set", "evals.baseline")
+        cfg = config_mod.replace(cfg, {k: str(ROOT / config_mod.get(cfg, k)) for k in keys})
         build(cfg, "demo")
         searcher = factories.open_store(cfg).open("demo")
         embedder, scorer = factories.get_embedder(cfg), load_scorer("onnx")
         res["reranker"] = scorer.model_id
         for item in args.settings.split(","):
             k, w = item.split(":")
-            c = copy.deepcopy(cfg)
-            c["retrieval"].update(rrf_k=int(k), rerank_weight=float(w))
-            c["reranker"]["timeout_s"] = 3600.0  # quality, not latency: a busy machine must not drop the reranker
+            c = config_mod.replace(
+                cfg,
+                # timeout: quality, not latency: a busy machine must not drop the reranker
+                {"retrieval.rrf_k": int(k), "retrieval.rerank_weight": float(w), "reranker.timeout_s": 3600.0},
+            )
             out = work / f"k{k}-w{w}"
             out.mkdir()
             evaluate(

@@ -132,7 +132,7 @@ def one_pass(kind: str, cfg: dict, searcher, embedder, scorer, out: Path, kept_f
     subject = PerQuestion(retriever, timed) if kind == "per_question" else retriever
     new_process(scorer)
     out.mkdir(parents=True, exist_ok=True)
-    chunks = Path(cfg["artifacts"]) / "runs" / searcher.folder.parent.name / "chunks.valid.parquet"
+    chunks = Path(cfg.artifacts) / "runs" / searcher.folder.parent.name / "chunks.valid.parquet"
     if not chunks.exists():
         chunks = chunks.with_name("chunks.parquet")
     c, t = time.process_time(), time.perf_counter()
@@ -201,8 +201,8 @@ def main() -> None:
     cfg = config.load(Path("config/pipeline.yaml"), {"artifacts": args.artifacts})
     searcher = open_store(cfg).open(args.version)
     embedder = get_embedder(cfg)
-    scorer = scorer_for(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
-    res = Result(args.name, version=args.version, backend=cfg["embedding"]["backend"], passes=[])
+    scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
+    res = Result(args.name, version=args.version, backend=cfg.embedding.backend, passes=[])
     with tempfile.TemporaryDirectory(prefix="sgbench-evaluate-") as tmp:
         for rep in range(args.reps):
             first = Path(tmp) / f"{rep}-first"

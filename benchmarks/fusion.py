@@ -31,7 +31,6 @@ shipped values). Leave-one-dataset-out: the same rule on two datasets, read on t
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import itertools
 import json
@@ -127,17 +126,16 @@ def content_key(*parts) -> str:
 
 def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     """The demo corpus built once under `cache/demo` (keyed by its files, embedding, chunking, analyser)."""
+    from pipelines import config as config_mod
     from pipelines.app import factories, steps
     from pipelines.app.run import build
     from pipelines.search.analyzer import ANALYZER_ID
 
-    corpus = ROOT / cfg["corpus"]["path"]
+    corpus = ROOT / cfg.corpus.path
     files = sorted(p for p in corpus.rglob("*") if p.is_file())
     content = [(str(p.relative_to(corpus)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
-    run_id = "demo-" + content_key(content, cfg["embedding"], cfg["chunking"], ANALYZER_ID)
-    dcfg = copy.deepcopy(cfg)
-    dcfg["artifacts"] = str(cache / "demo" / "cache")
-    dcfg["corpus"]["path"] = str(corpus)
+    run_id = "demo-" + content_key(content, cfg.embedding.model_dump(), cfg.chunking.model_dump(), ANALYZER_ID)
+    dcfg = config_mod.replace(cfg, {"artifacts": str(cache / "demo" / "cache"), "corpus.path": str(corpus)})
     marker = steps.run_dir(dcfg, run_id) / "loaded-embedded.json"
     if not (marker.exists() and run_id in factories.open_store(dcfg).versions()):
         build(dcfg, run_id)
@@ -156,7 +154,7 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
 
     if name == "demo":
         dcfg, version = demo_index(cfg, cache)
-        items = [it for it in load_evalset(ROOT / cfg["evals"]["precision_set"]) if it["label"] == "answer"]
+        items = [it for it in load_evalset(ROOT / cfg.evals.precision_set) if it["label"] == "answer"]
         chunks_parquet = steps.run_dir(dcfg, version) / "chunks.parquet"
         chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
         qrels = qrels_for(items, chunks)
@@ -198,19 +196,11 @@ def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple
 
 
 def retriever(searcher, scorer, k: int, depth: int, rerank_depth: int, weight: float):
+    from pipelines.config import Reranker, Retrieval
     from pipelines.retrieval.retriever import Retriever
 
-    return Retriever(
-        searcher,
-        None,
-        scorer,
-        bm25_top_n=depth,
-        knn_top_n=depth,
-        rrf_k=k,
-        rerank_depth=rerank_depth,
-        rerank_weight=weight,
-        rerank_timeout_s=TIMEOUT_S,
-    )
+    settings = Retrieval(bm25_top_n=depth, knn_top_n=depth, rrf_k=k, rerank_depth=rerank_depth, rerank_weight=weight)
+    return Retriever(searcher, None, scorer, settings, Reranker(timeout_s=TIMEOUT_S))
 
 
 def heads(queries: dict[str, str], searcher: CachedLists, ks, depths, rerank_depth: int) -> dict[str, list[str]]:
@@ -370,8 +360,8 @@ def main() -> None:
     from pipelines.retrieval.rerank import OnnxCrossEncoder
 
     cfg = config_mod.load(ROOT / "config" / "pipeline.yaml", {})
-    r = cfg["retrieval"]
-    shipped = setting_name(r["rrf_k"], r["bm25_top_n"], r["rerank_depth"], r["rerank_weight"])
+    r = cfg.retrieval
+    shipped = setting_name(r.rrf_k, r.bm25_top_n, r.rerank_depth, r.rerank_weight)
     res["shipped"] = shipped
     model = OnnxCrossEncoder()
     res["reranker"] = model.model_id

@@ -119,7 +119,7 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
     from pipelines.app import steps
 
     folder = steps.run_dir(cfg, run_id)
-    model_id, fingerprint, dim = cfg["embedding"]["model_id"], steps.embedding_fingerprint(cfg), 384
+    model_id, fingerprint, dim = cfg.embedding.model_id, steps.embedding_fingerprint(cfg), 384
     source = pq.ParquetFile(folder / "chunks.text.parquet")
     rows = 0
 
@@ -297,7 +297,7 @@ def main() -> None:
         return
     from pipelines import config
 
-    backend = config.load(ROOT / "config" / "pipeline.yaml")["embedding"]["backend"]
+    backend = config.load(ROOT / "config" / "pipeline.yaml").embedding.backend
     result = Result(
         args.name,
         note="synthetic text; the base's vectors are synthetic, the night's changes encoded by the real model",

@@ -89,6 +89,7 @@ def main() -> None:
     import logging
 
     logging.getLogger("pipelines.retrieval.rerank").setLevel(logging.WARNING)
+    from pipelines.config import OpenSearch
     from pipelines.retrieval.retriever import Retriever
     from pipelines.search.embedded import EmbeddedStore
     from pipelines.search.opensearch import OpenSearchStore
@@ -114,7 +115,7 @@ def main() -> None:
         dimension=DIM,
         node_heap=os.environ.get("OPENSEARCH_HEAP", "1g (scripts/opensearch default)"),
     )
-    store = OpenSearchStore(prefix=prefix, progress=False)
+    store = OpenSearchStore(section=OpenSearch(index_prefix=prefix), progress=False)
     loaded: list[str] = []
     try:
         res["node"] = store.client.info()["version"]["number"]
@@ -272,12 +273,13 @@ def distribution_error(os_searcher, qw, sizes=(18, 100, 1000)) -> dict:
 
 def queries_only(args) -> None:
     """--reuse: query an already loaded index `<prefix>-<version>` and its embedded twin (no load)."""
+    from pipelines.config import OpenSearch
     from pipelines.search.embedded import EmbeddedSearcher
     from pipelines.search.opensearch import OpenSearchStore
 
     prefix, version = args.reuse.split("/")
     res = Result(args.name, prefix=prefix, version=version, embedded=args.embedded, queries=args.queries)
-    store = OpenSearchStore(prefix=prefix, progress=False)
+    store = OpenSearchStore(section=OpenSearch(index_prefix=prefix), progress=False)
     res["node"] = store.client.info()["version"]["number"]
     os_searcher = store.open(version)
     em_searcher = EmbeddedSearcher(Path(args.embedded))

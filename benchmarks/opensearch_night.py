@@ -179,10 +179,11 @@ def main() -> None:
     ap.add_argument("--name", default="opensearch_night", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
     logging.getLogger("opensearch").setLevel(logging.ERROR)  # the 404s of absent aliases and indexes
+    from pipelines.config import OpenSearch
     from pipelines.search.opensearch import OpenSearchStore
 
     prefix = f"sgbench-night-{secrets.token_hex(4)}"
-    store = OpenSearchStore(prefix=prefix, progress=False)
+    store = OpenSearchStore(section=OpenSearch(index_prefix=prefix), progress=False)
     res = Result(args.name, prefix=prefix, change=args.change, fixed=args.fixed, dimension=DIM)
     res["node"] = store.client.info()["version"]["number"]
     res["node_heap"] = "1 GB (scripts/opensearch default)"

@@ -50,7 +50,7 @@ def main() -> None:
     real = factories.retriever_for
 
     def retriever_for(c, searcher):  # the one scorer, so its memo survives between depths
-        r, _ = real({**c, "reranker": {**c["reranker"], "kind": "none"}}, searcher)
+        r, _ = real(config_mod.replace(c, {"reranker.kind": "none"}), searcher)
         r.scorer = scorer
         return r, scorer
 

@@ -216,7 +216,7 @@ def main() -> None:
 
     cfg = config_mod.load("config/pipeline.yaml", {"chunking.max_tokens": args.max_tokens})
     folder = index_dataset(cfg, SCIFACT, OUT, progress=False) / "index"  # the index `sourcegate beir` uses
-    res["chunking"] = cfg["chunking"]
+    res["chunking"] = cfg.chunking.model_dump()
     searcher = EmbeddedSearcher(folder)
     doc_of = dict(zip(searcher.ids, searcher.column("doc_id")))
     text_of = dict(zip(searcher.ids, searcher.column("text")))

@@ -42,7 +42,7 @@ def warm_query(n: int, queries: int, seed: int) -> dict:
         del texts, flat
         searcher = EmbeddedSearcher(Path(tmp))
         np.asarray(searcher.vectors).sum()  # fault the mmap in: a warm process
-        scorer = scorer_for(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
+        scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
         retriever = Retriever.from_config(searcher, get_embedder(cfg), scorer, cfg)
         rng = np.random.default_rng(seed + 1)
         asked = [" ".join(words[i] for i in zipf_ids(rng, int(rng.integers(4, 11)))) for _ in range(queries + 5)]
@@ -62,7 +62,7 @@ def warm_query(n: int, queries: int, seed: int) -> dict:
         "queries": queries,
         "total": stats_ms(total),
         "stages": {s: stats_ms(v) for s, v in stages.items()},
-        "rerank_pairs": cfg["retrieval"]["rerank_depth"],
+        "rerank_pairs": cfg.retrieval.rerank_depth,
     }
 
 

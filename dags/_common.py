@@ -69,29 +69,21 @@ def absolute(path: str | Path, root: Path = PROJECT_ROOT) -> str:
     return str(p if p.is_absolute() else root / p)
 
 
-def resolve_paths(cfg: dict, root: Path = PROJECT_ROOT) -> dict:
-    """The config with every relative path in PATH_KEYS made absolute against `root` (in place)."""
-    for dotted in PATH_KEYS:
-        *parents, leaf = dotted.split(".")
-        node = cfg
-        for part in parents:
-            node = node[part]
-        if node[leaf] is not None:
-            node[leaf] = absolute(node[leaf], root)
-    return cfg
+def resolve_paths(cfg: config_mod.PipelineConfig, root: Path = PROJECT_ROOT) -> config_mod.PipelineConfig:
+    """The config with every relative path in PATH_KEYS made absolute against `root`."""
+    paths = {k: absolute(v, root) for k in PATH_KEYS if (v := config_mod.get(cfg, k)) is not None}
+    return config_mod.replace(cfg, paths)
 
 
-def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> config_mod.PipelineConfig:
     """pipelines.config.load of `path` (relative: against the project root), paths made absolute.
 
     Under Airflow the OpenSearch client comes from an Airflow connection (OpenSearchHook), by
     default `opensearch_default`, unless the config file names another; the CLI reads OPENSEARCH_*.
     """
     cfg = resolve_paths(config_mod.load(absolute(path or DEFAULT_CONFIG), overrides))
-    cfg["backend"]["opensearch"]["airflow_conn_id"] = (
-        cfg["backend"]["opensearch"]["airflow_conn_id"] or OPENSEARCH_CONN_ID
-    )
-    return cfg
+    conn_id = cfg.backend.opensearch.airflow_conn_id or OPENSEARCH_CONN_ID
+    return config_mod.replace(cfg, {"backend.opensearch.airflow_conn_id": conn_id})
 
 
 _DEFAULTS = config_mod.load(absolute(DEFAULT_CONFIG))  # for the params' defaults shown in the UI
@@ -107,7 +99,7 @@ def config_params() -> dict:
             description="pipeline config; a relative path is resolved against the project root",
         ),
         "backend": Param(
-            _DEFAULTS["backend"]["kind"],
+            _DEFAULTS.backend.kind,
             enum=sorted(config_mod.CHOICES["backend.kind"]),
             title="search backend",
             description="overrides the config's backend.kind",
@@ -119,7 +111,7 @@ def nightly_params() -> dict:
     return {
         **config_params(),
         "corpus": Param(
-            _DEFAULTS["corpus"]["path"],
+            _DEFAULTS.corpus.path,
             type="string",
             title="corpus",
             description="corpus folder (overrides the config's corpus.path; relative: against the project root)",
@@ -144,7 +136,7 @@ def nightly_params() -> dict:
     }
 
 
-def cfg() -> dict:
+def cfg() -> config_mod.PipelineConfig:
     """The run's config: the `config` param's file with the run's param overrides, paths absolute."""
     params = get_current_context()["params"]
     overrides = {"backend.kind": params["backend"]}

@@ -88,13 +88,13 @@ def shortlist_recall(records: list[dict], chunks_by_id: dict[str, dict], depth: 
     return {"depth": depth, "n": n, "recall": (n - len(missed)) / n if n else None, "missed": missed}
 
 
-def question_rows(set_name: str, records: list[dict], qrels: dict[str, dict[str, int]], answer_cfg: dict) -> list[dict]:
+def question_rows(set_name: str, records: list[dict], qrels: dict[str, dict[str, int]], answer) -> list[dict]:
     """Per-question records of one run (questions.jsonl): what `sourcegate diff` joins across runs.
 
     `labelled_rank` is the 1-based rank of the first labelled passage in the final order
     (None: not retrieved, or the question has no label to find).
     """
-    signal = answer_cfg["signal"]
+    signal = answer.signal
     rows = []
     for r in records:
         score = r["signals"].get(signal)
@@ -107,7 +107,7 @@ def question_rows(set_name: str, records: list[dict], qrels: dict[str, dict[str,
                 "question": r["question"],
                 "gating_signal": signal,
                 "gating_score": score,
-                "mode": mode_for(score, answer_cfg)[0],
+                "mode": mode_for(score, answer)[0],
                 "labelled_rank": first_relevant_rank(r["ranked"], qrels.get(r["id"], {})),
                 "signals": r["signals"],
             }

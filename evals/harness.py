@@ -3,6 +3,8 @@ precision.json and questions.jsonl, then the gate verdict and the report from th
 
 The retriever is anything with `retrieve(question, context)` (pipelines.retrieval.retriever.Retriever);
 the evaluate and gate steps, `sourcegate calibrate` and the benchmarks all run this one harness.
+`cfg` is the pipeline's config (pipelines.config.PipelineConfig, read by attribute; evals/ imports nothing of
+pipelines/); what the evals below it read is handed on as plain data.
 """
 
 from __future__ import annotations
@@ -27,14 +29,20 @@ TEXT_VECTORS = "text_vectors.parquet"  # question, word and sentence vectors, un
 RERANK_PAIRS = "rerank_pairs.parquet"  # question-passage logits, under the cross-encoder's fingerprint
 
 
-def calibration_config(cfg: dict) -> dict:
-    return {**cfg["calibration"], "gating": {k: cfg["answer"][k] for k in ("signal", "adjacent", "strong")}}
+def calibration_config(cfg) -> dict:
+    """The sweep's settings as plain data (evals/calibration.py): the config's `calibration` section and the
+    gating thresholds of its `answer` section."""
+    answer = cfg.answer
+    return {
+        **cfg.calibration.model_dump(),
+        "gating": {"signal": answer.signal, "adjacent": answer.adjacent, "strong": answer.strong},
+    }
 
 
 def evaluate(
     retriever,
     chunks_parquet: Path,
-    cfg: dict,
+    cfg,
     out_dir: Path,
     *,
     calibration_set: str | None = None,
@@ -57,9 +65,9 @@ def evaluate(
     errors: list[str] = []
     sets = {}
     for name, path in (
-        ("calibration", calibration_set or cfg["evals"]["calibration_set"]),
-        ("check", cfg["evals"]["check_set"]),
-        ("precision", precision_set or cfg["evals"]["precision_set"]),
+        ("calibration", calibration_set or cfg.evals.calibration_set),
+        ("check", cfg.evals.check_set),
+        ("precision", precision_set or cfg.evals.precision_set),
     ):
         if path is None:  # no check set configured: the gate says so
             sets[name] = []
@@ -78,14 +86,14 @@ def evaluate(
     # after before_sweep: the check set is scored with the combiner the fit set was swept with
     c_records = run_questions(retriever, sets["check"], progress=progress)
     calibration = (
-        calibrate(records, calibration_config(cfg), c_records, cfg["evals"]["check_set"])
+        calibrate(records, calibration_config(cfg), c_records, cfg.evals.check_set)
         if records
         else {"signals": {}, "error": "no questions"}
     )
     if before_sweep:
         calibration["combiner"] = combiner
     by_id = {c["chunk_id"]: c for c in chunks}
-    calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg["retrieval"]["rerank_depth"])
+    calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg.retrieval.rerank_depth)
     write_json(calibration, out_dir / "calibration.json")
 
     p_records = run_questions(retriever, sets["precision"], progress=progress)
@@ -95,16 +103,16 @@ def evaluate(
             {r["id"]: r["fused"] for r in p_records},
             {r["id"]: r["ranked"] for r in p_records},
             qrels_for(sets["precision"], chunks),
-            ks=tuple(cfg["evals"]["ks"]),
+            ks=tuple(cfg.evals.ks),
         )
         if p_records
         else {"error": "no questions"}
     )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
     write_json(precision, out_dir / "precision.json")
-    rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg["answer"])
-    rows += question_rows("check", c_records, qrels_for(sets["check"], chunks), cfg["answer"])
-    rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg["answer"])
+    rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg.answer)
+    rows += question_rows("check", c_records, qrels_for(sets["check"], chunks), cfg.answer)
+    rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg.answer)
     write_jsonl(rows, out_dir / "questions.jsonl")
     return {
         "questions": len(records) + len(c_records) + len(p_records),
@@ -150,7 +158,7 @@ def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
 
 
 def gate_for_dir(
-    cfg: dict, folder: Path, run_info: dict, evaluated: dict | None = None, live_folder: Path | None = None
+    cfg, folder: Path, run_info: dict, evaluated: dict | None = None, live_folder: Path | None = None
 ) -> dict:
     """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
 
@@ -161,7 +169,7 @@ def gate_for_dir(
     calibration = read_json(folder / "calibration.json")
     precision = read_json(folder / "precision.json")
     errors = read_json(folder / "eval_errors.json")["errors"]
-    baseline_path = Path(cfg["evals"]["baseline"])
+    baseline_path = Path(cfg.evals.baseline)
     baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path.exists() else {}
     if not baseline_path.exists():
         errors = errors + [f"{baseline_path}: accepted precision baseline not found"]
@@ -169,8 +177,8 @@ def gate_for_dir(
         calibration,
         precision,
         baseline,
-        gating_signal=cfg["answer"]["signal"],
-        regression=cfg["evals"]["regression"],
+        gating_signal=cfg.answer.signal,
+        regression=cfg.evals.regression.model_dump(),
         eval_errors=errors,
     )
     if evaluated is not None:

@@ -2,8 +2,9 @@
 
 The models below are the single source of truth for keys, types, allowed values and
 defaults. Unknown keys and wrong types are errors that name the dotted key, so a typo
-never silently falls back to a default. Callers get a plain nested dict (`load`); the
-JSON schema (`sourcegate config-schema`) is generated from the same models.
+never silently falls back to a default. Callers get a frozen `PipelineConfig` (`load`) and read it
+by attribute (`cfg.retrieval.rrf_k`); a changed copy is `replace(cfg, {"dotted.key": value})`,
+validated like the file. The JSON schema (`sourcegate config-schema`) is generated from the same models.
 A new key is one field on its section (type, default, description) and a commented line
 in config/pipeline.yaml; a cross-key rule is a model_validator raising ValueError.
 """
@@ -14,8 +15,9 @@ import copy
 import json
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
@@ -32,8 +34,9 @@ def number(default: float, description: str | None = None, **bounds: float) -> A
 
 
 class Section(BaseModel):
-    # strict: no coercion ("5" is not 5, true is not 1); forbid: a misspelt key is an error
-    model_config = ConfigDict(strict=True, extra="forbid")
+    # strict: no coercion ("5" is not 5, true is not 1); forbid: a misspelt key is an error;
+    # frozen: a changed config is a validated copy (`replace`), never an edit in place
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class Corpus(Section):
@@ -230,7 +233,7 @@ class ConfigError(ValueError):
     pass
 
 
-def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
+def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
     """Read, validate and fill defaults. `overrides` uses dotted keys: {"backend.kind": "opensearch"}."""
     raw: dict = {}
     if path is not None:
@@ -241,6 +244,19 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
+    return _validated(PipelineConfig, raw, overrides)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def replace(model: M, overrides: Mapping[str, Any]) -> M:
+    """A copy of a config (or one of its sections) with dotted keys set, validated as `load` validates:
+    replace(cfg, {"artifacts": "/tmp/a", "corpus.path": "x"}), replace(cfg.retrieval, {"rrf_k": 60})."""
+    return _validated(type(model), model.model_dump(), overrides)
+
+
+def _validated(model: type[M], raw: dict, overrides: Mapping[str, Any] | None) -> M:
     raw = copy.deepcopy(raw)
     for dotted, value in (overrides or {}).items():
         node = raw
@@ -251,9 +267,9 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> dict:
                 raise ConfigError(f"{dotted}: {p} is not a section")
         node[leaf] = value
     try:
-        return PipelineConfig.model_validate(raw).model_dump()
+        return model.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("; ".join(dict.fromkeys(_message(e) for e in exc.errors()))) from None
+        raise ConfigError("; ".join(dict.fromkeys(_message(e, model) for e in exc.errors()))) from None
 
 
 def json_schema() -> dict:
@@ -261,10 +277,10 @@ def json_schema() -> dict:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **PipelineConfig.model_json_schema()}
 
 
-def get(cfg: dict, dotted: str) -> Any:
-    node = cfg
+def get(cfg: BaseModel, dotted: str) -> Any:
+    node: Any = cfg
     for part in dotted.split("."):
-        node = node[part]
+        node = getattr(node, part)
     return node
 
 
@@ -281,9 +297,9 @@ def _choices(model: type[BaseModel], prefix: str = "") -> dict[str, set]:
 CHOICES = _choices(PipelineConfig)  # dotted key -> allowed values, e.g. CHOICES["backend.kind"]
 
 
-def _message(error: dict) -> str:
+def _message(error: dict, root: type[BaseModel] = PipelineConfig) -> str:
     """One pydantic error as the line a person reads: the dotted key first, then what is wrong."""
-    model, field, parts, rest = PipelineConfig, None, [], list(error["loc"])
+    model, field, parts, rest = root, None, [], list(error["loc"])
     while rest and isinstance(rest[0], str) and rest[0] in model.model_fields:
         parts.append(rest.pop(0))
         field = model.model_fields[parts[-1]]

@@ -54,7 +54,7 @@ def default_artifacts_root() -> Path:
         return Path(env).expanduser().resolve()
     from pipelines import config
 
-    artifacts = Path(config.load(PROJECT_ROOT / "config" / "pipeline.yaml")["artifacts"]).expanduser()
+    artifacts = Path(config.load(PROJECT_ROOT / "config" / "pipeline.yaml").artifacts).expanduser()
     return (artifacts if artifacts.is_absolute() else PROJECT_ROOT / artifacts).resolve()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.promotable import PROMOTABLE
+from tests.promotable import promotable_config
 from tests.tier_guard import pytest_runtest_call, pytest_runtest_setup  # noqa: F401  (hooks: the tier guard)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,12 +40,9 @@ def _project_root(monkeypatch):
 
 @pytest.fixture
 def make_cfg(tmp_path):
-    from pipelines import config
-
     def make(**overrides):
-        base = {"artifacts": str(tmp_path / "artifacts"), **PROMOTABLE}  # a gate that can pass (tests/promotable.py)
-        base.update(overrides)
-        return config.load(ROOT / "config" / "pipeline.yaml", base)
+        # a gate that can pass (tests/promotable.py)
+        return promotable_config({"artifacts": str(tmp_path / "artifacts"), **overrides})
 
     return make
 
@@ -107,13 +104,11 @@ def os_client():
 @pytest.fixture(scope="session")
 def demo_index(tmp_path_factory, embedder):
     """The demo corpus built once into an embedded index: (cfg, run id, searcher)."""
-    from pipelines import config
     from pipelines.app import steps
     from pipelines.search.embedded import EmbeddedSearcher
 
     artifacts = tmp_path_factory.mktemp("demo") / "artifacts"
-    overrides = {"artifacts": str(artifacts), "corpus.path": str(DEMO), **PROMOTABLE}
-    cfg = config.load(ROOT / "config" / "pipeline.yaml", overrides)
+    cfg = promotable_config({"artifacts": str(artifacts), "corpus.path": str(DEMO)})
     run_id = "20260101-000000"
     steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)

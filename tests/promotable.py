@@ -12,11 +12,23 @@ nothing about quality: it is a fixture of a passing gate, not a check.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipelines import config
+
+ROOT = Path(__file__).resolve().parents[1]
 PROMOTABLE = {
     "evals.calibration_set": "tests/data/evals/calibration-pre28.jsonl",
     "evals.check_set": "tests/data/evals/check-pre28.jsonl",
     "calibration.min_per_label": 14,
 }
+
+
+def promotable_config(overrides: Mapping[str, Any] | None = None) -> config.PipelineConfig:
+    """The shipped config with PROMOTABLE and `overrides` (dotted keys), through the loader."""
+    return config.load(ROOT / "config" / "pipeline.yaml", {**PROMOTABLE, **(overrides or {})})
 
 
 def promotable_args() -> list[str]:
@@ -25,7 +37,7 @@ def promotable_args() -> list[str]:
 
 
 def promotable_sections() -> dict:
-    """The same as nested config sections (for a config file)."""
+    """The same as nested config sections (merged into a config file's YAML body)."""
     out: dict = {}
     for dotted, value in PROMOTABLE.items():
         *parents, leaf = dotted.split(".")

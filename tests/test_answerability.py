@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.config import Retrieval
 from pipelines.retrieval.answerability import (
     answerability_signals,
     concept_coverage,
@@ -168,7 +169,7 @@ def test_concept_coverage_is_the_same_at_any_list_depth(tmp_path):
     filler = ["bus", "train", "fare", "pass", "bike", "night", "airport", "refund", "seniors", "ride", "card", "rail"]
     texts = POOL + [" ".join(rng.choice(filler, size=8)) for _ in range(40)]
     searcher, encoder = bag_of_words_index(tmp_path, texts)
-    shallow, deep = (Retriever(searcher, encoder, None, bm25_top_n=n, knn_top_n=n) for n in (3, 40))
+    shallow, deep = (Retriever(searcher, encoder, None, Retrieval(bm25_top_n=n, knn_top_n=n)) for n in (3, 40))
     for question in ["Do seniors ride free in a taxi?", "Can seniors use the reduced fare card on the night bus?"]:
         a, b = shallow.retrieve(question), deep.retrieve(question)
         assert len(a.fused) <= 6 < len(b.fused)  # different pools: the old pool idf gave different weights

@@ -28,6 +28,6 @@ def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_p
     check_result = next(c for c in gate["checks"] if c["name"] == "check_set")
     assert code == 1 and not gate["passed"] and not check_result["passed"]
     score = check_result["data"]["wrongly_declined"][0]["score"]
-    assert score < cfg["answer"]["adjacent"]
+    assert score < cfg.answer.adjacent
     assert f"chk-1 ({score:.4g})" in check_result["detail"] and check_result["detail"] in gate["reasons"]
     assert "chk-1" in capsys.readouterr().out

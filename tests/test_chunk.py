@@ -91,8 +91,7 @@ def test_nightly_chunking_redoes_only_changed_documents(make_cfg, small_corpus):
     assert pq.read_table(folder / "chunks.text.parquet").to_pylist() == fresh
     assert any(r["doc_id"] == edited.stem and "One more sentence" in r["text"] for r in fresh)
 
-    smaller = make_cfg(**{"corpus.path": str(small_corpus), "chunking.max_tokens": 128})
-    smaller["artifacts"] = cfg["artifacts"]
+    smaller = make_cfg(**{"corpus.path": str(small_corpus), "chunking.max_tokens": 128, "artifacts": cfg.artifacts})
     _, third = night(smaller, "r3")
     assert third["documents_rechunked"] == 6  # new settings: nothing is reused
 

@@ -102,7 +102,7 @@ def test_the_shipped_combiner_loads_with_the_shipped_config(make_cfg):
 
     cfg = make_cfg()
     model = combiner_for(cfg)
-    assert model["features"] == cfg["answerability"]["features"] and model["training"]["sha256"]
+    assert model["features"] == cfg.answerability.features and model["training"]["sha256"]
     assert combiner_for(make_cfg(**{"answerability.combiner": None})) is None
 
 

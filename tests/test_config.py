@@ -8,8 +8,8 @@ from pipelines import config
 
 def test_shipped_config_loads_with_every_key(tmp_path):
     cfg = config.load("config/pipeline.yaml")
-    assert cfg["backend"]["kind"] == "embedded"
-    assert cfg["retrieval"] == {
+    assert cfg.backend.kind == "embedded"
+    assert cfg.retrieval.model_dump() == {
         "bm25_top_n": 100,
         "knn_top_n": 100,
         "rrf_k": 5,
@@ -22,7 +22,7 @@ def test_defaults_fill_missing_keys(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("backend:\n  kind: opensearch\n")
     cfg = config.load(path)
-    assert cfg["backend"]["kind"] == "opensearch" and cfg["backend"]["retention"] == 3
+    assert cfg.backend.kind == "opensearch" and cfg.backend.retention == 3
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):
 
 def test_overrides_use_dotted_keys():
     cfg = config.load("config/pipeline.yaml", {"reranker.kind": "none", "artifacts": "/tmp/x"})
-    assert cfg["reranker"]["kind"] == "none" and cfg["artifacts"] == "/tmp/x"
+    assert cfg.reranker.kind == "none" and cfg.artifacts == "/tmp/x"
 
 
 def test_rerank_weight_must_be_a_share():
@@ -76,8 +76,8 @@ def test_cli_set_overrides_by_dotted_key_with_yaml_types():
         set=["retrieval.rerank_weight=0.6", "retrieval.rrf_k=10", "reranker.model_path=null"],
     )
     cfg = load_config(args)
-    assert cfg["retrieval"]["rerank_weight"] == 0.6 and cfg["retrieval"]["rrf_k"] == 10
-    assert cfg["reranker"]["model_path"] is None
+    assert cfg.retrieval.rerank_weight == 0.6 and cfg.retrieval.rrf_k == 10
+    assert cfg.reranker.model_path is None
     for bad, message in [
         ("retrieval.rrf_k", "KEY=VALUE"),
         ("retrieval.rrf_k=ten", "retrieval.rrf_k"),
@@ -89,9 +89,9 @@ def test_cli_set_overrides_by_dotted_key_with_yaml_types():
 
 
 def test_numbers_keep_the_type_they_were_written_with():
-    # the loaded dict is hashed into gate.json's config_sha256: 30 must not become 30.0
+    # the loaded config is hashed into gate.json's config_sha256: 30 must not become 30.0
     cfg = config.load(None, {"lock.timeout_s": 30, "backend.keep_failed_days": 0.5})
-    assert type(cfg["lock"]["timeout_s"]) is int and type(cfg["backend"]["keep_failed_days"]) is float
+    assert type(cfg.lock.timeout_s) is int and type(cfg.backend.keep_failed_days) is float
     assert config.CHOICES["backend.kind"] == {"embedded", "opensearch"}
 
 
@@ -134,3 +134,4 @@ def test_the_configuration_reference_in_docs_is_the_one_the_code_generates():
 def test_every_config_key_says_why_it_has_its_default():
     undocumented = [line.split("|")[1].strip() for line in config.reference().splitlines() if line.endswith("|  |")]
     assert not undocumented, f"give these keys a description: {undocumented}"
+

@@ -166,17 +166,17 @@ def test_run_id_is_the_logical_date(common):
 def test_config_paths_resolve_against_project_root(common, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # Airflow's cwd can be anything
     cfg = common.load_config()
-    assert cfg["artifacts"] == str(ROOT / "artifacts")
-    assert cfg["corpus"]["path"] == str(ROOT / "corpus" / "demo")
-    assert cfg["evals"]["calibration_set"] == str(ROOT / "config" / "evals" / "calibration.jsonl")
-    assert cfg["evals"]["baseline"] == str(ROOT / "config" / "baselines" / "precision.json")
-    assert cfg["embedding"]["model_path"] is None  # "the packaged model" stays None
+    assert cfg.artifacts == str(ROOT / "artifacts")
+    assert cfg.corpus.path == str(ROOT / "corpus" / "demo")
+    assert cfg.evals.calibration_set == str(ROOT / "config" / "evals" / "calibration.jsonl")
+    assert cfg.evals.baseline == str(ROOT / "config" / "baselines" / "precision.json")
+    assert cfg.embedding.model_path is None  # "the packaged model" stays None
     custom = tmp_path / "custom.yaml"
     custom.write_text(f"artifacts: {tmp_path / 'art'}\nanswer: {{strong: 0.99, adjacent: 0.99}}\n")
     cfg = common.load_config(str(custom), {"corpus.path": common.absolute("corpus/demo")})
-    assert cfg["artifacts"] == str(tmp_path / "art")
-    assert cfg["corpus"]["path"] == str(ROOT / "corpus" / "demo")
-    assert cfg["answer"]["strong"] == 0.99
+    assert cfg.artifacts == str(tmp_path / "art")
+    assert cfg.corpus.path == str(ROOT / "corpus" / "demo")
+    assert cfg.answer.strong == 0.99
 
 
 def test_failed_gate_fails_the_task_with_every_reason(common, caplog):

@@ -33,8 +33,9 @@ def test_cache_encodes_only_what_changed(make_cfg, small_corpus, embedder):
     _, third = build(cfg, "r3", embedder)
     assert 1 <= third["encoded"] <= own  # only the edited article's changed chunks
 
-    other = make_cfg(**{"corpus.path": str(small_corpus), "embedding.model_id": "another-model-id"})
-    other["artifacts"] = cfg["artifacts"]
+    other = make_cfg(
+        **{"corpus.path": str(small_corpus), "embedding.model_id": "another-model-id", "artifacts": cfg.artifacts}
+    )
     _, fresh = build(other, "r4", embedder.__class__("another-model-id"))
     assert fresh["encoded"] == n  # a new model id re-embeds everything
 

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from pipelines import config
 from pipelines.app import cli
 from pipelines.app.errors import exit_line
 from pipelines.versions.lock import locked, step_of, writer_lock
@@ -42,7 +43,7 @@ def test_the_traceback_only_with_verbose(capsys):
 
 
 def test_a_locked_step_names_itself_and_an_outer_step_does_not_rename_it(tmp_path):
-    cfg = {"artifacts": str(tmp_path), "backend": {"kind": "embedded"}}
+    cfg = config.load(None, {"artifacts": str(tmp_path)})
 
     @locked("evaluate")
     def inner(cfg):
@@ -74,7 +75,7 @@ def test_a_failing_lock_release_never_replaces_the_original_error(tmp_path, monk
         return failing
 
     monkeypatch.setattr(lock, "acquire_folder", acquire_with_failing_release)
-    cfg = {"artifacts": str(tmp_path), "backend": {"kind": "embedded"}}
+    cfg = config.load(None, {"artifacts": str(tmp_path)})
     with pytest.raises(ValueError, match="the original"), writer_lock(cfg, "test"):
         raise ValueError("the original")
     assert "could not release the lock" in caplog.text and "node gone while releasing" in caplog.text
@@ -110,7 +111,7 @@ def test_a_write_block_on_a_real_index_is_a_clear_line_naming_the_step(os_client
     index = f"sg-exit-{uuid.uuid4().hex[:8]}-v1"
     os_client.indices.create(index=index)
     os_client.indices.put_settings(index=index, body={"index": {"blocks": {"read_only": True}}})
-    cfg = {"artifacts": str(tmp_path), "backend": {"kind": "embedded"}}
+    cfg = config.load(None, {"artifacts": str(tmp_path)})
 
     @locked("load")
     def write(_cfg):
@@ -136,7 +137,7 @@ def test_a_missing_index_is_a_clear_line(os_client, tmp_path, capsys):
     def search(_cfg):
         os_client.search(index=index, body={"query": {"match_all": {}}})
 
-    cfg = {"artifacts": str(tmp_path), "backend": {"kind": "embedded"}}
+    cfg = config.load(None, {"artifacts": str(tmp_path)})
     code = cli.run_command(argparse.Namespace(func=lambda _a: search(cfg), command="run", verbose=False))
     err = capsys.readouterr().err
     assert code == 2

@@ -56,18 +56,18 @@ def tiny_night(base: Path) -> dict:
     for name in ARTICLES[:2]:
         shutil.copy(DEMO / name, corpus / name)
     cal, pre = tiny_eval_sets(base)
-    cfg = config_mod.load(ROOT / "config" / "pipeline.yaml")
-    cfg["corpus"]["path"] = str(corpus)
+    overrides = {"corpus.path": str(corpus)}
     # the accepted baseline: the tiny sets' questions are compared by id, the rest are `missing`, not compared
     check = base / "check.jsonl"  # a gate needs a check set; here the tiny fit set under new ids (a fixture)
     check.write_text(
         "".join(json.dumps({**json.loads(q), "id": "chk-" + json.loads(q)["id"]}) + "\n" for q in cal.open())
     )
-    cfg["evals"].update(calibration_set=str(cal), precision_set=str(pre), check_set=str(check))
-    cfg["calibration"]["min_per_label"] = 3  # a gate that can pass on 3 off-topic questions: a fault-suite fixture
-    cfg["lock"]["timeout_s"] = 0
+    overrides |= {"evals.calibration_set": str(cal), "evals.precision_set": str(pre), "evals.check_set": str(check)}
+    overrides["calibration.min_per_label"] = 3  # a gate that can pass on 3 off-topic questions: a fault-suite fixture
+    overrides["lock.timeout_s"] = 0
+    cfg = config_mod.load(ROOT / "config" / "pipeline.yaml", overrides)
     path = base / "pipeline.yaml"
-    path.write_text(json.dumps(cfg))  # JSON is YAML
+    path.write_text(json.dumps(cfg.model_dump(mode="json")))  # JSON is YAML
     return {"config": path, "corpus": corpus, "base": base}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines import config
 from pipelines.versions import lock
 from pipelines.versions.lock import HOLDER_FILE, LockHeld, writer_lock
 
@@ -22,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # A writer in its own process: takes the lock, says so, holds it until stdin closes (or it is killed).
 HOLDER = """
 import sys
+from pipelines import config
 from pipelines.versions.lock import writer_lock
-cfg = {"artifacts": sys.argv[1], "backend": {"kind": sys.argv[2], "opensearch": {"index_prefix": sys.argv[3]}},
-       "lock": {"timeout_s": float(sys.argv[4])}}
+cfg = config.load(None, {"artifacts": sys.argv[1], "backend.kind": sys.argv[2],
+                         "backend.opensearch.index_prefix": sys.argv[3], "lock.timeout_s": float(sys.argv[4])})
 with writer_lock(cfg, "test holder", shared=sys.argv[5] == "shared"):
     print("held", flush=True)
     sys.stdin.read()
@@ -49,12 +51,9 @@ def start_holder(artifacts, kind="embedded", prefix="unused", timeout=0.0, mode=
     return proc
 
 
-def cfg_for(artifacts, timeout=0.0, kind="embedded", prefix="unused") -> dict:
-    return {
-        "artifacts": str(artifacts),
-        "backend": {"kind": kind, "opensearch": {"index_prefix": prefix}},
-        "lock": {"timeout_s": timeout},
-    }
+def cfg_for(artifacts, timeout=0.0, kind="embedded", prefix="unused") -> config.PipelineConfig:
+    overrides = {"artifacts": str(artifacts), "backend.kind": kind, "backend.opensearch.index_prefix": prefix}
+    return config.load(None, overrides | {"lock.timeout_s": timeout})
 
 
 def test_a_second_writer_fails_naming_the_holder(tmp_path):

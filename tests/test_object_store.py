@@ -175,8 +175,9 @@ def sourcegate(args, env, cwd, config: Path, timeout=1800) -> subprocess.Complet
 
 HOLDER = """
 import sys, time
+from pipelines import config
 from pipelines.versions.lock import writer_lock
-cfg = {"artifacts": sys.argv[1], "backend": {"kind": "embedded"}, "lock": {"timeout_s": 120}}
+cfg = config.load(None, {"artifacts": sys.argv[1], "lock.timeout_s": 120})
 with writer_lock(cfg, "writer " + sys.argv[2]):
     with open(sys.argv[3], "a") as log:
         log.write(f"start {sys.argv[2]} {time.time()}\\n")

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from opensearchpy import AuthorizationException
 
+from pipelines.config import OpenSearch
 from pipelines.search import retain
 from pipelines.search.analyzer import analyze, opensearch_analysis
 from pipelines.search.bm25 import K1, B, BM25Index
@@ -62,7 +63,7 @@ WORDS = [
 @pytest.fixture
 def store(os_client):
     prefix = f"sgtest-{uuid.uuid4().hex[:12]}"
-    s = OpenSearchStore(os_client, prefix=prefix, progress=False, initial_backoff=0.01, max_backoff=0.05)
+    s = OpenSearchStore(os_client, OpenSearch(index_prefix=prefix), progress=False, backoff_s=(0.01, 0.05))
     yield s
     names = list(os_client.indices.get(index=f"{prefix}-*").keys())
     if names:
@@ -200,7 +201,7 @@ def test_bm25_and_distribution(store, chunks_parquet):
     assert len(dist.scores) == len(containing)
     assert np.isclose(dist.scores.max(), hits[0].score)
     assert dist.zscore(hits[0].score) > 0
-    capped = OpenSearchStore(store.client, prefix=store.prefix, distribution_size=10).open("v1")
+    capped = OpenSearchStore(store.client, OpenSearch(index_prefix=store.prefix, distribution_size=10)).open("v1")
     common = capped.bm25_distribution("river")
     assert len(common.scores) == 10 and common.matched > 10 and common.total == N_CHUNKS
 
@@ -262,7 +263,7 @@ def test_hybrid_is_one_round_trip_and_answers_as_the_single_calls(store, chunks_
     path, vectors, _, _ = chunks_parquet
     store.load("v1", str(path))
     searcher = store.open("v1")
-    full = OpenSearchStore(store.client, prefix=store.prefix, distribution_size=N_CHUNKS).open("v1")
+    full = OpenSearchStore(store.client, OpenSearch(index_prefix=store.prefix, distribution_size=N_CHUNKS)).open("v1")
     requests = []
     perform = store.client.transport.perform_request
     monkeypatch.setattr(

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.config import OpenSearch
 from pipelines.search.delta import MAX_DELTA_FRACTION, compute_delta, full_load_reason
 from pipelines.search.opensearch import OpenSearchStore, ids_checksum, indexed_columns
 from tests.test_opensearch_backend import DIM, RARE, write_chunks
@@ -105,7 +106,7 @@ def test_full_load_reasons():
 @pytest.fixture
 def store(os_client):
     prefix = f"sgdelta-{uuid.uuid4().hex[:12]}"
-    yield OpenSearchStore(os_client, prefix=prefix, progress=False, chunk_size=100)
+    yield OpenSearchStore(os_client, OpenSearch(index_prefix=prefix, bulk_chunk_size=100), progress=False)
     os_client.indices.delete(index=f"{prefix}-*", ignore_unavailable=True)
 
 
@@ -269,11 +270,17 @@ def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, smal
         steps.merge_step(cfg, run_id, [steps.embed_step(cfg, run_id, embedder=embedder)])
         steps.validate_step(cfg, run_id)
         steps.load_step(cfg, run_id, full=full)
-        OpenSearchStore(os_client, prefix).promote(run_id)  # the gate's verdict is not what is tested here
+        OpenSearchStore(os_client, OpenSearch(index_prefix=prefix)).promote(
+            run_id
+        )  # the gate's verdict is not what is tested here
         return read_json(steps.run_dir(cfg, run_id) / "run.json")["load"]
 
-    cfg = make_cfg(**{"corpus.path": str(small_corpus), "backend.kind": "opensearch"})
-    cfg["backend"]["opensearch"]["index_prefix"] = prefix
+    opensearch = {
+        "corpus.path": str(small_corpus),
+        "backend.kind": "opensearch",
+        "backend.opensearch.index_prefix": prefix,
+    }
+    cfg = make_cfg(**opensearch)
     try:
         first = night(cfg, "20261201-010000")
         assert (first["mode"], first["reason"], first["from"]) == ("full", "no previous version", None)
@@ -286,11 +293,11 @@ def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, smal
         assert second["removed"] >= 2 and second["added"] >= 2 and second["unchanged"] > 0, second
         chunks = pq.read_table(steps.run_dir(cfg, "20261202-010000") / "chunks.parquet")
         assert os_client.count(index=prefix)["count"] == chunks.num_rows
-        assert OpenSearchStore(os_client, prefix).verify("20261202-010000")  # ids' checksum included
+        assert OpenSearchStore(os_client, OpenSearch(index_prefix=prefix)).verify(
+            "20261202-010000"
+        )  # ids' checksum included
         assert night(cfg, "20261203-010000", full=True)["reason"] == "full load requested"
-        smaller = make_cfg(**{"corpus.path": str(small_corpus), "backend.kind": "opensearch"})
-        smaller["backend"]["opensearch"]["index_prefix"] = prefix
-        smaller["artifacts"], smaller["chunking"]["max_tokens"] = cfg["artifacts"], 128
+        smaller = make_cfg(**opensearch, artifacts=cfg.artifacts, **{"chunking.max_tokens": 128})
         fourth = night(smaller, "20261204-010000")
         assert fourth["mode"] == "full" and "chunker config changed" in fourth["reason"]
     finally:

@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from pipelines.config import OpenSearch
 from pipelines.search.opensearch import OpenSearchStore
 from pipelines.versions import manifest as mf
 from pipelines.versions import promotions
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.opensearch
 @pytest.fixture
 def store(os_client):
     prefix = f"sgedit-{uuid.uuid4().hex[:12]}"
-    yield OpenSearchStore(os_client, prefix=prefix, progress=False, chunk_size=100)
+    yield OpenSearchStore(os_client, OpenSearch(index_prefix=prefix, bulk_chunk_size=100), progress=False)
     os_client.indices.delete(index=f"{prefix}-*", ignore_unavailable=True)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.config import OpenSearch
 from pipelines.search.opensearch import OpenSearchStore
 from pipelines.search.opensearch.health import LOCK_INDEX
 from pipelines.search.opensearch.searcher import OpenSearchSearcher
@@ -93,7 +94,7 @@ def test_a_kill_after_the_swap_or_the_log_write_is_repaired_from_the_promotions_
     url = config_from_env().url
     artifacts = tmp_path / "artifacts"
     corpus = tiny["corpus"]
-    store = OpenSearchStore(os_client, prefix=prefix, progress=False)
+    store = OpenSearchStore(os_client, OpenSearch(index_prefix=prefix), progress=False)
     first = night(tiny, url, prefix, artifacts, FIRST)
     assert first.returncode == 0, first.stdout + first.stderr
     shutil.copy(DEMO / ARTICLES[2], corpus / ARTICLES[2])  # the second night has something new
@@ -140,13 +141,13 @@ def test_a_kill_after_the_swap_or_the_log_write_is_repaired_from_the_promotions_
 def test_searches_across_a_promotion_never_fail_or_come_back_empty(os_client, prefix, tmp_path):
     """BM25 and kNN through the searcher on the alias, in a thread, while the main thread promotes v2 (verify +
     the one-request alias swap). Bounded: at most MAX_ROUNDS, and AFTER rounds once the promotion is done."""
-    store = OpenSearchStore(os_client, prefix=prefix, progress=False, chunk_size=100)
+    store = OpenSearchStore(os_client, OpenSearch(index_prefix=prefix, bulk_chunk_size=100), progress=False)
     v1, vectors, _, _ = write_chunks(tmp_path / "v1.parquet", n=60, seed=3)
     v2 = write_chunks(tmp_path / "v2.parquet", n=80, seed=5)[0]
     store.load("v1", str(v1), inputs=INPUTS)
     store.promote("v1")
     store.load("v2", str(v2), inputs=INPUTS)
-    searcher = OpenSearchSearcher(os_client, store.alias)
+    searcher = OpenSearchSearcher(os_client, store.alias, store.section)
     query, k = " ".join(WORDS[:4]), 10
     max_rounds, after = 2000, 20
     warmed, promoted, done = threading.Event(), threading.Event(), threading.Event()
@@ -210,7 +211,7 @@ def test_the_node_stopped_while_a_night_evaluates(tiny, tmp_path):
     url = node.start()
     try:
         client = OpenSearch(hosts=[url], timeout=30)
-        store = OpenSearchStore(client, prefix="sg-stopped", progress=False)
+        store = OpenSearchStore(client, OpenSearch(index_prefix="sg-stopped"), progress=False)
         artifacts = tmp_path / "artifacts"
         first = night(tiny, url, store.prefix, artifacts, FIRST)
         assert first.returncode == 0, first.stdout + first.stderr

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from pipelines.app.cli import main
+from pipelines.config import OpenSearch
 from pipelines.search.opensearch import OpenSearchStore
 from tests.conftest import ROOT, chunks_with_vectors
 from tests.promotable import PROMOTABLE, promotable_sections
@@ -53,7 +54,7 @@ def run(config, artifacts, run_id, *extra):
 def test_two_nights_promote_and_retention_keeps_two(os_config, prefix, os_client, capsys):
     config, artifacts = os_config
     assert run(config, artifacts, "20261101-020000") == 0
-    store = OpenSearchStore(os_client, prefix)
+    store = OpenSearchStore(os_client, OpenSearch(index_prefix=prefix))
     assert store.live() == "20261101-020000"
     gate = json.loads((artifacts / "runs" / "20261101-020000" / "gate.json").read_text())
     assert gate["passed"]
@@ -73,7 +74,7 @@ def test_failed_gate_leaves_the_alias_on_the_previous_version(os_config, prefix,
         config.read_text().replace("strong: 0.5", "strong: 0.99").replace("adjacent: 0.14", "adjacent: 0.99")
     )
     assert run(strict, artifacts, "20261104-020000") == 1
-    store = OpenSearchStore(os_client, prefix)
+    store = OpenSearchStore(os_client, OpenSearch(index_prefix=prefix))
     assert store.live() == "20261103-020000"
     assert "20261104-020000" in store.versions()  # kept for inspection, never served
 
@@ -84,8 +85,8 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, os_clien
 
     _, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"
-    embedded = EmbeddedSearcher(_build_embedded(run_dir, OpenSearchStore(os_client, prefix)))
-    remote = OpenSearchStore(os_client, prefix).open("20261103-020000")
+    embedded = EmbeddedSearcher(_build_embedded(run_dir, OpenSearchStore(os_client, OpenSearch(index_prefix=prefix))))
+    remote = OpenSearchStore(os_client, OpenSearch(index_prefix=prefix)).open("20261103-020000")
     questions = [it["question"] for it in load_evalset(ROOT / "config" / "evals" / "calibration.jsonl")]
     knn, bm25, cos = [], [], []
     for q in questions:
@@ -133,7 +134,9 @@ def test_calibrate_on_opensearch_goes_through_the_same_retriever(
 
     config, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"
-    _build_embedded(run_dir, OpenSearchStore(os_client, prefix))  # reused if the parity test built it
+    _build_embedded(
+        run_dir, OpenSearchStore(os_client, OpenSearch(index_prefix=prefix))
+    )  # reused if the parity test built it
     items = load_evalset(ROOT / "config" / "evals" / "calibration.jsonl")
     by_kind = {}
     for it in items:  # a tiny set: two of each kind (answer, multi-turn answer, near- and off-topic declines)
@@ -146,7 +149,7 @@ def test_calibrate_on_opensearch_goes_through_the_same_retriever(
 
     def spy(cfg, searcher):
         retriever, scorer = real(cfg, searcher)
-        used.append((cfg["backend"]["kind"], type(searcher).__name__, type(retriever)))
+        used.append((cfg.backend.kind, type(searcher).__name__, type(retriever)))
         return retriever, scorer
 
     monkeypatch.setattr(factories, "retriever_for", spy)
@@ -183,7 +186,12 @@ def test_calibrate_on_opensearch_goes_through_the_same_retriever(
 
 
 def test_node_dies_during_bulk_load_then_rerun_succeeds(os_config, os_client, prefix, tmp_path):
-    store = OpenSearchStore(os_client, prefix, chunk_size=200, max_retries=1, initial_backoff=0.5, progress=False)
+    store = OpenSearchStore(
+        os_client,
+        OpenSearch(index_prefix=prefix, bulk_chunk_size=200, max_retries=1),
+        backoff_s=(0.5, 60.0),
+        progress=False,
+    )
     live_before = store.live()
     big = tmp_path / "big.parquet"
     rng = np.random.default_rng(0)

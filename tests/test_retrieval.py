@@ -1,5 +1,6 @@
 import pytest
 
+from pipelines.config import Answer
 from pipelines.retrieval.answer import decide
 from pipelines.retrieval.rerank import load_scorer
 from pipelines.retrieval.retriever import (
@@ -54,7 +55,7 @@ def test_answer_modes_from_thresholds(value, mode):
     r = Retrieval(
         "q", [], [cand(i, p) for i, p in enumerate([0.9, 0.6, 0.2, 0.1, 0.01], 1)], True, {"rerank_top": value}
     )
-    a = decide(r, {"signal": "rerank_top", "strong": 0.5, "adjacent": 0.1, "below": "decline"})
+    a = decide(r, Answer(signal="rerank_top", strong=0.5, adjacent=0.1, below="decline"))
     assert a.mode == mode
     if mode == "decline":
         assert [c.chunk_id for c in a.passages] == ["c1", "c2", "c3"]  # the three closest, to check a refusal
@@ -64,7 +65,7 @@ def test_answer_modes_from_thresholds(value, mode):
 
 def test_open_mode_is_configurable():
     r = Retrieval("q", [], [cand(1, 0.01)], True, {"rerank_top": 0.01})
-    assert decide(r, {"signal": "rerank_top", "strong": 0.5, "adjacent": 0.1, "below": "open"}).mode == "open"
+    assert decide(r, Answer(signal="rerank_top", strong=0.5, adjacent=0.1, below="open")).mode == "open"
 
 
 @pytest.mark.models
@@ -74,7 +75,7 @@ def test_labelled_article_is_in_the_rerank_shortlist(demo_index, embedder, cross
 
     cfg, _, searcher = demo_index
     retriever = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
-    items = [it for it in load_evalset(cfg["evals"]["calibration_set"]) if it["label"] == "answer"]
+    items = [it for it in load_evalset(cfg.evals.calibration_set) if it["label"] == "answer"]
     hits, missed = 0, []
     for it in items:
         r = retriever.retrieve(it["question"], it["context"])
@@ -117,9 +118,7 @@ def test_rerank_weight_zero_keeps_fused_order_and_signals(demo_index, embedder, 
     """The weight moves only the order; the cross-encoder's signals are the same at any weight."""
     cfg, _, searcher = demo_index
     full = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
-    none = Retriever.from_config(
-        searcher, embedder, cross_encoder, {**cfg, "retrieval": {**cfg["retrieval"], "rerank_weight": 0.0}}
-    )
+    none = Retriever.from_config(searcher, embedder, cross_encoder, cfg, rerank_weight=0.0)
     moved = 0
     for q in ["How much is a monthly pass?", "Can I bring my bike on the train?", "lost property office hours"]:
         a, b = full.retrieve(q), none.retrieve(q)
@@ -138,10 +137,7 @@ def test_every_signal_is_identical_at_any_rerank_weight(demo_index, embedder, cr
     """G7: rerank_weight moves the final order, never a signal."""
     cfg, _, searcher = demo_index
     retrievers = [
-        Retriever.from_config(
-            searcher, embedder, cross_encoder, {**cfg, "retrieval": {**cfg["retrieval"], "rerank_weight": w}}
-        )
-        for w in (0.0, 0.6, 1.0)
+        Retriever.from_config(searcher, embedder, cross_encoder, cfg, rerank_weight=w) for w in (0.0, 0.6, 1.0)
     ]
     orders = set()
     for q in ["How much is a monthly pass?", "Can I bring my bike on the train?", "What is the capital of France?"]:

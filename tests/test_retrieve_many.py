@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from evals.evalset import load_evalset
+from pipelines.config import Retrieval
 from pipelines.retrieval import combiner as combiner_mod
 from pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
 from pipelines.retrieval.retriever import Retriever, effective_query
 from pipelines.search.analyzer import STOPWORDS
 from tests.test_answerability import POOL, BagOfWords, bag_of_words_index
 
+TEN = Retrieval(bm25_top_n=10, knn_top_n=10)  # ten-deep lists over the small bag-of-words index
 QUESTIONS = [
     ("Do seniors ride free in a taxi?", []),
     ("Can seniors use the reduced fare card on the night bus?", []),
@@ -59,12 +61,10 @@ def bag_index(tmp_path):
 
 def test_batched_signals_equal_one_question_at_a_time(bag_index):
     searcher, encoder = bag_index
-    retriever = Retriever(searcher, encoder, None, bm25_top_n=10, knn_top_n=10)
+    retriever = Retriever(searcher, encoder, None, TEN)
     batched = retriever.retrieve_many(QUESTIONS)
     for (question, context), got in zip(QUESTIONS, batched):
-        signals, ranked = one_at_a_time(
-            Retriever(searcher, encoder, None, bm25_top_n=10, knn_top_n=10), question, context
-        )
+        signals, ranked = one_at_a_time(Retriever(searcher, encoder, None, TEN), question, context)
         assert_same_signals(got.signals, signals, tol=0.0)
         assert [c.chunk_id for c in got.ranked] == ranked
     assert any(0 < r.signals["concept_coverage"] < 1 for r in batched)  # the signals are not trivial here
@@ -88,7 +88,7 @@ def check_order_and_batch_free(make_retriever, questions) -> None:
 
 def test_signals_do_not_depend_on_question_order_or_batch(bag_index):
     searcher, encoder = bag_index
-    check_order_and_batch_free(lambda: Retriever(searcher, encoder, None, bm25_top_n=10, knn_top_n=10), QUESTIONS)
+    check_order_and_batch_free(lambda: Retriever(searcher, encoder, None, TEN), QUESTIONS)
 
 
 class FingerprintedBag(BagOfWords):
@@ -127,7 +127,7 @@ def test_text_vectors_are_kept_across_nights_under_their_fingerprint(tmp_path, c
 
 def demo_questions(cfg, every: int = 5) -> list[tuple[str, list[str]]]:
     """Every `every`-th calibration question (both labels, the multi-turn ones too): fixed inputs."""
-    items = load_evalset(cfg["evals"]["calibration_set"])
+    items = load_evalset(cfg.evals.calibration_set)
     return [(it["question"], it.get("context", [])) for it in items[::every]]
 
 

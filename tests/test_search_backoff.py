@@ -13,6 +13,7 @@ import pytest
 from opensearchpy import TransportError
 
 from pipelines.app import cli
+from pipelines.config import OpenSearch
 from pipelines.search.opensearch import backoff
 from pipelines.search.opensearch.searcher import OpenSearchSearcher
 
@@ -68,7 +69,7 @@ def test_the_schedule_doubles_and_is_capped():
 @pytest.mark.parametrize("per_search", [False, True], ids=["whole-request", "one-sub-search"])
 def test_a_rejected_search_is_retried_with_backoff_and_then_answers(waits, per_search):
     client = RejectingClient(2, per_search=per_search)
-    searcher = OpenSearchSearcher(client, "sg-v1", max_retries=4)
+    searcher = OpenSearchSearcher(client, "sg-v1", OpenSearch(search_retries=4))
     result = searcher.hybrid("fares", np.ones(4, dtype=np.float32), 5, 5)
     assert [h.chunk_id for h in result.bm25] == ["c1"] and result.distribution.total == 3
     assert client.calls == 3 and waits == [0.5, 1.0]
@@ -77,7 +78,7 @@ def test_a_rejected_search_is_retried_with_backoff_and_then_answers(waits, per_s
 @pytest.mark.parametrize("per_search", [False, True], ids=["whole-request", "one-sub-search"])
 def test_a_search_still_rejected_after_the_retries_exits_2_with_one_line(waits, per_search, capsys):
     client = RejectingClient(10, per_search=per_search)
-    searcher = OpenSearchSearcher(client, "sg-v1", max_retries=4)
+    searcher = OpenSearchSearcher(client, "sg-v1", OpenSearch(search_retries=4))
     with pytest.raises(TransportError) as caught:
         searcher.hybrid("fares", np.ones(4, dtype=np.float32), 5, 5)
     assert caught.value.status_code == 429

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from artifact_io import write_json
+from pipelines import config
 from pipelines.app import steps
 from pipelines.app.cli import main
 from pipelines.app.factories import open_store
@@ -24,10 +25,10 @@ from tests.test_embedded_backend import synthetic_chunks
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}
 
 
-def pass_gate(cfg: dict, version: str, passed: bool = True) -> dict:
+def pass_gate(cfg: config.PipelineConfig, version: str, passed: bool = True) -> dict:
     """gate.json for a loaded `version`, bound to it as evaluate_step + gate_step bind a verdict."""
     facts = verdict.evaluated(cfg, open_store(cfg).manifest(version), verdict.eval_sets(cfg))
-    gate = {"passed": passed, "reasons": [], "evaluated": verdict.binding(facts, cfg["evals"]["baseline"])}
+    gate = {"passed": passed, "reasons": [], "evaluated": verdict.binding(facts, cfg.evals.baseline)}
     write_json(gate, steps.run_dir(cfg, version) / "gate.json")
     return gate
 
@@ -99,7 +100,7 @@ def test_a_verdict_on_a_rebuilt_version_is_refused(night):
     [
         (lambda n: (n.evals / "precision.jsonl").write_text((n.evals / "calibration.jsonl").read_text()), "eval set"),
         (lambda n: n.baseline.write_text("{}"), "baseline"),
-        (lambda n: n.cfg["answer"].update(adjacent=0.01), "config"),
+        (lambda n: setattr(n, "cfg", config.replace(n.cfg, {"answer.adjacent": 0.01})), "config"),
         (lambda n: n.combiner.write_text(n.combiner.read_text().replace('"l2"', '"l2" ')), "answerability combiner"),
     ],
     ids=["eval-set-edited", "baseline-replaced", "config-changed", "combiner-re-accepted"],
@@ -115,11 +116,11 @@ def test_a_verdict_is_refused_when_what_it_judged_changed(night, change, message
 def test_the_verdict_does_not_depend_on_where_the_artifacts_live(night, tmp_path):
     """`artifacts` is a location: a night staged into one scratch folder is promoted from another."""
     night("v1")
-    moved = dict(night.cfg, artifacts=str(tmp_path / "elsewhere"))
-    shutil.copytree(night.cfg["artifacts"], moved["artifacts"])
+    moved = config.replace(night.cfg, {"artifacts": str(tmp_path / "elsewhere")})
+    shutil.copytree(night.cfg.artifacts, moved.artifacts)
     assert verdict.config_hash(moved) == verdict.config_hash(night.cfg)
     assert steps.promote_step(moved, "v1") == "v1"
-    changed = dict(moved, answer={**moved["answer"], "adjacent": 0.01})
+    changed = config.replace(moved, {"answer.adjacent": 0.01})
     assert verdict.config_hash(changed) != verdict.config_hash(moved)  # content still counts
 
 
@@ -141,13 +142,13 @@ def test_failed_unbound_or_missing_verdicts_are_refused(night):
 
 def cli_config(night) -> str:
     """The night's config as a file: the CLI must run with the config the verdicts were bound to."""
-    path = Path(night.cfg["artifacts"]).parent / "night.yaml"
-    path.write_text(yaml.safe_dump(night.cfg))
+    path = Path(night.cfg.artifacts).parent / "night.yaml"
+    path.write_text(yaml.safe_dump(night.cfg.model_dump(mode="json")))
     return str(path)
 
 
 def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night, capsys):
-    artifacts = night.cfg["artifacts"]
+    artifacts = night.cfg.artifacts
     for v in ("20260101-020000", "20260102-020000", "20260103-020000"):
         night(v)
         steps.promote_step(night.cfg, v)
@@ -167,7 +168,7 @@ def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night
 
 
 def test_rollback_refuses_failed_corrupt_or_unknown_targets(night, capsys):
-    artifacts = night.cfg["artifacts"]
+    artifacts = night.cfg.artifacts
     night("v1", passed=False)
     night("v2")
     steps.promote_step(night.cfg, "v2")
@@ -188,7 +189,7 @@ def test_rollback_refuses_failed_corrupt_or_unknown_targets(night, capsys):
 
 
 def test_rollback_with_no_history_says_so(night, capsys):
-    assert main(["rollback", "--artifacts", night.cfg["artifacts"], "--backend", "embedded"]) == 2
+    assert main(["rollback", "--artifacts", night.cfg.artifacts, "--backend", "embedded"]) == 2
     assert "no earlier promoted version" in capsys.readouterr().err
 
 

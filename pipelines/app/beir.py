@@ -10,7 +10,6 @@ folder, keyed by the corpus and config, so reruns skip straight to the queries.
 
 from __future__ import annotations
 
-import copy
 import csv
 import hashlib
 import json
@@ -23,9 +22,11 @@ import pyarrow.parquet as pq
 from artifact_io import read_json, write_json
 from evals.harness import calibration_config
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
+from pipelines import config
 from pipelines.app import factories, steps
 from pipelines.app.run import build
 from pipelines.build.validate import loadable_chunks
+from pipelines.config import PipelineConfig
 from pipelines.retrieval.retriever import Retriever
 from pipelines.search.analyzer import ANALYZER_ID
 
@@ -49,25 +50,30 @@ def doc_ranking(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(doc_of[c] for c in chunk_ids))
 
 
-def dataset_config(cfg: dict, dataset: Path, out: Path) -> tuple[dict, str]:
+def dataset_config(cfg: PipelineConfig, dataset: Path, out: Path) -> tuple[PipelineConfig, str]:
     """The config that indexes the dataset under `out/cache`, and its run id (keyed by corpus and config)."""
     corpus = dataset / "corpus.jsonl"
     content = hashlib.sha256(corpus.read_bytes()).hexdigest()  # not mtime: a fresh copy is the same corpus
     # the analyser too: an index cached before an analyser change would silently report the old BM25
     # torch, the backend from before there was a choice, stays out of the key: its cached indexes stay valid
-    embedding = {k: v for k, v in cfg["embedding"].items() if (k, v) != ("backend", "torch")}
-    inputs = [content, embedding, cfg["chunking"], ANALYZER_ID]
+    embedding = {k: v for k, v in cfg.embedding.model_dump().items() if (k, v) != ("backend", "torch")}
+    inputs = [content, embedding, cfg.chunking.model_dump(), ANALYZER_ID]
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
-    bcfg = copy.deepcopy(cfg)
-    bcfg["artifacts"] = str(out / "cache")
-    bcfg["corpus"].update(path=str(dataset), format="beir", max_doc_bytes=max(cfg["corpus"]["max_doc_bytes"], 10**7))
-    # a prefix of its own: the dataset's OpenSearch index is never a version of the pipeline's alias
-    os_section = bcfg["backend"]["opensearch"]
-    os_section["index_prefix"] = f"{os_section['index_prefix']}-beir"
+    bcfg = config.replace(
+        cfg,
+        {
+            "artifacts": str(out / "cache"),
+            "corpus.path": str(dataset),
+            "corpus.format": "beir",
+            "corpus.max_doc_bytes": max(cfg.corpus.max_doc_bytes, 10**7),
+            # a prefix of its own: the dataset's OpenSearch index is never a version of the pipeline's alias
+            "backend.opensearch.index_prefix": f"{cfg.backend.opensearch.index_prefix}-beir",
+        },
+    )
     return bcfg, f"beir-{key}"
 
 
-def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> tuple[dict, str]:
+def index_dataset(cfg: PipelineConfig, dataset: Path, out: Path, progress: bool) -> tuple[PipelineConfig, str]:
     """Build (or reuse) the dataset's index on the configured backend; returns its config and version.
 
     The chunks and vectors (the run folder) are shared by both backends; the marker file
@@ -76,7 +82,7 @@ def index_dataset(cfg: dict, dataset: Path, out: Path, progress: bool) -> tuple[
     """
     bcfg, run_id = dataset_config(cfg, dataset, out)
     folder = steps.run_dir(bcfg, run_id)
-    marker = folder / f"loaded-{bcfg['backend']['kind']}.json"
+    marker = folder / f"loaded-{bcfg.backend.kind}.json"
     store = factories.open_store(bcfg)
     present = run_id in store.versions()
     if marker.exists() and present:
@@ -125,7 +131,7 @@ def system_latency(timings: dict) -> dict[str, float]:
 
 
 def run_beir(
-    cfg: dict,
+    cfg: PipelineConfig,
     dataset: Path,
     out: Path,
     *,
@@ -141,7 +147,7 @@ def run_beir(
     chunks = pq.read_table(loadable_chunks(steps.run_dir(bcfg, version)), columns=["chunk_id", "doc_id"])
     doc_of = dict(zip(chunks.column("chunk_id").to_pylist(), chunks.column("doc_id").to_pylist()))
     searcher = factories.open_store(bcfg).open(version)
-    depth = rerank_depth or cfg["retrieval"]["rerank_depth"]
+    depth = rerank_depth or cfg.retrieval.rerank_depth
     retriever, scorer = factories.retriever_for(cfg, searcher)
     deep = Retriever.from_config(
         searcher, retriever.embedder, scorer, cfg, bm25_top_n=DEPTH, knn_top_n=DEPTH, rerank_depth=depth
@@ -165,14 +171,14 @@ def run_beir(
         systems[name]["p50_ms"] = round(float(np.median(latency[name])) * 1000, 2)
     result = {
         "dataset": str(dataset),
-        "backend": cfg["backend"]["kind"],
+        "backend": cfg.backend.kind,
         "queries": len(queries),
         "chunks": len(doc_of),
         "documents": len(set(doc_of.values())),
         "rerank_depth": depth,
         "candidate_depth": DEPTH,
-        "rrf_k": cfg["retrieval"]["rrf_k"],
-        "rerank_weight": cfg["retrieval"]["rerank_weight"],
+        "rrf_k": cfg.retrieval.rrf_k,
+        "rerank_weight": cfg.retrieval.rerank_weight,
         "reranker": getattr(scorer, "model_id", None),
         "index_seconds": round(t_index, 1),
         "systems": systems,
@@ -183,7 +189,7 @@ def run_beir(
     return result
 
 
-def calibrate_beir(cfg: dict, retriever, queries: dict[str, str], decline: str, out: Path) -> Path:
+def calibrate_beir(cfg: PipelineConfig, retriever, queries: dict[str, str], decline: str, out: Path) -> Path:
     """Dataset queries as should-answer, the file's questions as should-decline."""
     from evals.calibration import calibrate
     from evals.evalset import load_evalset
@@ -197,5 +203,5 @@ def calibrate_beir(cfg: dict, retriever, queries: dict[str, str], decline: str, 
     items += [{**it, "label": "decline"} for it in load_evalset(decline)]
     calibration = calibrate(run_questions(retriever, items), calibration_config(cfg))
     # the accepted combiner, applied as is (fitted on the demo's questions: never refitted here)
-    calibration["combiner"] = describe(retriever.combiner, cfg["answerability"]["combiner"], refit=False)
+    calibration["combiner"] = describe(retriever.combiner, cfg.answerability.combiner, refit=False)
     return write_json(calibration, out / "calibration.json")

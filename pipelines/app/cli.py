@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from pipelines import config as config_mod
+from pipelines.config import PipelineConfig
 from pipelines.retrieval import combiner
 from pipelines.versions.object_store import is_remote
 
@@ -19,7 +20,7 @@ DEFAULT_CONFIG = "config/pipeline.yaml"
 OPENSEARCH_CLIENT_LOGGER = "opensearch"  # opensearch-py's per-request log (a warning with a traceback per failure)
 
 
-def load_config(args) -> dict:
+def load_config(args) -> PipelineConfig:
     overrides = {}
     for attr, key in (
         ("backend", "backend.kind"),
@@ -69,7 +70,7 @@ def cmd_query(args) -> int:
         searcher = open_store(cfg).open()
     retriever, _ = retriever_for(cfg, searcher)
     retrieval = retriever.retrieve(args.question, args.context or [])
-    answer = decide(retrieval, cfg["answer"])
+    answer = decide(retrieval, cfg.answer)
     payload = {
         "question": args.question,
         "context": args.context or [],
@@ -78,7 +79,7 @@ def cmd_query(args) -> int:
         "signal": answer.signal,
         "value": answer.value,
         "threshold": answer.threshold,
-        "calibrated_by": cfg["answer"]["calibrated_by"],
+        "calibrated_by": cfg.answer.calibrated_by,
         "reranked": retrieval.reranked,
         "signals": retrieval.signals,
         "dropped_as_noise": answer.dropped_as_noise,
@@ -115,7 +116,7 @@ def cmd_calibrate(args) -> int:
 
     cfg = load_config(args)
     index = Path(args.index)
-    if cfg["backend"]["kind"] == "embedded":
+    if cfg.backend.kind == "embedded":
         searcher = open_run_folder(index)  # verified against its manifest
     else:  # the run folder's index version on the server (its name is the run id)
         searcher = open_store(cfg).open(index.name)
@@ -170,56 +171,54 @@ def cmd_accept(args) -> int:
     from pipelines.versions.lock import writer_lock
 
     cfg = load_config(args)
-    remote = is_remote(cfg["artifacts"])
+    remote = is_remote(cfg.artifacts)
     if not remote and not args.artifacts and Path(args.run).resolve().parent.name == "runs":  # lock <artifacts>
-        cfg["artifacts"] = str(Path(args.run).resolve().parent.parent)
+        cfg = config_mod.replace(cfg, {"artifacts": str(Path(args.run).resolve().parent.parent)})
     reads = staging.reading(("precision.json", "calibration.json"), args.run) if remote else staging.Reads()
     with staging.locked_staged(cfg, f"sourcegate accept {args.run}", None, reads) as local:
         run = run_dir(local, args.run) if remote else Path(args.run)
         source = args.run if remote else str(run)
         calibration = read_json(run / "calibration.json")
         baseline = baseline_from(read_json(run / "precision.json"), calibration, source)
-        out = Path(args.out or cfg["evals"]["baseline"])
+        out = Path(args.out or cfg.evals.baseline)
         fitted = accepted_combiner(cfg, calibration)
         with writer_lock(local, f"sourcegate accept {source}"):
             previous = read_json(out) if out.exists() else None
             seen = seen_check_questions(calibration, previous)
             if seen:  # a new threshold has seen these check questions: fit data from now on (issue #28)
-                moved = move_to_fit(cfg["evals"]["check_set"], cfg["evals"]["calibration_set"], seen)
+                moved = move_to_fit(cfg.evals.check_set, cfg.evals.calibration_set, seen)
                 record = {"accepted_from": source, "threshold": baseline["threshold"], **moved}
-                log_move(
-                    record | {"previous_threshold": (previous or {}).get("threshold")}, cfg["evals"]["check_moves"]
-                )
+                log_move(record | {"previous_threshold": (previous or {}).get("threshold")}, cfg.evals.check_moves)
                 baseline["check_moved"] = record
             write_json(baseline, out)
             if fitted is not None:
-                combiner.write(fitted, cfg["answerability"]["combiner"])
+                combiner.write(fitted, cfg.answerability.combiner)
     print(f"baseline written: {out} (from {source})")
     if seen:
         print(
-            f"check questions moved to the fit set {cfg['evals']['calibration_set']}: {len(moved['moved'])} "
+            f"check questions moved to the fit set {cfg.evals.calibration_set}: {len(moved['moved'])} "
             f"(the accepted threshold {baseline['threshold']} has seen them); {moved['remaining']} unseen check "
-            f"questions remain in {cfg['evals']['check_set']}; logged in {cfg['evals']['check_moves']}"
+            f"questions remain in {cfg.evals.check_set}; logged in {cfg.evals.check_moves}"
         )
     if fitted is not None:
         cv = fitted["cross_validated"]
         print(
-            f"answerability combiner written: {cfg['answerability']['combiner']} (fitted on {fitted['training']['n']}, "
+            f"answerability combiner written: {cfg.answerability.combiner} (fitted on {fitted['training']['n']}, "
             f"training sha256 {fitted['training']['sha256'][:12]}; cross-validated: keeps {cv['answer_kept']:.1%} "
             f"of should-answer, declines {cv['decline_recall_by_kind']})"
         )
     return 0
 
 
-def accepted_combiner(cfg: dict, calibration: dict) -> dict | None:
+def accepted_combiner(cfg: PipelineConfig, calibration: dict) -> dict | None:
     """The answerability combiner refitted on a run's calibration questions (None: none configured).
 
     The fit reads only the per-question signals calibration.json records, so accepting a
     `sourcegate calibrate` folder writes the very file that calibration fitted and swept.
     """
-    if not cfg["answerability"]["combiner"]:
+    if not cfg.answerability.combiner:
         return None
-    return combiner.fit(calibration.get("questions") or [], cfg["answerability"]["features"])
+    return combiner.fit(calibration.get("questions") or [], cfg.answerability.features)
 
 
 def cmd_runs(args) -> int:
@@ -229,7 +228,7 @@ def cmd_runs(args) -> int:
 
     with staging.staged(load_config(args), reads=staging.Reads(), publish_after=False) as local:  # records only
         promoted = {r["version"] for r in open_store(local).promotions()}  # the log, not run.json (it can lag)
-        rows = list_runs(local["artifacts"], promoted)
+        rows = list_runs(local.artifacts, promoted)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 0
 
@@ -249,7 +248,7 @@ def cmd_verify(args) -> int:
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
         return 2
-    if repair_promoted(store, Path(cfg["artifacts"]) / "runs" / args.version, args.version):
+    if repair_promoted(store, Path(cfg.artifacts) / "runs" / args.version, args.version):
         print(f"{args.version}: run.json's missing `promoted` written from the promotions log")
     checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count, ids and every document"
     print(
@@ -280,7 +279,7 @@ def cmd_rollback(args) -> int:
 
     cfg = load_config(args)
     version, reads = args.version, staging.Reads()
-    if is_remote(cfg["artifacts"]):  # stage the target's index files (it is verified before it goes live)
+    if is_remote(cfg.artifacts):  # stage the target's index files (it is verified before it goes live)
         version = version or default_rollback_target(cfg)
         reads = staging.reading(("index/",), version) if version else reads
     with staging.locked_staged(cfg, f"sourcegate rollback {version or ''}".strip(), None, reads) as local:
@@ -289,7 +288,7 @@ def cmd_rollback(args) -> int:
     return 0
 
 
-def default_rollback_target(cfg: dict) -> str | None:
+def default_rollback_target(cfg: PipelineConfig) -> str | None:
     """The newest promoted version other than the live one, read from the store (rollback_step's default)."""
     from pipelines.app.factories import open_store
     from pipelines.versions import promotions
@@ -306,13 +305,13 @@ def cmd_diff(args) -> int:
     from pipelines.app.steps import run_dir
 
     cfg = load_config(args) if args.artifacts else None
-    if cfg is None or not is_remote(cfg["artifacts"]):
+    if cfg is None or not is_remote(cfg.artifacts):
         diff = diff_runs(args.run_a, args.run_b)
     else:
         reads = staging.reading((QUESTIONS,), args.run_a, args.run_b)
         with staging.staged(cfg, reads=reads, publish_after=False) as local:
             diff = diff_runs(run_dir(local, args.run_a), run_dir(local, args.run_b))
-        diff |= {"a": f"{cfg['artifacts']}/runs/{args.run_a}", "b": f"{cfg['artifacts']}/runs/{args.run_b}"}
+        diff |= {"a": f"{cfg.artifacts}/runs/{args.run_a}", "b": f"{cfg.artifacts}/runs/{args.run_b}"}
     print(json.dumps(diff, indent=2, sort_keys=True) if args.json else format_diff(diff))
     return 0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipelines.build import embed_backends
 from pipelines.build.embed import Embedder
+from pipelines.config import PipelineConfig
 from pipelines.versions import manifest as mf
 from pipelines.versions.object_store import is_remote
 
@@ -38,38 +39,38 @@ def scorer_for(kind: str, model_path: str | None):
     return _SCORERS[key]
 
 
-def get_embedder(cfg: dict) -> Embedder:
-    e = cfg["embedding"]
-    return embedder_for(e["model_id"], e["model_path"], e["batch_size"], e["backend"])
+def get_embedder(cfg: PipelineConfig) -> Embedder:
+    e = cfg.embedding
+    return embedder_for(e.model_id, e.model_path, e.batch_size, e.backend)
 
 
-def open_store(cfg: dict):
-    if cfg["backend"]["kind"] == "opensearch":
+def open_store(cfg: PipelineConfig):
+    if cfg.backend.kind == "opensearch":
         from pipelines.search.opensearch import OpenSearchStore
 
         return OpenSearchStore.from_config(cfg)
     from pipelines.search.embedded import EmbeddedStore
 
-    if is_remote(cfg["artifacts"]):  # serving from an object store: versions cached locally, verified
+    if is_remote(cfg.artifacts):  # serving from an object store: versions cached locally, verified
         from pipelines.app.version_cache import CachedStore
 
-        return CachedStore(cfg["artifacts"])
-    root = Path(cfg["artifacts"])
+        return CachedStore(cfg.artifacts)
+    root = Path(cfg.artifacts)
     return EmbeddedStore(root / "runs", root / "LIVE")
 
 
-def retriever_for(cfg: dict, searcher):
+def retriever_for(cfg: PipelineConfig, searcher):
     from pipelines.retrieval.retriever import Retriever
 
     embedder = get_embedder(cfg)
     mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
-    scorer = scorer_for(cfg["reranker"]["kind"], cfg["reranker"]["model_path"])
+    scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
     return Retriever.from_config(searcher, embedder, scorer, cfg), scorer
 
 
-def preflight(cfg: dict) -> None:
+def preflight(cfg: PipelineConfig) -> None:
     """The backend's pre-flight check before a night writes (OpenSearch: health and blocks; embedded: none)."""
-    if cfg["backend"]["kind"] == "opensearch":
+    if cfg.backend.kind == "opensearch":
         from pipelines.search.opensearch.health import preflight as opensearch_preflight
 
         store = open_store(cfg)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from artifact_io import read_json
 from pipelines.app import factories, staging, steps
+from pipelines.config import PipelineConfig
 from pipelines.versions.lock import writer_lock
 
 
-def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> dict:
+def build(cfg: PipelineConfig, run_id: str, progress: bool = False, shards: int = 1) -> dict:
     counts = steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)
     stats = [steps.embed_step(cfg, run_id, s, shards, progress=progress) for s in range(shards)]
@@ -22,7 +23,7 @@ def build(cfg: dict, run_id: str, progress: bool = False, shards: int = 1) -> di
     return {"ingest": counts, "encoded": encoded, "indexed": indexed, "quarantined": quarantined}
 
 
-def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False, promote: bool = True) -> dict:
+def run_pipeline(cfg: PipelineConfig, run_id: str | None = None, progress: bool = False, promote: bool = True) -> dict:
     run_id = run_id or steps.new_run_id()
     factories.preflight(cfg)  # a red cluster or a write block fails the night before its first write
     with writer_lock(cfg, f"sourcegate run {run_id}"):  # the whole night is one writer
@@ -31,7 +32,7 @@ def run_pipeline(cfg: dict, run_id: str | None = None, progress: bool = False, p
         return result | {"run_dir": staging.remote_path(cfg, result["run_dir"], local)}
 
 
-def _run_locked(cfg: dict, run_id: str, progress: bool, promote: bool) -> dict:
+def _run_locked(cfg: PipelineConfig, run_id: str, progress: bool, promote: bool) -> dict:
     built = build(cfg, run_id, progress=progress)
     steps.evaluate_step(cfg, run_id, progress=progress)
     gate = steps.gate_step(cfg, run_id)

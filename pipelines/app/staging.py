@@ -29,7 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pipelines import config
 from pipelines.batches import shard_range
+from pipelines.config import PipelineConfig
 from pipelines.versions import promotions
 from pipelines.versions.lock import command_line, writer_lock
 from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, sha256_path
@@ -202,19 +204,21 @@ def store_errors(store: ObjectStore, doing: str, live_changed: bool) -> Iterator
 
 
 @contextmanager
-def staged(cfg: dict, run_id: str | None = None, reads: Reads = NIGHT, publish_after: bool = True) -> Iterator[dict]:
+def staged(
+    cfg: PipelineConfig, run_id: str | None = None, reads: Reads = NIGHT, publish_after: bool = True
+) -> Iterator[PipelineConfig]:
     """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success
     (a read-only command: `publish_after=False`)."""
-    if not is_remote(cfg["artifacts"]):
+    if not is_remote(cfg.artifacts):
         yield cfg
         return
-    store = ObjectStore.from_uri(cfg["artifacts"])
+    store = ObjectStore.from_uri(cfg.artifacts)
     scratch = Path(tempfile.mkdtemp(prefix="sourcegate-stage-"))
     (scratch / PUBLISHED_AS).write_text(store.uri, encoding="utf-8")
     try:
         with store_errors(store, "staging", live_changed=False):
             snap = stage(store, scratch, run_id, reads)
-        yield {**cfg, "artifacts": str(scratch)}
+        yield config.replace(cfg, {"artifacts": str(scratch)})
         if publish_after:
             publish(store, scratch, snap)
     finally:
@@ -222,17 +226,21 @@ def staged(cfg: dict, run_id: str | None = None, reads: Reads = NIGHT, publish_a
 
 
 @contextmanager
-def locked_staged(cfg: dict, command: str, run_id: str | None, reads: Reads, shared: bool = False) -> Iterator[dict]:
+def locked_staged(
+    cfg: PipelineConfig, command: str, run_id: str | None, reads: Reads, shared: bool = False
+) -> Iterator[PipelineConfig]:
     """A writer on an s3:// artifacts prefix: under the lock object, `reads` staged into its own scratch folder,
     published after it returns, the scratch removed. A local artifacts folder: `cfg` as is (the steps lock it)."""
-    if not is_remote(cfg["artifacts"]):
+    if not is_remote(cfg.artifacts):
         yield cfg
         return
     with writer_lock(cfg, command, shared=shared), staged(cfg, run_id, reads) as local:
         yield local
 
 
-def task_staged(cfg: dict, step: str, run_id: str, shard: tuple[int, int] | None = None) -> ContextManager[dict]:
+def task_staged(
+    cfg: PipelineConfig, step: str, run_id: str, shard: tuple[int, int] | None = None
+) -> ContextManager[PipelineConfig]:
     """One DAG task: only what `step` reads (STEP_READS); an embed `shard` (shard, shards) only its slice of
     chunks.text.parquet. Embed shards share the lock: each publishes only its own shard file."""
     reads = STEP_READS[step]
@@ -241,15 +249,15 @@ def task_staged(cfg: dict, step: str, run_id: str, shard: tuple[int, int] | None
     return locked_staged(cfg, f"{command_line()} [{step}]", run_id, reads, shared=step == "embed")
 
 
-def as_published(cfg: dict) -> dict:
+def as_published(cfg: PipelineConfig) -> PipelineConfig:
     """`cfg` with `artifacts` as recorded (run.json): the s3:// URI for a staged scratch folder, else as is."""
-    marker = Path(cfg["artifacts"]) / PUBLISHED_AS
-    return {**cfg, "artifacts": marker.read_text(encoding="utf-8")} if marker.is_file() else cfg
+    marker = Path(cfg.artifacts) / PUBLISHED_AS
+    return config.replace(cfg, {"artifacts": marker.read_text(encoding="utf-8")}) if marker.is_file() else cfg
 
 
-def remote_path(cfg: dict, local: str | Path, scratch_cfg: dict) -> str:
+def remote_path(cfg: PipelineConfig, local: str | Path, scratch_cfg: PipelineConfig) -> str:
     """A path under the scratch folder, named as the object-store URL it was published to."""
     if scratch_cfg is cfg:
         return str(local)
-    rel = Path(local).relative_to(scratch_cfg["artifacts"]).as_posix()
-    return f"{cfg['artifacts'].rstrip('/')}/{rel}"
+    rel = Path(local).relative_to(scratch_cfg.artifacts).as_posix()
+    return f"{cfg.artifacts.rstrip('/')}/{rel}"

@@ -26,6 +26,7 @@ from pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, wr
 from pipelines.build.embed import embed_shard, merge_shards
 from pipelines.build.ingest import ingest
 from pipelines.build.validate import loadable_chunks, validate_chunks
+from pipelines.config import PipelineConfig
 from pipelines.retrieval import combiner
 from pipelines.versions import code, promotions, runs, verdict
 from pipelines.versions import manifest as mf
@@ -39,22 +40,22 @@ def new_run_id(when: datetime | None = None) -> str:
     return (when or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
 
 
-def run_dir(cfg: dict, run_id: str) -> Path:
+def run_dir(cfg: PipelineConfig, run_id: str) -> Path:
     if not RUN_ID.match(run_id):
         raise ValueError(f"run id {run_id!r} must match {RUN_ID.pattern}")
-    return Path(cfg["artifacts"]) / "runs" / run_id
+    return Path(cfg.artifacts) / "runs" / run_id
 
 
-def previous_run(cfg: dict, run_id: str) -> Path | None:
+def previous_run(cfg: PipelineConfig, run_id: str) -> Path | None:
     """The newest earlier run that got as far as chunks: the baseline for diffs and the embed cache."""
-    runs = Path(cfg["artifacts"]) / "runs"
+    runs = Path(cfg.artifacts) / "runs"
     earlier = sorted(p for p in runs.glob("*") if p.name < run_id and (p / "chunks.parquet").exists())
     return earlier[-1] if earlier else None
 
 
-def earlier_evaluation(cfg: dict, run_id: str) -> Path | None:
+def earlier_evaluation(cfg: PipelineConfig, run_id: str) -> Path | None:
     """The newest earlier run folder whose evaluation kept its text vectors (and rerank logits)."""
-    runs = Path(cfg["artifacts"]) / "runs"
+    runs = Path(cfg.artifacts) / "runs"
     earlier = sorted(p.parent for p in runs.glob(f"*/{TEXT_VECTORS}") if p.parent.name < run_id)
     return earlier[-1] if earlier else None
 
@@ -110,7 +111,7 @@ embedding_fingerprint = verdict.embedding_fingerprint  # also what ingest and lo
 
 
 @locked("ingest")
-def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
+def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
     folder = run_dir(cfg, run_id)
     existing = open_store(cfg).manifest(run_id)
     out = folder / ".rerun-ingest" if existing else folder  # a complete version's run folder is left alone
@@ -122,10 +123,10 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
     try:
         with timed(folder, "ingest"):
             result = ingest(
-                corpus or cfg["corpus"]["path"],
+                corpus or cfg.corpus.path,
                 out,
-                fmt=fmt or cfg["corpus"]["format"],
-                max_doc_bytes=cfg["corpus"]["max_doc_bytes"],
+                fmt=fmt or cfg.corpus.format,
+                max_doc_bytes=cfg.corpus.max_doc_bytes,
                 previous_documents=prev / "documents.parquet" if prev else None,
             )
         corpus_sha = corpus_hash(result.documents)
@@ -143,8 +144,10 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
     update_run_info(
         folder,
         run_id=run_id,
-        config=staging.as_published(cfg),  # where it is published, not the scratch folder it ran in
-        corpus=str(corpus or cfg["corpus"]["path"]),
+        config=staging.as_published(cfg).model_dump(
+            mode="json"
+        ),  # where it is published, not the scratch folder it ran in
+        corpus=str(corpus or cfg.corpus.path),
         corpus_hash=corpus_sha,
         previous_run=prev.name if prev else None,
         code_version=version,
@@ -156,11 +159,11 @@ def ingest_step(cfg: dict, run_id: str, corpus: str | None = None, fmt: str | No
 
 
 @locked("chunk")
-def chunk_step(cfg: dict, run_id: str) -> int:
+def chunk_step(cfg: PipelineConfig, run_id: str) -> int:
     """Chunk the run's documents, re-using the previous run's rows for unchanged documents."""
     folder = run_dir(cfg, run_id)
-    model_dir = str(models.embedding_model_path(cfg["embedding"]["model_path"]))
-    settings = cfg["chunking"]["max_tokens"], cfg["chunking"]["overlap_tokens"], cfg["chunking"]["max_split_pieces"]
+    model_dir = str(models.embedding_model_path(cfg.embedding.model_path))
+    settings = cfg.chunking.max_tokens, cfg.chunking.overlap_tokens, cfg.chunking.max_split_pieces
     key = chunker_key(Path(model_dir) / "tokenizer.json", *settings)
     prev = previous_run(cfg, run_id)
     with timed(folder, "chunk"):
@@ -191,7 +194,7 @@ def chunk_step(cfg: dict, run_id: str) -> int:
 
 @locked("embed", shared=True)
 def embed_step(
-    cfg: dict,
+    cfg: PipelineConfig,
     run_id: str,
     shard: int = 0,
     shards: int = 1,
@@ -225,7 +228,7 @@ def embed_step(
 
 
 @locked("merge")
-def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
+def merge_step(cfg: PipelineConfig, run_id: str, shard_stats: list[dict]) -> int:
     """Join the embedded shards (contiguous slices) back into chunks.parquet in chunk order, batch by batch."""
     folder = run_dir(cfg, run_id)
     fingerprints = {s.get("fingerprint") for s in shard_stats}
@@ -236,8 +239,8 @@ def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
     ]
     merge_shards(folder / "chunks.text.parquet", shard_files, folder / "chunks.parquet")
     encoded = sum(s["encoded"] for s in shard_stats)
-    embedding = {"id": cfg["embedding"]["model_id"], "dimension": shard_stats[0]["dimension"]}
-    embedding |= {"backend": cfg["embedding"]["backend"], "cpu_native_bf16": embed_backends.native_bf16()}
+    embedding = {"id": cfg.embedding.model_id, "dimension": shard_stats[0]["dimension"]}
+    embedding |= {"backend": cfg.embedding.backend, "cpu_native_bf16": embed_backends.native_bf16()}
     update_run_info(
         folder,
         counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
@@ -247,7 +250,7 @@ def merge_step(cfg: dict, run_id: str, shard_stats: list[dict]) -> int:
 
 
 @locked("validate")
-def validate_step(cfg: dict, run_id: str) -> bool:
+def validate_step(cfg: PipelineConfig, run_id: str) -> bool:
     folder = run_dir(cfg, run_id)
     dimension = read_json(folder / "run.json")["models"]["embedding"]["dimension"]  # the model's, not the file's
     with timed(folder, "validate"):
@@ -259,7 +262,7 @@ def validate_step(cfg: dict, run_id: str) -> bool:
     return report["success"]
 
 
-def version_inputs(cfg: dict, folder: Path) -> dict:
+def version_inputs(cfg: PipelineConfig, folder: Path) -> dict:
     """What this run's index version is built from (the manifest's `inputs`), from run.json."""
     info = read_json(folder / "run.json")
     embedding = (info.get("models") or {}).get("embedding") or {}
@@ -273,14 +276,14 @@ def version_inputs(cfg: dict, folder: Path) -> dict:
     }
 
 
-def live_chunks(cfg: dict, store) -> Path | None:
+def live_chunks(cfg: PipelineConfig, store) -> Path | None:
     """The Parquet the live version was loaded from (its run folder's), None when nothing is live."""
     live = store.live()
     return loadable_chunks(run_dir(cfg, live)) if live and RUN_ID.match(live) else None
 
 
 @locked("load")
-def load_step(cfg: dict, run_id: str, full: bool = False) -> int:
+def load_step(cfg: PipelineConfig, run_id: str, full: bool = False) -> int:
     """Load this run's index version; a complete one (a rerun) is reused if built from the same inputs,
     refused otherwise, and never rebuilt (not even when it is live).
 
@@ -297,7 +300,7 @@ def load_step(cfg: dict, run_id: str, full: bool = False) -> int:
             if refusal:
                 raise refusal
             count = existing["rows"]
-        elif cfg["backend"]["kind"] == "opensearch":
+        elif cfg.backend.kind == "opensearch":
             base = None if full else live_chunks(cfg, store)
             count = store.load(run_id, str(loadable_chunks(folder)), inputs=inputs, base_chunks=base)
         else:
@@ -306,7 +309,7 @@ def load_step(cfg: dict, run_id: str, full: bool = False) -> int:
     update_run_info(
         folder,
         counts={"indexed": count},
-        backend=cfg["backend"]["kind"],
+        backend=cfg.backend.kind,
         index_version={"manifest_sha256": mf.manifest_hash(manifest), "reused": existing is not None},
         **({"load": manifest["build"]} if manifest.get("build") else {}),
     )
@@ -314,7 +317,7 @@ def load_step(cfg: dict, run_id: str, full: bool = False) -> int:
 
 
 @locked("promote")
-def promote_step(cfg: dict, run_id: str, actor: str = "cli", allow_older: bool = False) -> str:
+def promote_step(cfg: PipelineConfig, run_id: str, actor: str = "cli", allow_older: bool = False) -> str:
     """Point the live alias at this run's index, if its gate passed on exactly this version's content.
 
     The verdict in gate.json is checked against the version as it is now (manifest hash, eval sets,
@@ -389,7 +392,9 @@ def promotion_of(log: list[dict], version: str, verdict_sha: str) -> dict | None
 
 
 @locked("rollback")
-def rollback_step(cfg: dict, version: str | None = None, force: bool = False, actor: str = "rollback") -> dict:
+def rollback_step(
+    cfg: PipelineConfig, version: str | None = None, force: bool = False, actor: str = "rollback"
+) -> dict:
     """Re-point the live alias to an earlier version that passed its gate and still verifies; logged.
 
     Default target: the newest promoted version (promotions log) other than the live one. Only a version in
@@ -429,18 +434,18 @@ def rollback_step(cfg: dict, version: str | None = None, force: bool = False, ac
 
 
 @locked("cleanup")
-def cleanup_step(cfg: dict) -> dict:
+def cleanup_step(cfg: PipelineConfig) -> dict:
     """Retention over whole run folders (and their index versions) plus crashed writers' leftovers."""
-    b = cfg["backend"]
-    runs_dir = Path(cfg["artifacts"]) / "runs"
-    return runs.retain_runs(runs_dir, open_store(cfg), b["retention"], b["keep_failed_days"], before=held_since(cfg))
+    b = cfg.backend
+    runs_dir = Path(cfg.artifacts) / "runs"
+    return runs.retain_runs(runs_dir, open_store(cfg), b.retention, b.keep_failed_days, before=held_since(cfg))
 
 
 # --- evaluation and the gate -----------------------------------------------------------
 
 
 @locked("evaluate")
-def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: bool = False) -> dict:
+def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, progress: bool = False) -> dict:
     """Evaluate index `version` (default: this run's own) into this run's folder."""
     folder = run_dir(cfg, run_id)
     folder.mkdir(parents=True, exist_ok=True)
@@ -467,7 +472,7 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
         eval_kept=out["kept"],  # text vectors and rerank logits: reused from an earlier night / computed / kept
         models={
             "reranker": {
-                "kind": cfg["reranker"]["kind"],
+                "kind": cfg.reranker.kind,
                 "id": getattr(scorer, "model_id", None),
                 "fingerprint": verdict.reranker_fingerprint(cfg),
             }
@@ -477,13 +482,13 @@ def evaluate_step(cfg: dict, run_id: str, version: str | None = None, progress: 
 
 
 @locked("gate")
-def gate_step(cfg: dict, run_id: str) -> dict:
+def gate_step(cfg: PipelineConfig, run_id: str) -> dict:
     """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
     folder = run_dir(cfg, run_id)
     info = read_json(folder / "run.json") if (folder / "run.json").exists() else {}
     live = open_store(cfg).live()
     evaluated = info.get("evaluated")  # what evaluate_step judged, bound to the baseline the gate compares against
-    bound = verdict.binding(evaluated, Path(cfg["evals"]["baseline"])) if evaluated is not None else None
+    bound = verdict.binding(evaluated, Path(cfg.evals.baseline)) if evaluated is not None else None
     gate = gate_for_dir(cfg, folder, info, evaluated=bound, live_folder=run_dir(cfg, live) if live else None)
     update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evals.answer_modes import mode_for
+from pipelines import config
 from pipelines.retrieval.retriever import Candidate, Retrieval
 
 # Which per-passage score is on the same scale as each gating signal (for the noise cut).
@@ -27,10 +28,10 @@ class Answer:
     dropped_as_noise: int = 0
 
 
-def decide(retrieval: Retrieval, answer_cfg: dict, max_passages: int = 5) -> Answer:
-    signal = answer_cfg["signal"]
+def decide(retrieval: Retrieval, answer: config.Answer, max_passages: int = 5) -> Answer:
+    signal = answer.signal
     value = retrieval.signals.get(signal)
-    mode, threshold = mode_for(value, answer_cfg)
+    mode, threshold = mode_for(value, answer)
     if mode not in ("sourced", "adjacent"):
         return Answer(mode, signal, value, threshold, retrieval.ranked[:3])
     passages, dropped = drop_noise(retrieval.ranked[:max_passages], signal, threshold)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from evals.sweep import roc_auc
+from pipelines.config import PipelineConfig
 from pipelines.versions.manifest import sha256_file, sha256_json
 
 FORMAT = "sourcegate-answerability-combiner/1"
@@ -214,7 +215,7 @@ def describe(model: Mapping | None, path: str | Path | None, refit: bool) -> dic
     }
 
 
-def before_sweep(retriever, cfg: Mapping, out_dir: str | Path, refit: bool):
+def before_sweep(retriever, cfg: PipelineConfig, out_dir: str | Path, refit: bool):
     """The evaluation harness's hook: what calibration.json records about the combiner.
 
     A night (`refit` False) records the accepted combiner its `answerability` was scored with.
@@ -224,9 +225,9 @@ def before_sweep(retriever, cfg: Mapping, out_dir: str | Path, refit: bool):
     """
 
     def hook(records: list[dict]) -> dict | None:
-        path = cfg["answerability"]["combiner"]
+        path = cfg.answerability.combiner
         if refit and records:
-            retriever.combiner = fit(records, cfg["answerability"]["features"])
+            retriever.combiner = fit(records, cfg.answerability.features)
             path = write(retriever.combiner, Path(out_dir) / "answerability_combiner.json")
             for r in records:
                 r["signals"][SIGNAL] = score(retriever.combiner, r["signals"])

@@ -141,58 +141,47 @@ def margin(scores: Sequence[float]) -> float:
     return (scores[0] - scores[1]) / scores[0]
 
 
-def combiner_for(cfg: dict) -> dict | None:
+def combiner_for(cfg: config_models.PipelineConfig) -> dict | None:
     """The accepted answerability combiner the config names (CombinerError if it is missing or stale)."""
-    section = cfg["answerability"]
-    return combiner_mod.load(section["combiner"], section["features"]) if section["combiner"] else None
+    section = cfg.answerability
+    return combiner_mod.load(section.combiner, section.features) if section.combiner else None
 
 
 # The one source of defaults is the config's models (pipelines/config.py); no number of its own here.
-_RETRIEVAL, _RERANKER = config_models.Retrieval(), config_models.Reranker()
+_DEFAULTS = config_models.PipelineConfig()
 
 
 class Retriever:
+    """Hybrid retrieval, fusion and reranking with the settings of the config's `retrieval` section and the
+    `reranker` section's timeout (pipelines/config.py, the one source of their defaults)."""
+
     def __init__(
         self,
         searcher: SearchBackend,
         embedder,
         scorer=None,
-        *,
-        bm25_top_n: int = _RETRIEVAL.bm25_top_n,
-        knn_top_n: int = _RETRIEVAL.knn_top_n,
-        rrf_k: int = _RETRIEVAL.rrf_k,
-        rerank_depth: int = _RETRIEVAL.rerank_depth,
-        rerank_weight: float = _RETRIEVAL.rerank_weight,
-        rerank_timeout_s: float = _RERANKER.timeout_s,
+        retrieval: config_models.Retrieval = _DEFAULTS.retrieval,
+        reranker: config_models.Reranker = _DEFAULTS.reranker,
         combiner: dict | None = None,
     ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
         self.combiner = combiner  # the accepted answerability combiner (pipelines/retrieval/combiner.py), or None
-        self.bm25_top_n, self.knn_top_n, self.rrf_k = bm25_top_n, knn_top_n, rrf_k
-        self.rerank_depth, self.rerank_weight, self.rerank_timeout_s = rerank_depth, rerank_weight, rerank_timeout_s
+        self.settings, self.rerank_timeout_s = retrieval, reranker.timeout_s
         self.text_vectors = TextVectors(embedder)  # questions, their words, passage sentences: by text hash
 
     @classmethod
-    def from_config(cls, searcher, embedder, scorer, cfg: dict, **overrides) -> Retriever:
-        """The config's retrieval settings; `overrides` (e.g. deeper lists for `sourcegate beir`) win."""
-        r = cfg["retrieval"]
-        options = {
-            "bm25_top_n": r["bm25_top_n"],
-            "knn_top_n": r["knn_top_n"],
-            "rrf_k": r["rrf_k"],
-            "rerank_depth": r["rerank_depth"],
-            "rerank_weight": r["rerank_weight"],
-            "rerank_timeout_s": cfg["reranker"]["timeout_s"],
-            "combiner": combiner_for(cfg),
-        }
-        return cls(searcher, embedder, scorer, **{**options, **overrides})
+    def from_config(cls, searcher, embedder, scorer, cfg: config_models.PipelineConfig, **overrides) -> Retriever:
+        """The config's retrieval settings; `overrides` of the `retrieval` section (e.g. deeper lists for
+        `sourcegate beir`) win."""
+        retrieval = config_models.replace(cfg.retrieval, overrides)
+        return cls(searcher, embedder, scorer, retrieval, cfg.reranker, combiner_for(cfg))
 
     def fuse(self, query: str, vector, terms: Sequence[str] = ()) -> tuple[list[Candidate], HybridResult]:
         """Both lists fused into candidates, and the search result they came from (the signals read it,
         with the document frequencies of `terms`)."""
-        found = hybrid_search(self.searcher, query, vector, self.bm25_top_n, self.knn_top_n, terms)
+        found = hybrid_search(self.searcher, query, vector, self.settings.bm25_top_n, self.settings.knn_top_n, terms)
         bm25, knn = found.bm25, found.knn
-        fused = rrf([bm25, knn], self.rrf_k)
+        fused = rrf([bm25, knn], self.settings.rrf_k)
         stored = [found.stored[cid] for cid, _ in fused]
         out = [
             Candidate(
@@ -212,19 +201,19 @@ class Retriever:
     def rerank(self, query: str, fused: list[Candidate]) -> tuple[Reranked | None, list[Candidate]]:
         """The cross-encoder's result over the fused head (None on failure) and the final order:
         the head blended with its fused scores, then the rest of the fused list."""
-        head = fused[: self.rerank_depth]
+        head = fused[: self.settings.rerank_depth]
         result, order = rerank_head(
             self.scorer,
             query,
             [c.text for c in head],
             [c.fused_score for c in head],
-            self.rerank_weight,
+            self.settings.rerank_weight,
             self.rerank_timeout_s,
         )
         if result is not None:
             for c, p in zip(head, result.probabilities):
                 c.rerank_probability = p
-        return result, [head[i] for i in order] + fused[self.rerank_depth :]
+        return result, [head[i] for i in order] + fused[self.settings.rerank_depth :]
 
     def retrieve(self, question: str, context: Sequence[str] = ()) -> Retrieval:
         return self.retrieve_many([(question, context)])[0]

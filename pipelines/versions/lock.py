@@ -40,6 +40,7 @@ from pathlib import Path
 
 from artifact_io import write_json
 from pipelines import faults
+from pipelines.config import PipelineConfig
 from pipelines.search.opensearch.health import LOCK_INDEX
 from pipelines.versions.object_store import ObjectStore, is_remote
 
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".sourcegate.lock"
 HOLDER_FILE = ".sourcegate.lock.json"
 POLL_S = 0.2
-DEFAULT_TIMEOUT_S = 0.0
 
 
 class LockHeld(RuntimeError):
@@ -101,8 +101,8 @@ def command_line() -> str:
     return " ".join(["sourcegate", *sys.argv[1:]]) if sys.argv and "pipelines" in sys.argv[0] else " ".join(sys.argv)
 
 
-def timeout_of(cfg: dict) -> float:
-    return float((cfg.get("lock") or {}).get("timeout_s", DEFAULT_TIMEOUT_S))
+def timeout_of(cfg: PipelineConfig) -> float:
+    return float(cfg.lock.timeout_s)
 
 
 # --- the artifacts folder lock (flock) ------------------------------------------------------------
@@ -241,8 +241,8 @@ def release_beside(release: Callable[[], None], key: str, original: BaseExceptio
         log.warning("could not release the lock %s (%s: %s) after: %s", key, type(exc).__name__, exc, original)
 
 
-def lock_key(cfg: dict) -> str:
-    artifacts = str(cfg["artifacts"])
+def lock_key(cfg: PipelineConfig) -> str:
+    artifacts = str(cfg.artifacts)
     return artifacts.rstrip("/") if is_remote(artifacts) else str(Path(artifacts).resolve())
 
 
@@ -253,7 +253,7 @@ def acquire_remote(uri: str, command: str, timeout_s: float) -> Callable[[], Non
 
 
 @contextmanager
-def writer_lock(cfg: dict, command: str | None = None, *, shared: bool = False) -> Iterator[None]:
+def writer_lock(cfg: PipelineConfig, command: str | None = None, *, shared: bool = False) -> Iterator[None]:
     """Hold the artifacts folder lock (and, on the OpenSearch backend, the alias lock)."""
     command = command or command_line()
     timeout = timeout_of(cfg)
@@ -264,18 +264,18 @@ def writer_lock(cfg: dict, command: str | None = None, *, shared: bool = False) 
                 stack.enter_context(_hold(artifacts, False, lambda: acquire_remote(artifacts, command, timeout)))
         else:
             stack.enter_context(_hold(artifacts, shared, lambda: acquire_folder(artifacts, command, timeout, shared)))
-        if cfg["backend"]["kind"] == "opensearch" and not shared:
+        if cfg.backend.kind == "opensearch" and not shared:
             from pipelines.search.opensearch.client import client_for  # the Airflow connection under Airflow
 
-            section = cfg["backend"]["opensearch"]
-            alias = section["index_prefix"]
+            section = cfg.backend.opensearch
+            alias = section.index_prefix
             stack.enter_context(
                 _hold(f"opensearch:{alias}", False, lambda: acquire_alias(client_for(section), alias, command, timeout))
             )
         yield
 
 
-def held_since(cfg: dict) -> float | None:
+def held_since(cfg: PipelineConfig) -> float | None:
     """When this thread took the artifacts folder lock it holds (None: it holds none)."""
     hold = _held.get((lock_key(cfg), threading.get_ident()))
     return hold.since if hold else None
@@ -301,7 +301,7 @@ def locked(step: str, *, shared: bool = False):
 
     def wrap(fn):
         @functools.wraps(fn)
-        def inner(cfg: dict, *args, **kwargs):
+        def inner(cfg: PipelineConfig, *args, **kwargs):
             try:
                 with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared):
                     faults.reached(f"before:{step}")

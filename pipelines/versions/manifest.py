@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines import config
 from pipelines.versions import stamp
 
 MANIFEST_FILE = "manifest.json"  # inside the embedded version folder (runs/<version>/index/)
@@ -63,16 +64,9 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _get(cfg: Mapping, dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = (node or {}).get(part)
-    return node
-
-
-def index_config_hash(cfg: Mapping) -> str:
+def index_config_hash(cfg: config.PipelineConfig) -> str:
     """Hash of the config values that decide an index version's content (INDEX_CONFIG_KEYS)."""
-    return sha256_json({k: _get(cfg, k) for k in INDEX_CONFIG_KEYS})
+    return sha256_json({k: config.get(cfg, k) for k in INDEX_CONFIG_KEYS})
 
 
 def file_entries(folder: str | Path, names: Iterable[str]) -> dict[str, dict]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipelines import models
 from pipelines.build import embed_backends
+from pipelines.config import PipelineConfig
 from pipelines.versions.code import code_version
 from pipelines.versions.manifest import manifest_hash, sha256_file, sha256_json
 
@@ -31,20 +32,20 @@ def file_fact(path: str | None) -> dict | None:
     return {"path": str(path), "sha256": file_hash(path)} if path else None
 
 
-def eval_sets(cfg: Mapping) -> list[str]:
+def eval_sets(cfg: PipelineConfig) -> list[str]:
     """The eval sets an evaluation reads (their content is part of what a verdict judged)."""
-    check = cfg["evals"].get("check_set")
-    return [cfg["evals"]["calibration_set"], *([check] if check else []), cfg["evals"]["precision_set"]]
+    check = cfg.evals.check_set
+    return [cfg.evals.calibration_set, *([check] if check else []), cfg.evals.precision_set]
 
 
-def embedding_fingerprint(cfg: Mapping) -> str:
+def embedding_fingerprint(cfg: PipelineConfig) -> str:
     """The fingerprint of the embedding model the config names, per backend (no model load: a hash of its files)."""
-    return embed_backends.fingerprint(cfg["embedding"]["model_path"], cfg["embedding"]["backend"])
+    return embed_backends.fingerprint(cfg.embedding.model_path, cfg.embedding.backend)
 
 
-def reranker_fingerprint(cfg: Mapping) -> str | None:
+def reranker_fingerprint(cfg: PipelineConfig) -> str | None:
     """The cross-encoder's files' fingerprint (it scores the gating signal), None when there is none."""
-    kind, path = cfg["reranker"]["kind"], cfg["reranker"]["model_path"]
+    kind, path = cfg.reranker.kind, cfg.reranker.model_path
     try:
         if kind == "onnx":
             return models.fingerprint(models.cross_encoder_dir(path))
@@ -58,12 +59,13 @@ def reranker_fingerprint(cfg: Mapping) -> str | None:
 LOCATION_KEYS = ("artifacts",)
 
 
-def config_hash(cfg: Mapping) -> str:
-    """The hash of the config a verdict judged: every key but LOCATION_KEYS."""
-    return sha256_json({k: v for k, v in cfg.items() if k not in LOCATION_KEYS})
+def config_hash(cfg: PipelineConfig) -> str:
+    """The hash of the config a verdict judged: every key but LOCATION_KEYS (its JSON form, as it was hashed
+    when configs were dicts: tests/test_config.py pins the shipped config's hash)."""
+    return sha256_json(cfg.model_dump(mode="json", exclude=set(LOCATION_KEYS)))
 
 
-def evaluated(cfg: Mapping, manifest: Mapping | None, eval_sets: list[str]) -> dict:
+def evaluated(cfg: PipelineConfig, manifest: Mapping | None, eval_sets: list[str]) -> dict:
     """What one evaluation judged: the version (by manifest hash), the eval sets, the config, the accepted
     answerability combiner its signals were scored with, the models that scored them (embedder, reranker)
     and the code that ran: any of them changed needs a new verdict."""
@@ -72,7 +74,7 @@ def evaluated(cfg: Mapping, manifest: Mapping | None, eval_sets: list[str]) -> d
         "manifest_sha256": manifest_hash(manifest) if manifest else None,
         "eval_sets": {str(p): file_hash(p) for p in eval_sets},
         "config_sha256": config_hash(cfg),
-        "combiner": file_fact((cfg.get("answerability") or {}).get("combiner")),
+        "combiner": file_fact(cfg.answerability.combiner),
         "embedder_fingerprint": embedding_fingerprint(cfg),
         "reranker_fingerprint": reranker_fingerprint(cfg),
         "code_version": code_version(),
@@ -84,10 +86,10 @@ def binding(evaluated_facts: Mapping, baseline_path: str | Path) -> dict:
     return {**evaluated_facts, "baseline": {"path": str(baseline_path), "sha256": file_hash(baseline_path)}}
 
 
-def current_binding(cfg: Mapping, manifest: Mapping, recorded: Mapping) -> dict:
+def current_binding(cfg: PipelineConfig, manifest: Mapping, recorded: Mapping) -> dict:
     """The same facts recomputed now, for the version about to be promoted (eval sets as recorded)."""
     sets = list(recorded.get("eval_sets") or {}) or eval_sets(cfg)
-    return binding(evaluated(cfg, manifest, sets), cfg["evals"]["baseline"])
+    return binding(evaluated(cfg, manifest, sets), cfg.evals.baseline)
 
 
 def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
@@ -126,7 +128,7 @@ BOUND_MODELS_AND_CODE = {
 }
 
 
-def check_verdict(gate: Mapping, cfg: Mapping, manifest: Mapping, version: str) -> None:
+def check_verdict(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version: str) -> None:
     """Refuse (VerdictMismatch) a verdict that failed or that was computed on other content than `manifest`."""
     if not gate.get("passed"):
         raise VerdictMismatch(f"refusing to promote {version}: its gate failed")

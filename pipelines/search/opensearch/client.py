@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pipelines import config
+
 if TYPE_CHECKING:  # pragma: no cover
     from opensearchpy import OpenSearch
 
@@ -140,8 +142,8 @@ def client_from_airflow(conn_id: str = "opensearch_default") -> OpenSearch:
     return OpenSearchHook(open_search_conn_id=conn_id, log_query=False).client
 
 
-def client_for(section: Mapping[str, Any]) -> OpenSearch:
+def client_for(section: config.OpenSearch) -> OpenSearch:
     """The client the config's ``backend.opensearch`` section asks for: its Airflow connection
     when it names one (under Airflow), else the environment (the CLI)."""
-    conn_id = section.get("airflow_conn_id")
+    conn_id = section.airflow_conn_id
     return client_from_airflow(conn_id) if conn_id else client_from_env()

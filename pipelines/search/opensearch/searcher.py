@@ -11,9 +11,10 @@ from pipelines.config import OpenSearch
 from pipelines.search.base import STORED_FIELDS, Hit, HybridResult, ScoreDistribution
 from pipelines.search.opensearch.backoff import REJECTED, retry_rejected
 
-SEARCH_RETRIES = OpenSearch().search_retries  # the config's default: a 429'd search waits 0.5, 1, 2, 4 s
-SEARCH_BACKOFF_S = 0.5
+SEARCH_BACKOFF_S = 0.5  # a 429'd search waits 0.5, 1, 2, 4 s (backend.opensearch.search_retries: 4)
 SEARCH_BACKOFF_CAP_S = 8.0
+DEFAULT_SECTION = OpenSearch()  # the config's `backend.opensearch` defaults (pipelines/config.py), the one source
+EF_SEARCH = 100  # HNSW candidates per kNN query (raised to k when k is larger)
 
 
 class OpenSearchSearcher:
@@ -23,17 +24,16 @@ class OpenSearchSearcher:
         self,
         client,
         index: str,
+        section: OpenSearch = DEFAULT_SECTION,
         *,
-        distribution_size: int = OpenSearch().distribution_size,
-        ef_search: int | None = 100,
         manifest: Mapping | None = None,
-        max_retries: int = SEARCH_RETRIES,
+        ef_search: int | None = EF_SEARCH,
     ):
         self.client = client
-        self.max_retries = max_retries
+        self.max_retries = section.search_retries
         self.index = index
         self.manifest = manifest
-        self.distribution_size = distribution_size
+        self.distribution_size = section.distribution_size
         self.ef_search = ef_search
 
     def _request(self, call, what: str):

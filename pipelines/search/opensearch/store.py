@@ -9,86 +9,72 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipelines.config import OpenSearch
+from pipelines.config import OpenSearch, PipelineConfig
 from pipelines.search.base import oldest_first, refuse_dropping_live
 from pipelines.search.opensearch import content, mapping
 from pipelines.search.opensearch.bulk import BulkLoader
 from pipelines.search.opensearch.loader import load_version
 from pipelines.search.opensearch.mapping import FORBIDDEN_IN_INDEX, META_KEY, PREFIX_RE, own_meta
 from pipelines.search.opensearch.promotions import PromotionsIndex
-from pipelines.search.opensearch.searcher import SEARCH_RETRIES, OpenSearchSearcher
+from pipelines.search.opensearch.searcher import DEFAULT_SECTION, EF_SEARCH, OpenSearchSearcher
 from pipelines.versions import manifest as mf
 from pipelines.versions import promotions
 
 log = logging.getLogger(__name__)
-_SECTION = OpenSearch()  # the config's defaults (pipelines/config.py): the one source of them
+BULK_BACKOFF_S = (2.0, 60.0)  # a 429/5xx bulk request waits 2 s doubling, capped at 60 s
 
 
 class OpenSearchStore:
     """Write side: versions ``<prefix>-<version>`` behind the alias ``<prefix>``."""
 
+    shards, replicas = 1, 0  # of each version's index
+
     def __init__(
         self,
         client=None,
-        prefix: str = _SECTION.index_prefix,
+        section: OpenSearch = DEFAULT_SECTION,
         *,
-        chunk_size: int = _SECTION.bulk_chunk_size,
-        max_retries: int = _SECTION.max_retries,
-        initial_backoff: float = 2.0,
-        max_backoff: float = 60.0,
-        shards: int = 1,
-        replicas: int = 0,
         progress: bool = True,
-        distribution_size: int = _SECTION.distribution_size,
-        ef_search: int | None = 100,
-        search_retries: int = SEARCH_RETRIES,
+        backoff_s: tuple[float, float] = BULK_BACKOFF_S,
+        ef_search: int | None = EF_SEARCH,
     ):
-        if not PREFIX_RE.match(prefix):
-            raise ValueError(f"index prefix must be lower-case [a-z0-9._-] and start alphanumeric, got {prefix!r}")
+        if not PREFIX_RE.match(section.index_prefix):
+            raise ValueError(
+                f"index prefix must be lower-case [a-z0-9._-] and start alphanumeric, got {section.index_prefix!r}"
+            )
         if client is None:
             from pipelines.search.opensearch.client import client_from_env
 
             client = client_from_env()
         self.client = client
-        self.prefix = prefix
-        self.alias = prefix
-        self.shards = shards
-        self.replicas = replicas
+        self.section = section
+        self.prefix = section.index_prefix
+        self.alias = section.index_prefix
         self.progress = progress
         self.bulk = BulkLoader(
             client,
-            chunk_size=chunk_size,
-            max_retries=max_retries,
-            initial_backoff=initial_backoff,
-            max_backoff=max_backoff,
+            chunk_size=section.bulk_chunk_size,
+            max_retries=section.max_retries,
+            initial_backoff=backoff_s[0],
+            max_backoff=backoff_s[1],
             progress=progress,
         )
-        self._promotions = PromotionsIndex(client, prefix)
-        self.distribution_size = distribution_size
+        self._promotions = PromotionsIndex(client, self.prefix)
         self.ef_search = ef_search
-        self.search_retries = search_retries
 
     @classmethod
-    def from_config(cls, cfg: dict, client=None, **kwargs: Any) -> OpenSearchStore:
+    def from_config(cls, cfg: PipelineConfig, client=None, **kwargs: Any) -> OpenSearchStore:
         """A store from the pipeline config's ``backend.opensearch`` section.
 
         ``client`` defaults to the section's Airflow connection if it names one (the DAGs'), else
         to the ``OPENSEARCH_*`` environment (``client.client_for``).
         """
-        section = cfg["backend"]["opensearch"]
+        section = cfg.backend.opensearch
         if client is None:
             from pipelines.search.opensearch.client import client_for
 
             client = client_for(section)
-        options = {
-            "prefix": section["index_prefix"],
-            "chunk_size": section["bulk_chunk_size"],
-            "max_retries": section["max_retries"],
-            "distribution_size": section["distribution_size"],
-            "search_retries": section["search_retries"],
-        }
-        options.update(kwargs)
-        return cls(client, **options)
+        return cls(client, section, **kwargs)
 
     # --- names --------------------------------------------------------------------------------
 
@@ -284,11 +270,4 @@ class OpenSearchStore:
             manifest, index = self.verify(live, hashes=False), self.alias
         else:
             manifest, index = self.verify(version, hashes=False), self.index_name(version)
-        return OpenSearchSearcher(
-            self.client,
-            index,
-            distribution_size=self.distribution_size,
-            ef_search=self.ef_search,
-            manifest=manifest,
-            max_retries=self.search_retries,
-        )
+        return OpenSearchSearcher(self.client, index, self.section, manifest=manifest, ef_search=self.ef_search)
