@@ -135,3 +135,35 @@ def test_every_config_key_says_why_it_has_its_default():
     undocumented = [line.split("|")[1].strip() for line in config.reference().splitlines() if line.endswith("|  |")]
     assert not undocumented, f"give these keys a description: {undocumented}"
 
+
+# What main at 398f1a7 (configs were plain dicts then) bound into gate.json and the index manifest for the shipped
+# config, printed by:
+#   python -c "from pipelines import config; from pipelines.versions import verdict, manifest as mf;
+#              c = config.load('config/pipeline.yaml'); print(verdict.config_hash(c), mf.index_config_hash(c))"
+# A verdict or a version built before the typed config must still match the same YAML.
+SHIPPED_CONFIG_SHA256 = "cc09c5b54b35bf47af48dfafbd0136e3c90d492d7e5024bc1dc5addfa9c9e8ab"
+SHIPPED_INDEX_CONFIG_SHA256 = "3dd56803ac7c90643dea280603c18c15bfae09f7dbb2ddd6969f552ec0e16f86"
+
+
+def test_the_config_hashes_are_the_ones_main_bound_before_the_typed_config():
+    from pipelines.versions import manifest as mf
+    from pipelines.versions import verdict
+
+    cfg = config.load("config/pipeline.yaml")
+    assert verdict.config_hash(cfg) == SHIPPED_CONFIG_SHA256
+    assert mf.index_config_hash(cfg) == SHIPPED_INDEX_CONFIG_SHA256
+    elsewhere = config.replace(cfg, {"artifacts": "s3://bucket/prefix"})  # a location, not what was judged
+    assert verdict.config_hash(elsewhere) == SHIPPED_CONFIG_SHA256
+
+
+def test_a_changed_config_is_a_validated_copy():
+    cfg = config.load("config/pipeline.yaml")
+    with pytest.raises(ValueError, match="frozen"):
+        cfg.retrieval.rrf_k = 60
+    changed = config.replace(cfg, {"retrieval.rrf_k": 60, "corpus.path": "elsewhere"})
+    assert (changed.retrieval.rrf_k, changed.corpus.path, cfg.retrieval.rrf_k) == (60, "elsewhere", 5)
+    assert config.replace(cfg.retrieval, {"knn_top_n": 7}).knn_top_n == 7  # a section too
+    with pytest.raises(config.ConfigError, match="retrieval.rerank_weight"):
+        config.replace(cfg, {"retrieval.rerank_weight": 2})
+    with pytest.raises(config.ConfigError, match="unknown key retrieval.nope"):
+        config.replace(cfg, {"retrieval.nope": 1})
