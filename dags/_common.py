@@ -13,12 +13,13 @@ root, never against the worker's current directory, and nothing here calls os.ch
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pendulum
 from airflow.sdk import Asset, Param, get_current_context
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from pipelines import config as config_mod
 from pipelines.versions.object_store import is_remote
@@ -33,6 +34,9 @@ NIGHTLY_SCHEDULE = "0 2 * * *"
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
 DEFAULT_SHARDS = 2
 OPENSEARCH_CONN_ID = "opensearch_default"  # define it with AIRFLOW_CONN_OPENSEARCH_DEFAULT or in the UI
+# s3:// artifacts: endpoint and credentials (login = access key id, password = secret, extra {"endpoint_url",
+# "region_name"}), e.g. AIRFLOW_CONN_AWS_DEFAULT; left undefined, a task uses its worker's AWS environment.
+AWS_CONN_ID = "aws_default"
 
 # The live alias (OpenSearch) / LIVE pointer (embedded): promote is its only producer.
 LIVE_INDEX = Asset("sourcegate://live-index")
@@ -80,10 +84,55 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
 
     Under Airflow the OpenSearch client comes from an Airflow connection (OpenSearchHook), by
     default `opensearch_default`, unless the config file names another; the CLI reads OPENSEARCH_*.
+    Likewise s3:// artifacts: the connection `artifacts_airflow_conn_id`, by default `aws_default`
+    (store_connection); the CLI reads AWS_*.
     """
     cfg = resolve_paths(config_mod.load(absolute(path or DEFAULT_CONFIG), overrides))
     conn_id = cfg.backend.opensearch.airflow_conn_id or OPENSEARCH_CONN_ID
-    return config_mod.replace(cfg, {"backend.opensearch.airflow_conn_id": conn_id})
+    aws_conn_id = cfg.artifacts_airflow_conn_id or AWS_CONN_ID
+    return config_mod.replace(
+        cfg, {"backend.opensearch.airflow_conn_id": conn_id, "artifacts_airflow_conn_id": aws_conn_id}
+    )
+
+
+def aws_connection_options(conn_id: str) -> dict | None:
+    """S3FileSystem options from the Airflow connection `conn_id` (Airflow's generic BaseHook: the Amazon provider
+    is not installed): login the access key id, password the secret, extra {"endpoint_url", "region_name",
+    "aws_session_token"}. None, the worker's AWS environment, when the default `aws_default` is not defined;
+    any other connection the config names must exist. Never logs or returns anything but to pyarrow."""
+    from airflow.sdk import BaseHook
+
+    from pipelines.versions.object_store import connection_options
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        if conn_id != AWS_CONN_ID:
+            raise AirflowFailException(
+                f"artifacts_airflow_conn_id {conn_id!r}: no such Airflow connection (define it, "
+                f"e.g. AIRFLOW_CONN_{conn_id.upper()}, or leave the key null to use {AWS_CONN_ID} or AWS_*)"
+            ) from None
+        log.info("no Airflow connection %r: the object store is reached with the AWS environment", conn_id)
+        return None
+    try:
+        options = connection_options(conn.login, conn.password, conn.extra_dejson)
+    except ValueError as exc:
+        raise AirflowFailException(f"Airflow connection {conn_id!r}: {exc}") from None
+    log.info("object store endpoint and credentials from the Airflow connection %r", conn_id)
+    return options
+
+
+@contextmanager
+def store_connection(config: config_mod.PipelineConfig):
+    """With `artifacts: s3://…`, every store opened inside (staging, lock, publishing) in this task process reaches
+    the store with the Airflow connection's endpoint and credentials (object_store.connection); else nothing."""
+    from pipelines.versions.object_store import connection
+
+    if not is_remote(config.artifacts):
+        yield
+        return
+    with connection(aws_connection_options(config.artifacts_airflow_conn_id)):
+        yield
 
 
 _DEFAULTS = config_mod.load(absolute(DEFAULT_CONFIG))  # for the params' defaults shown in the UI
@@ -145,14 +194,16 @@ def cfg() -> config_mod.PipelineConfig:
     return load_config(params["config"], overrides)
 
 
-def in_store(step: str, call, shard: tuple[int, int] | None = None):
+def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | None = None):
     """A task's step call `call(config)`: with `artifacts: s3://…`, on a scratch folder of this task holding only
-    what the step reads (an embed `shard`, (shard, shards): only its slice), published after it
-    (pipelines/app/staging.py); a local artifacts folder as is."""
+    what the step reads (an embed `shard`, (shard, shards): only its slice) for run `run` (default: the night's
+    run_id()), published after it (pipelines/app/staging.py), the store reached through the Airflow connection
+    (store_connection); a local artifacts folder as is."""
     from pipelines.app.staging import task_staged
 
-    with task_staged(cfg(), step, run_id(), shard) as config:
-        return call(config)
+    config = cfg()
+    with store_connection(config), task_staged(config, step, run or run_id(), shard) as local:
+        return call(local)
 
 
 def params() -> dict:

@@ -217,6 +217,11 @@ class PipelineConfig(Section):
 
     corpus: Corpus = Field(default_factory=Corpus)
     artifacts: str = Field("artifacts", description="run folders (artifacts/runs/<run id>/) and the live pointer")
+    artifacts_airflow_conn_id: str | None = Field(
+        None,
+        description="the Airflow AWS connection for s3:// artifacts in the DAGs (they set aws_default, "
+        "the AWS environment when it is not defined); the CLI reads AWS_*",
+    )
     backend: Backend = Field(default_factory=Backend)
     lock: Lock = Field(default_factory=Lock)
     embedding: Embedding = Field(default_factory=Embedding)

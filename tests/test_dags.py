@@ -206,3 +206,54 @@ def test_every_path_in_the_config_is_made_absolute_for_the_tasks(common):
                 yield prefix + name
 
     assert sorted(set(paths(config.PipelineConfig)) - set(common.PATH_KEYS)) == []
+
+
+def test_the_object_store_is_reached_through_the_airflow_aws_connection(common, monkeypatch, caplog):
+    """s3:// artifacts in a task: endpoint and credentials from the connection (AIRFLOW_CONN_<ID>, JSON form, read
+    with Airflow's generic BaseHook), handed to pyarrow for that block only, never logged; the default aws_default
+    left undefined falls back to the AWS environment, a connection the config names must exist. (That a night
+    reaches the real server this way: tests/test_dag_runs.py, the recalibration on the S3 server.)"""
+    import json
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipelines.versions import object_store
+
+    secret = "conn-secret-9d2e"
+    conn = {"conn_type": "aws", "login": "conn-key", "password": secret}
+    conn["extra"] = {"endpoint_url": "http://127.0.0.1:9555", "region_name": "eu-west-3"}
+    monkeypatch.setenv("AIRFLOW_CONN_SG_STORE", json.dumps(conn))
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the connection's endpoint wins
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    cfg = common.load_config(None, {"artifacts": "s3://nights/demo", "artifacts_airflow_conn_id": "sg_store"})
+    built = []
+    monkeypatch.setattr(object_store, "s3_filesystem", lambda: built.append(object_store._CONNECTION.get()))
+    with caplog.at_level(logging.DEBUG), common.store_connection(cfg):
+        object_store.s3_filesystem()  # what ObjectStore.from_uri builds its filesystem with
+    assert built == [
+        {
+            "endpoint_override": "127.0.0.1:9555",
+            "scheme": "http",
+            "region": "eu-west-3",
+            "access_key": "conn-key",
+            "secret_key": secret,
+        }
+    ]
+    assert object_store._CONNECTION.get() is None  # only inside the block
+    assert "'sg_store'" in caplog.text and secret not in caplog.text
+
+    # The DAGs' default, aws_default, undefined: the AWS environment (what the CLI reads).
+    default = common.load_config(None, {"artifacts": "s3://nights/demo"})
+    assert default.artifacts_airflow_conn_id == "aws_default"
+    with common.store_connection(default):
+        object_store.s3_filesystem()
+    assert built[-1] is None
+    with pytest.raises(AirflowFailException, match="'missing_conn': no such Airflow connection"):
+        common.aws_connection_options("missing_conn")
+    monkeypatch.setenv("AIRFLOW_CONN_SG_STORE", json.dumps({"conn_type": "aws", "login": "key-only"}))
+    with pytest.raises(AirflowFailException, match="both login"):
+        common.aws_connection_options("sg_store")
+    # A local artifacts folder never reads a connection.
+    with common.store_connection(common.load_config(None, {"artifacts_airflow_conn_id": "missing_conn"})):
+        pass

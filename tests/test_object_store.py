@@ -416,3 +416,30 @@ def _wait_for_stage(proc, timeout=600):
         time.sleep(0.5)
     out, err = proc.communicate() if proc.poll() is not None else ("", "(still running)")
     raise AssertionError(f"the night never reached its steps: {out[-1500:]} {err[-1500:]}")
+
+
+def test_the_one_filesystem_builder_takes_a_connection_for_its_block_only(monkeypatch):
+    """object_store.s3_filesystem: inside `connection(options)` the options (an Airflow connection's), else the
+    AWS environment; connection_options fills what a connection leaves out from the environment."""
+    from pipelines.versions import object_store
+
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1"}
+    extra = {"endpoint_url": "https://s3.internal:8443", "aws_session_token": "tok"}
+    assert object_store.connection_options("k", "s", extra, env) == {
+        "endpoint_override": "s3.internal:8443",
+        "scheme": "https",
+        "region": "eu-west-1",
+        "access_key": "k",
+        "secret_key": "s",
+        "session_token": "tok",
+    }
+    assert object_store.connection_options(None, None, {}, env) == object_store.endpoint_from_env(env)  # SDK chain
+    with pytest.raises(ValueError, match="both login"):
+        object_store.connection_options(None, "s", {}, env)
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    assert object_store.s3_filesystem().region == "us-west-2"
+    with object_store.connection({"region": "ap-south-1", "access_key": "k", "secret_key": "s"}):
+        assert object_store.s3_filesystem().region == "ap-south-1"
+    assert object_store.s3_filesystem().region == "us-west-2"

@@ -5,8 +5,10 @@ publishes their outputs); this module is the only place that talks to the store,
 through `pyarrow.fs.S3FileSystem` (no hand-written client). Endpoint and credentials come from the
 standard AWS environment: the SDK reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN
 itself; pyarrow 26 does not read AWS_ENDPOINT_URL, so it is passed as `endpoint_override` here
-(AWS_ENDPOINT_URL_S3 first, as the AWS CLI does). Nothing secret is ever kept in a value this module
-returns or logs.
+(AWS_ENDPOINT_URL_S3 first, as the AWS CLI does). Inside a DAG task they may come from an Airflow
+connection instead (dags/_common.py reads it; `connection(options)` hands them to every store opened in
+that block, in that task only). `s3_filesystem()` is the one place the filesystem is built. Nothing
+secret is ever kept in a value this module returns or logs.
 
 pyarrow.fs exposes no conditional PUT (If-None-Match), so "write once" is enforced by the writer that
 holds the lock (pipelines/versions/object_lock.py): an object that exists with other bytes is never
@@ -17,6 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -61,6 +66,52 @@ def endpoint_from_env(env: os._Environ | dict = os.environ) -> dict:
     return kwargs
 
 
+# S3FileSystem keyword arguments from an Airflow connection, for the stores opened inside `connection(...)`;
+# None: the AWS environment. A context variable, not os.environ: nothing leaks into subprocesses or other tasks.
+_CONNECTION: ContextVar[dict | None] = ContextVar("sourcegate_s3_connection", default=None)
+
+
+def connection_options(
+    login: str | None, password: str | None, extra: Mapping, env: os._Environ | dict = os.environ
+) -> dict:
+    """S3FileSystem keyword arguments from an AWS-style connection (the Amazon provider's fields): `login` the access
+    key id, `password` the secret, `extra` {"endpoint_url", "region_name", "aws_session_token"}. What the connection
+    does not state comes from the environment (endpoint, region) or the SDK's default chain (credentials)."""
+    kwargs = endpoint_from_env(env)
+    if extra.get("endpoint_url"):
+        kwargs.update(endpoint_from_env({"AWS_ENDPOINT_URL": str(extra["endpoint_url"])}))
+    if extra.get("region_name"):
+        kwargs["region"] = str(extra["region_name"])
+    if bool(login) != bool(password):
+        raise ValueError("the AWS connection needs both login (access key id) and password (secret), or neither")
+    if login:
+        kwargs["access_key"], kwargs["secret_key"] = login, password
+        if extra.get("aws_session_token"):
+            kwargs["session_token"] = str(extra["aws_session_token"])
+    return kwargs
+
+
+@contextmanager
+def connection(options: dict | None) -> Iterator[None]:
+    """Every store opened inside this block (in this thread or task) uses `options` (connection_options), not the
+    AWS environment; None: the environment."""
+    token = _CONNECTION.set(options)
+    try:
+        yield
+    finally:
+        _CONNECTION.reset(token)
+
+
+def s3_filesystem():
+    """The one place a `pyarrow.fs.S3FileSystem` is built: from `connection(...)`'s options inside one, else from the
+    standard AWS environment."""
+    from pyarrow import fs as pafs
+
+    options = _CONNECTION.get()
+    kwargs = endpoint_from_env() if options is None else options
+    return pafs.S3FileSystem(**kwargs, connect_timeout=5, request_timeout=30)
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -85,9 +136,7 @@ class ObjectStore:
     def from_uri(cls, uri: str, fs=None) -> ObjectStore:
         bucket, prefix = split_uri(uri)
         if fs is None:
-            from pyarrow import fs as pafs
-
-            fs = pafs.S3FileSystem(**endpoint_from_env(), connect_timeout=5, request_timeout=30)
+            fs = s3_filesystem()
         return cls(uri.rstrip("/"), fs, f"{bucket}/{prefix}".rstrip("/"))
 
     def path(self, key: str) -> str:

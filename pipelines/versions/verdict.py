@@ -55,8 +55,9 @@ def reranker_fingerprint(cfg: PipelineConfig) -> str | None:
 
 
 # Config keys that say where things live, not what was judged: `artifacts` is a local folder for one night
-# and a per-task scratch folder (a different one per task and worker) for a night on an object store.
-LOCATION_KEYS = ("artifacts",)
+# and a per-task scratch folder (a different one per task and worker) for a night on an object store;
+# `artifacts_airflow_conn_id` how a DAG task reaches that store (set by the DAGs, null on the CLI).
+LOCATION_KEYS = ("artifacts", "artifacts_airflow_conn_id")
 
 
 def config_hash(cfg: PipelineConfig) -> str:
