@@ -96,7 +96,11 @@ STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/step
     ),
     "promote": Reads(own=(INDEX_FILES,)),
     "cleanup": Reads(),
+    # sourcegate_recalibrate: LIVE (read only), then an evaluation of the live version into the recal run's folder
+    "live_version": Reads(),
+    "evaluate_live": Reads(live=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet")),
 }
+READ_ONLY = {"live_version"}  # tasks that publish nothing: staged without the writer lock
 
 
 def previous_of(keys: dict[str, int], run_id: str | None) -> str | None:
@@ -242,10 +246,13 @@ def task_staged(
     cfg: PipelineConfig, step: str, run_id: str, shard: tuple[int, int] | None = None
 ) -> ContextManager[PipelineConfig]:
     """One DAG task: only what `step` reads (STEP_READS); an embed `shard` (shard, shards) only its slice of
-    chunks.text.parquet. Embed shards share the lock: each publishes only its own shard file."""
+    chunks.text.parquet. Embed shards share the lock: each publishes only its own shard file. A READ_ONLY step
+    takes no lock and publishes nothing."""
     reads = STEP_READS[step]
     if shard is not None:
         reads = replace(reads, shard=("chunks.text.parquet", *shard))
+    if step in READ_ONLY:
+        return staged(cfg, run_id, reads, publish_after=False)
     return locked_staged(cfg, f"{command_line()} [{step}]", run_id, reads, shared=step == "embed")
 
 
