@@ -13,6 +13,7 @@ root, never against the worker's current directory, and nothing here calls os.ch
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,6 +38,9 @@ OPENSEARCH_CONN_ID = "opensearch_default"  # define it with AIRFLOW_CONN_OPENSEA
 # s3:// artifacts: endpoint and credentials (login = access key id, password = secret, extra {"endpoint_url",
 # "region_name"}), e.g. AIRFLOW_CONN_AWS_DEFAULT; left undefined, a task uses its worker's AWS environment.
 AWS_CONN_ID = "aws_default"
+# A deployment's artifacts location (e.g. s3://bucket/prefix in docker-compose.yml): overrides the config file's
+# `artifacts` for the DAGs' tasks, so every worker of a deployment writes to the same store.
+ARTIFACTS_ENV = "SOURCEGATE_ARTIFACTS"
 
 # The live alias (OpenSearch) / LIVE pointer (embedded): promote is its only producer.
 LIVE_INDEX = Asset("sourcegate://live-index")
@@ -85,8 +89,10 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     Under Airflow the OpenSearch client comes from an Airflow connection (OpenSearchHook), by
     default `opensearch_default`, unless the config file names another; the CLI reads OPENSEARCH_*.
     Likewise s3:// artifacts: the connection `artifacts_airflow_conn_id`, by default `aws_default`
-    (store_connection); the CLI reads AWS_*.
+    (store_connection); the CLI reads AWS_*. SOURCEGATE_ARTIFACTS, when set, is the artifacts location.
     """
+    if os.environ.get(ARTIFACTS_ENV):
+        overrides = {"artifacts": os.environ[ARTIFACTS_ENV], **(overrides or {})}
     cfg = resolve_paths(config_mod.load(absolute(path or DEFAULT_CONFIG), overrides))
     conn_id = cfg.backend.opensearch.airflow_conn_id or OPENSEARCH_CONN_ID
     aws_conn_id = cfg.artifacts_airflow_conn_id or AWS_CONN_ID

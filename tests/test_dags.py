@@ -257,3 +257,12 @@ def test_the_object_store_is_reached_through_the_airflow_aws_connection(common, 
     # A local artifacts folder never reads a connection.
     with common.store_connection(common.load_config(None, {"artifacts_airflow_conn_id": "missing_conn"})):
         pass
+
+
+def test_a_deployment_points_the_dags_at_its_store_with_sourcegate_artifacts(common, monkeypatch):
+    """docker-compose.yml sets SOURCEGATE_ARTIFACTS=s3://…: it replaces the config file's `artifacts` in the tasks."""
+    monkeypatch.setenv("SOURCEGATE_ARTIFACTS", "s3://sourcegate/nightly")
+    assert common.load_config().artifacts == "s3://sourcegate/nightly"
+    assert common.load_config(None, {"artifacts": "/elsewhere"}).artifacts == "/elsewhere"  # explicit wins
+    monkeypatch.delenv("SOURCEGATE_ARTIFACTS")
+    assert common.load_config().artifacts == str(common.PROJECT_ROOT / "artifacts")
