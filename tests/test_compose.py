@@ -1,4 +1,6 @@
-"""docker-compose.yml is valid and wires Airflow to OpenSearch (validated, not run: no Docker here).
+"""docker-compose.yml is valid and shows the multi-worker deployment (validated, not run: no Docker here):
+CeleryExecutor, two workers and a broker, artifacts on an S3-compatible service reached through an Airflow
+connection, no volume holding artifacts shared by workers or the scheduler, OpenSearch as before.
 
 Needs the `docker-compose` executable (Debian: apt-get install -y docker-compose); the test FAILS
 without it rather than skipping, so CI cannot silently stop checking the deployment file.
@@ -6,6 +8,8 @@ without it rather than skipping, so CI cannot silently stop checking the deploym
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,19 +19,32 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor")
+WORKERS = ("airflow-worker-1", "airflow-worker-2")
+AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", *WORKERS)
+CODE = ("dags", "plugins", "config", "pipelines", "evals", "artifact_io", "corpus")  # mounted read-only
+
+
+def compose_config(env: dict | None = None) -> dict:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.fail("docker-compose not found: install it (Debian: apt-get install -y docker-compose)")
+    # Only the variables a shell would pass, without the deployment's own (their documented defaults apply).
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SOURCEGATE_", "AIRFLOW_", "COMPOSE_"))}
+    proc = subprocess.run(
+        [exe, "-f", "docker-compose.yml", "config"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=base | (env or {}),
+    )
+    assert proc.returncode == 0, f"docker-compose config failed:\n{proc.stderr}"
+    return yaml.safe_load(proc.stdout)
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.fail("docker-compose not found: install it (Debian: apt-get install -y docker-compose)")
-    proc = subprocess.run(
-        [exe, "-f", "docker-compose.yml", "config"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, f"docker-compose config failed:\n{proc.stderr}"
-    return yaml.safe_load(proc.stdout)
+    return compose_config()
 
 
 def _env(service: dict) -> dict:
@@ -45,7 +62,7 @@ def _healthcheck_cmd(service: dict) -> str:
 @pytest.mark.system  # docker-compose
 def test_services_present(compose):
     services = compose["services"]
-    for name in ("opensearch", "postgres", "airflow-init", *AIRFLOW_SERVICES):
+    for name in ("opensearch", "postgres", "redis", "minio", "s3-init", "airflow-init", *AIRFLOW_SERVICES):
         assert name in services, f"missing service {name}"
 
 
@@ -76,7 +93,6 @@ def test_airflow_services_wired_to_opensearch(compose):
         env = _env(svc)
         assert env["OPENSEARCH_URL"] == "http://opensearch:9200", name
         assert "opensearch:9200" in env["AIRFLOW_CONN_OPENSEARCH_DEFAULT"], name
-        assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", name
         assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql"), name
         deps = svc["depends_on"]
         assert deps["opensearch"]["condition"] == "service_healthy", name
@@ -84,10 +100,101 @@ def test_airflow_services_wired_to_opensearch(compose):
         assert deps["airflow-init"]["condition"] == "service_completed_successfully", name
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         targets = {str(v).split(":")[1] if ":" in str(v) else str(v) for v in svc["volumes"]}
-        for folder in ("dags", "plugins", "config", "pipelines", "evals", "artifact_io", "artifacts"):
+        for folder in CODE:
             assert f"/opt/sourcegate/{folder}" in targets, f"{name} does not mount {folder}"
-        assert any(str(v).startswith("artifacts:") for v in svc["volumes"]), f"{name}: artifacts is not a volume"
-    assert "artifacts" in compose["volumes"]
+
+
+@pytest.mark.system  # docker-compose
+def test_celery_executor_with_two_workers_and_a_broker(compose):
+    services = compose["services"]
+    broker = services["redis"]
+    assert broker["image"].startswith("redis:") and "redis-cli" in _healthcheck_cmd(broker)
+    for name in AIRFLOW_SERVICES:
+        env = _env(services[name])
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
+        assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:"), name
+        assert env["AIRFLOW__CELERY__RESULT_BACKEND"].startswith("db+postgresql://"), name
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
+        assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/", name
+    workers = [n for n, svc in services.items() if str(svc.get("command", "")).startswith("celery worker")]
+    assert sorted(workers) == sorted(WORKERS)  # two workers, each its own service (and its own disk)
+    assert len({services[w]["hostname"] for w in workers}) == 2  # distinct Celery node names, log servers
+    for w in workers:
+        assert "inspect ping" in _healthcheck_cmd(services[w])
+
+
+@pytest.mark.system  # docker-compose
+def test_artifacts_live_on_the_s3_service_reached_through_an_airflow_connection(compose):
+    services = compose["services"]
+    store = services["minio"]
+    assert store["image"].startswith("minio/minio:RELEASE.")  # pinned, never :latest
+    assert "mc ready" in _healthcheck_cmd(store)
+    bucket = _env(services["s3-init"])["S3_BUCKET"]
+    assert "mc mb" in " ".join(services["s3-init"]["command"])
+    for name in AIRFLOW_SERVICES:
+        assert _env(services[name])["SOURCEGATE_ARTIFACTS"] == f"s3://{bucket}/nightly", name
+    for w in WORKERS:
+        conn = json.loads(_env(services[w])["AIRFLOW_CONN_AWS_DEFAULT"])  # the JSON form the DAGs read
+        assert conn["conn_type"] == "aws" and conn["extra"]["endpoint_url"] == "http://minio:9000"
+        assert (
+            conn["login"] == _env(store)["MINIO_ROOT_USER"] and conn["password"] == _env(store)["MINIO_ROOT_PASSWORD"]
+        )
+        assert services[w]["depends_on"]["s3-init"]["condition"] == "service_completed_successfully"
+    for name in ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor"):
+        assert "AIRFLOW_CONN_AWS_DEFAULT" not in _env(services[name]), f"{name} needs no store credentials"
+
+
+def _mounts(svc: dict) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) of each volume, short or long syntax."""
+    out = []
+    for v in svc.get("volumes") or []:
+        if isinstance(v, dict):
+            out.append((str(v.get("source")), str(v["target"]), bool(v.get("read_only"))))
+        else:
+            parts = str(v).split(":")
+            out.append((parts[0], parts[1] if len(parts) > 1 else parts[0], len(parts) > 2 and "ro" in parts[2]))
+    return out
+
+
+@pytest.mark.system  # docker-compose
+def test_no_volume_holding_artifacts_is_shared_between_workers_or_the_scheduler(compose):
+    """Share nothing but the store (DESIGN.md G9): no artifacts volume at all; what several task runners (workers,
+    scheduler) mount is the project's code and configuration, read-only, so no task can leave an artifact on it."""
+    services = compose["services"]
+    assert "artifacts" not in (compose.get("volumes") or {})
+    runners = ("airflow-scheduler", *WORKERS)
+    seen: dict[str, list[str]] = {}
+    for name in runners:
+        for source, target, read_only in _mounts(services[name]):
+            assert "artifacts" not in target and "artifacts" not in source, f"{name} mounts {source}:{target}"
+            seen.setdefault(source, []).append(name)
+            if len(seen[source]) > 1 or name in WORKERS:
+                assert read_only, f"{name}: {source} is mounted writable"
+                assert target in {f"/opt/sourcegate/{f}" for f in CODE}, f"{name} mounts {source}:{target}"
+    shared = {s: names for s, names in seen.items() if len(names) > 1}
+    assert shared and all(Path(s).name in CODE for s in shared), shared
+    assert {s for s, *_ in _mounts(services["minio"])} == {"object-store"}  # the store's data: minio only
+    for name, svc in services.items():
+        if name != "minio":
+            assert "object-store" not in {s for s, *_ in _mounts(svc)}, name
+
+
+@pytest.mark.system  # docker-compose
+def test_no_credential_is_hard_coded(compose):
+    """The store's keys (and Airflow's secrets) are substituted from the environment (an .env file), with
+    documented local-only defaults; a deployment's values appear wherever the defaults stood."""
+    raw = (ROOT / "docker-compose.yml").read_text()
+    for var in ("SOURCEGATE_S3_ACCESS_KEY", "SOURCEGATE_S3_SECRET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY"):
+        assert f"${{{var}:-" in raw, f"{var} is not substituted"
+    assert re.findall(r"\$\{SOURCEGATE_S3_SECRET_KEY:-([^}]*)\}", raw) == ["sourcegate-local-only-s3-secret"] * 3
+    secret = "deploy-secret-5b1f"
+    deployed = compose_config({"SOURCEGATE_S3_ACCESS_KEY": "deploy-key", "SOURCEGATE_S3_SECRET_KEY": secret})
+    services = deployed["services"]
+    assert _env(services["minio"])["MINIO_ROOT_PASSWORD"] == secret
+    for w in WORKERS:
+        conn = json.loads(_env(services[w])["AIRFLOW_CONN_AWS_DEFAULT"])
+        assert (conn["login"], conn["password"]) == ("deploy-key", secret)
+    assert "local-only-s3-secret" not in yaml.safe_dump(deployed)
 
 
 def test_airflow_image_matches_the_pinned_airflow():
