@@ -99,8 +99,10 @@ sys.path.insert(0, args["dags"])
 import _common
 from pipelines.app.factories import open_store
 cfg = _common.load_config(args["conf"]["config"], {"backend.kind": args["conf"].get("backend", "embedded")})
+with _common.store_connection(cfg):  # s3:// artifacts: as the tasks reach the store
+    live = open_store(cfg).live()
 print("SUMMARY " + json.dumps({"state": str(getattr(dr.state, "value", dr.state)), "run_id": dr.run_id,
-                               "tasks": tasks, "live": open_store(cfg).live()}), flush=True)
+                               "tasks": tasks, "live": live}), flush=True)
 """
 
 
@@ -378,28 +380,61 @@ def tree(folder: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in folder.rglob("*")} if folder.exists() else {}
 
 
-@pytest.mark.s3
-def test_nightly_run_with_artifacts_on_the_s3_server_shares_nothing_but_the_store(airflow, s3_server, tmp_path):
-    """Every task in its own working directory, each staging only what its step reads into its own scratch
-    folder (removed after): the night passes and promotes on the moto server, and no task writes a local
-    artifacts folder, the project's included."""
+S3_NIGHT = "2025-01-06T02:00:00+00:00"
+S3_RECAL_DAY = "2025-01-07T09:30:00+00:00"
+
+
+def task_dir_names(task_dirs: Path) -> list[str]:
+    return sorted(p.name.rsplit("-", 1)[0] for p in task_dirs.iterdir())
+
+
+def left_behind(task_dirs: Path, scratch: Path) -> list[str]:
+    """Files (or an artifacts folder) left in the tasks' working directories, and staging folders not removed."""
+    return [str(p) for p in task_dirs.rglob("*") if p.is_file() or p.name == "artifacts"] + [
+        str(p) for p in scratch.glob("sourcegate-stage-*")
+    ]
+
+
+@pytest.fixture(scope="module")
+def s3_night(airflow, s3_server, tmp_path_factory):
+    """sourcegate_nightly with artifacts on the moto server, reached through the standard AWS environment (the
+    fallback when no Airflow connection is defined); every task in a fresh working directory of its own."""
     from pipelines.versions.object_store import ObjectStore
     from tests.test_object_store import _server_fs
 
+    tmp = tmp_path_factory.mktemp("s3-dag")
     uri = s3_server.bucket("dag-nights") + "/sourcegate"
-    config = write_config(tmp_path / "s3.yaml", uri)
-    task_dirs, scratch = tmp_path / "tasks", tmp_path / "tmp"
+    config = write_config(tmp / "s3.yaml", uri)
+    task_dirs, scratch = tmp / "tasks", tmp / "tmp"
     task_dirs.mkdir(), scratch.mkdir()
     project_artifacts = tree(ROOT / "artifacts")
     conf = {"config": config, "corpus": "corpus/demo", "backend": "embedded", "shards": 2}
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | s3_server.env | {"TMPDIR": str(scratch)}
-    night = airflow.test_dag("sourcegate_nightly", "2025-01-06T02:00:00+00:00", conf, env=env, task_dirs=task_dirs)
+    night = airflow.test_dag("sourcegate_nightly", S3_NIGHT, conf, env=env, task_dirs=task_dirs)
+    store = ObjectStore.from_uri(uri, fs=_server_fs(s3_server))
+    return {
+        "night": night,
+        "uri": uri,
+        "config": config,
+        "store": store,
+        "task_dirs": task_dirs,
+        "scratch": scratch,
+        "project_artifacts": project_artifacts,
+        "tmp": tmp,
+    }
+
+
+@pytest.mark.s3
+def test_nightly_run_with_artifacts_on_the_s3_server_shares_nothing_but_the_store(s3_night):
+    """Every task in its own working directory, each staging only what its step reads into its own scratch
+    folder (removed after): the night passes and promotes on the moto server, and no task writes a local
+    artifacts folder, the project's included."""
+    night, store, uri = s3_night["night"], s3_night["store"], s3_night["uri"]
     assert night["state"] == "success", failed_tasks(night)
     assert all(state == "success" for state in night["tasks"].values()), failed_tasks(night)
     run_id = "20250106-020000"
     assert night["live"] == run_id
 
-    store = ObjectStore.from_uri(uri, fs=_server_fs(s3_server))
     assert store.get("LIVE").decode().strip() == run_id
     keys = store.listing(f"runs/{run_id}/")
     for name in ARTIFACT_FILES + ("index/manifest.json", "embed/shard-0000.parquet", "embed/shard-0001.parquet"):
@@ -409,11 +444,60 @@ def test_nightly_run_with_artifacts_on_the_s3_server_shares_nothing_but_the_stor
     assert info["config"]["artifacts"] == uri and info["promoted"]["version"] == run_id
     assert len(store.listing("promotions/")) == 1
 
-    dirs = sorted(p.name.rsplit("-", 1)[0] for p in task_dirs.iterdir())
+    dirs = task_dir_names(s3_night["task_dirs"])
     assert dirs == sorted(
         ["cleanup--1", "chunk--1", "embed-0", "embed-1", "evaluate--1", "gate--1", "ingest--1", "load--1"]
         + ["merge--1", "promote--1", "validate--1"]
     ), dirs  # one working directory per task, mapped shards included
-    assert not [str(p) for p in task_dirs.rglob("*") if p.is_file() or p.name == "artifacts"]
-    assert not list(scratch.glob("sourcegate-stage-*"))  # every task removed its scratch folder
-    assert tree(ROOT / "artifacts") == project_artifacts  # the project's local artifacts folder untouched
+    assert not left_behind(s3_night["task_dirs"], s3_night["scratch"])  # every task removed its scratch folder
+    assert tree(ROOT / "artifacts") == s3_night["project_artifacts"]  # the project's artifacts folder untouched
+
+
+@pytest.mark.s3
+def test_recalibrate_on_the_s3_server_shares_nothing_and_reads_the_store_through_the_airflow_connection(
+    airflow, s3_night, s3_server, tmp_path
+):
+    """sourcegate_recalibrate of the live version on the server, each task in its own working directory, the store
+    reached only through the Airflow connection aws_default (AIRFLOW_CONN_AWS_DEFAULT, JSON form): the AWS
+    environment has no credentials and its endpoint is a closed port. The secret appears in no log or object."""
+    from tests.s3_server import CREDENTIALS, SECRET
+
+    assert s3_night["night"]["state"] == "success", "needs the S3 night's live version"
+    store = s3_night["store"]
+    before = store.listing()
+    task_dirs, scratch = tmp_path / "tasks", tmp_path / "tmp"
+    task_dirs.mkdir(), scratch.mkdir()
+    connection = {
+        "conn_type": "aws",
+        "login": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "password": SECRET,
+        "extra": {"endpoint_url": s3_server.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1"},
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
+        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(connection),
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # discard port: a store built from the environment fails
+        "TMPDIR": str(scratch),
+    }
+    conf = {"config": s3_night["config"], "backend": "embedded"}
+    run = airflow.test_dag("sourcegate_recalibrate", S3_RECAL_DAY, conf, env=env, task_dirs=task_dirs)
+    assert run["state"] == "success", failed_tasks(run)
+    assert run["tasks"] == {"live_version": "success", "evaluate": "success", "gate": "success"}
+    assert run["live"] == "20250106-020000"
+
+    folder = "runs/recal-20250107-093000/"
+    published = {k[len(folder) :] for k in store.listing(folder)}
+    for name in ("calibration.json", "precision.json", "gate.json", "junit.xml", "report.html", "run.json"):
+        assert name in published, f"{name} not published"
+    assert not [k for k in published if k.startswith("index/")]  # no reindexing
+    info = json.loads(store.get(folder + "run.json"))
+    assert info["evaluated_version"] == "20250106-020000"
+    assert json.loads(store.get(folder + "gate.json"))["passed"] is True
+    assert store.get("LIVE").decode().strip() == "20250106-020000"
+    assert {k: v for k, v in store.listing().items() if not k.startswith(folder)} == before  # nothing else written
+
+    assert task_dir_names(task_dirs) == ["evaluate--1", "gate--1", "live_version--1"]
+    assert not left_behind(task_dirs, scratch)
+    assert tree(ROOT / "artifacts") == s3_night["project_artifacts"]
+    log = Path(run["log"]).read_text(errors="replace")
+    assert "from the Airflow connection 'aws_default'" in log
+    assert SECRET not in log and not any(SECRET.encode() in store.get(k) for k in store.listing(folder))
