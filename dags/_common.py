@@ -61,6 +61,7 @@ PATH_KEYS = (
     "artifacts",
     "embedding.model_path",
     "reranker.model_path",
+    "answerability.answer_model_path",
     "evals.calibration_set",
     "evals.precision_set",
     "evals.baseline",

@@ -133,7 +133,15 @@ class Reranker(Section):
 
 # Per-question signals of `Retriever.retrieve` a combiner may read, and every signal that may gate.
 Feature = Literal[
-    "cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin", "concept_coverage", "sentence_cosine"
+    "cosine_top",
+    "rerank_top",
+    "bm25_z",
+    "bm25_top",
+    "term_coverage",
+    "margin",
+    "concept_coverage",
+    "sentence_cosine",
+    "answer_support",
 ]
 GatingSignal = Literal[Feature, "answerability"]  # nested Literals flatten: the features, and the combiner
 
@@ -161,6 +169,12 @@ class Answerability(Section):
     features: list[str] = Field(
         ["rerank_top", "cosine_top", "bm25_z", "term_coverage", "concept_coverage", "sentence_cosine"],
         description="the signals the combiner reads, in its coefficients' order",
+    )
+    answer_support: bool = Field(
+        True, description="score the top passages with the answer-support cross-encoder (signal `answer_support`)"
+    )
+    answer_model_path: str | None = Field(
+        None, description="the answer-support model folder; null: the shipped one (models/answer_support)"
     )
 
     @model_validator(mode="after")

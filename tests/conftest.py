@@ -67,6 +67,16 @@ def embedder():
 
 
 @pytest.fixture(scope="session")
+def answer_model():
+    """The shipped answer-support cross-encoder, the pipeline's own per-process instance."""
+    from pipelines.app.factories import answer_scorer_for
+
+    model = answer_scorer_for(None)
+    assert model is not None, "the shipped answer-support model did not load (models/answer_support)"
+    return model
+
+
+@pytest.fixture(scope="session")
 def cross_encoder():
     """The pipeline's own per-process instance: its pair scores are memoised across the tests' runs."""
     from pipelines.app.factories import scorer_for

@@ -107,6 +107,7 @@ def test_bogus_reranker_path_keeps_fused_order_without_error(demo_index, embedde
         # reranker-based signals are missing, never replaced by fused scores (the combiner reads
         # rerank_top, so its score is missing too); the others are unchanged
         reranker_based = ("rerank_top", "margin", "answerability")
+        assert a.signals["answer_support"] is None  # no answer model given: missing, never invented
         assert all(b.signals[k] is None for k in reranker_based)
         assert {k: v for k, v in b.signals.items() if k not in reranker_based} == {
             k: v for k, v in a.signals.items() if k not in reranker_based
@@ -133,11 +134,12 @@ CORE_SIGNALS = ("cosine_top", "rerank_top", "bm25_top", "bm25_z", "term_coverage
 
 
 @pytest.mark.models
-def test_every_signal_is_identical_at_any_rerank_weight(demo_index, embedder, cross_encoder):
+def test_every_signal_is_identical_at_any_rerank_weight(demo_index, embedder, cross_encoder, answer_model):
     """G7: rerank_weight moves the final order, never a signal."""
     cfg, _, searcher = demo_index
     retrievers = [
-        Retriever.from_config(searcher, embedder, cross_encoder, cfg, rerank_weight=w) for w in (0.0, 0.6, 1.0)
+        Retriever.from_config(searcher, embedder, cross_encoder, cfg, answer_model, rerank_weight=w)
+        for w in (0.0, 0.6, 1.0)
     ]
     orders = set()
     for q in ["How much is a monthly pass?", "Can I bring my bike on the train?", "What is the capital of France?"]:
@@ -146,6 +148,7 @@ def test_every_signal_is_identical_at_any_rerank_weight(demo_index, embedder, cr
         # every signal, the answerability ones included (they read the fused top, not the final order)
         assert set(CORE_SIGNALS) <= set(runs[0].signals)
         assert 0.0 < runs[0].signals["answerability"] < 1.0  # the accepted combiner's probability
+        assert 0.0 < runs[0].signals["answer_support"] < 1.0  # the answer model over the fused top 3
         assert runs[0].signals == runs[1].signals == runs[2].signals
         orders |= {tuple(c.chunk_id for c in run.ranked) for run in runs}
     assert len(orders) > 3  # the weights did change some final order, so the test can fail

@@ -10,6 +10,7 @@ import pytest
 from evals.evalset import load_evalset
 from pipelines.config import Retrieval
 from pipelines.retrieval import combiner as combiner_mod
+from pipelines.retrieval.answer_support import answer_support
 from pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
 from pipelines.retrieval.retriever import Retriever, effective_query
 from pipelines.search.analyzer import STOPWORDS
@@ -38,6 +39,7 @@ def one_at_a_time(retriever: Retriever, question: str, context=()) -> tuple[dict
     top = [c.text for c in fused[:TOP_PASSAGES]]
     n, df = found.distribution.total, found.document_frequencies
     signals.update(answerability_signals(query, vector, top, n, df, STOPWORDS, encode, encode))
+    signals["answer_support"] = answer_support(retriever.answer_scorer, query, top)
     signals[combiner_mod.SIGNAL] = combiner_mod.score(retriever.combiner, signals) if retriever.combiner else None
     return signals, [c.chunk_id for c in ranked]
 

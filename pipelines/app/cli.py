@@ -323,6 +323,15 @@ def cmd_config_schema(args) -> int:
     return 0
 
 
+def cmd_train_answerability(args) -> int:
+    """Train, export and evaluate the answer-support model (docs/benchmarks.md §23); prints the held-out result."""
+    from pipelines.app.answer_training import train_answerability
+
+    result = train_answerability(args.data, Path(args.out), Path(args.work) if args.work else None, args.steps)
+    print(json.dumps({"heldout": result["int8"], "determinism": result["determinism"]}, indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -402,6 +411,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--artifacts", help="s3://bucket/prefix: run_a and run_b are run ids on that store")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("train-answerability", help="train the answer-support model on SQuAD 2.0 (about 15 min)")
+    p.add_argument("--data", required=True, help="SQuAD 2.0 dev-v2.0.json(.gz), e.g. ../shared/datasets/squad2/")
+    p.add_argument("--out", default="models/answer_support", help="where the shipped files go")
+    p.add_argument("--work", help="scratch for the torch checkpoints (default: OUT_work)")
+    p.add_argument("--steps", type=int, default=200, help="training steps of 16 pairs")
+    p.set_defaults(func=cmd_train_answerability)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")
     p.add_argument(

@@ -21,7 +21,7 @@ def embedder_for(model_id: str, model_path: str | None, batch_size: int, backend
     return embed_backends.load_embedder(model_id, model_path, batch_size, backend)
 
 
-_SCORERS: dict[tuple[str, str | None], object] = {}
+_SCORERS: dict[tuple, object] = {}
 
 
 def scorer_for(kind: str, model_path: str | None):
@@ -30,13 +30,23 @@ def scorer_for(kind: str, model_path: str | None):
     by load_scorer and the next call tries again."""
     from pipelines.retrieval.rerank import load_scorer
 
-    key = (kind, model_path)
+    return _one_per_process((kind, model_path), lambda: load_scorer(kind, model_path))
+
+
+def _one_per_process(key: tuple, load):
     if key not in _SCORERS:
-        scorer = load_scorer(kind, model_path)
+        scorer = load()
         if scorer is None:
             return None
         _SCORERS[key] = scorer
     return _SCORERS[key]
+
+
+def answer_scorer_for(model_path: str | None):
+    """The answer-support cross-encoder, one per process like the reranker (None, logged, when it cannot load)."""
+    from pipelines.retrieval.answer_support import load_answer_model
+
+    return _one_per_process(("answer_support", model_path), lambda: load_answer_model(model_path))
 
 
 def get_embedder(cfg: PipelineConfig) -> Embedder:
@@ -65,7 +75,8 @@ def retriever_for(cfg: PipelineConfig, searcher):
     embedder = get_embedder(cfg)
     mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
     scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
-    return Retriever.from_config(searcher, embedder, scorer, cfg), scorer
+    answer = answer_scorer_for(cfg.answerability.answer_model_path) if cfg.answerability.answer_support else None
+    return Retriever.from_config(searcher, embedder, scorer, cfg, answer_scorer=answer), scorer
 
 
 def preflight(cfg: PipelineConfig) -> None:

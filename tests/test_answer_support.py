@@ -1,0 +1,117 @@
+"""The answer-support model and its signal (pipelines/retrieval/answer_support.py, pipelines/app/answer_training.py)."""
+
+import json
+import math
+
+import pytest
+
+from pipelines.app import answer_training
+from pipelines.retrieval.answer_support import SHIPPED, answer_support
+from pipelines.versions.manifest import sha256_file
+
+RECIPE = json.loads((SHIPPED / "recipe.json").read_text(encoding="utf-8"))
+
+
+class Logits:
+    """A stand-in scorer (the reranker's interface): fixed logits per passage, and what it was asked."""
+
+    def __init__(self, logits):
+        self.logits, self.asked = logits, []
+
+    def score(self, query, passages):
+        self.asked.append((query, list(passages)))
+        return [(i, self.logits[p]) for i, p in enumerate(passages)]
+
+
+def test_the_shipped_files_are_the_ones_the_recipe_recorded():
+    assert sha256_file(SHIPPED / "model.onnx") == RECIPE["onnx_sha256"]
+    assert sha256_file(SHIPPED / "tokenizer.json") == RECIPE["tokenizer_sha256"]
+    assert (SHIPPED / "model.onnx").stat().st_size <= 30 * 2**20  # committed: at most 30 MB
+    assert RECIPE["data"]["json_sha256"] == answer_training.SQUAD_DEV_JSON_SHA256
+
+
+def test_answer_support_is_the_highest_probability_over_the_passages():
+    scorer = Logits({"a": -2.0, "b": 1.0, "c": 0.0})
+    assert answer_support(scorer, "q", ["a", "b", "c"]) == pytest.approx(1 / (1 + math.exp(-1.0)))
+    assert scorer.asked == [("q", ["a", "b", "c"])]
+    assert answer_support(Logits({"a": -2.0}), "q", ["a"]) == pytest.approx(0.11920292202)
+
+
+def test_answer_support_is_missing_not_invented_without_a_model_or_passages():
+    assert answer_support(None, "q", ["a"]) is None
+    assert answer_support(Logits({}), "q", []) is None
+
+
+def test_the_same_passages_in_any_order_give_the_same_value():
+    scorer = Logits({"a": -2.0, "b": 1.0, "c": 0.0})
+    assert answer_support(scorer, "q", ["c", "b", "a"]) == answer_support(scorer, "q", ["a", "b", "c"])
+
+
+SQUAD = {
+    "data": [
+        {
+            "title": f"T{i:02d}",
+            "paragraphs": [
+                {
+                    "context": f"paragraph {i}.{j}",
+                    "qas": [
+                        {"question": f"q{i}.{j}", "is_impossible": False},
+                        {"question": f"u{i}.{j}", "is_impossible": True},
+                    ],
+                }
+                for j in range(2)
+            ],
+        }
+        for i in range(35)
+    ]
+}
+
+
+def test_the_split_is_by_article_and_the_pairs_of_each_kind_are_made_as_the_recipe_says():
+    train, held = answer_training.split_articles(SQUAD)
+    assert len(train) == 25 and len(held) == 10 and not set(train) & set(held)
+    assert answer_training.split_articles(SQUAD) == (train, held)  # seeded
+    pairs = answer_training.make_pairs_typed(answer_training.articles_by_title(SQUAD, held), 13)
+    assert {p[0] for p in pairs} <= {f"{k}{t[1:].lstrip('0') or '0'}.{j}" for t in held for k in "qu" for j in (0, 1)}
+    kinds = [p[3] for p in pairs]
+    assert kinds.count("answerable_own") == kinds.count("near_topic") == kinds.count("unanswerable_own") == 20
+    for q, passage, label, kind in pairs:
+        own = passage == f"paragraph {q[1:]}"
+        assert (label, own) == {"answerable_own": (1, True), "unanswerable_own": (0, True), "near_topic": (0, False)}[
+            kind
+        ]
+
+
+@pytest.mark.models
+def test_the_shipped_model_tells_an_answering_passage_from_a_related_one_exactly_and_in_any_order():
+    from pipelines.retrieval.answer_support import load_answer_model
+
+    model = load_answer_model()
+    question = "Can I bring my bike on the light rail?"
+    answers = "Bikes are allowed on light rail at all hours. Hang your bike on one of the four hooks."
+    related = "Light rail trains run every 10 minutes between Central Station and Eastgate."
+    one = answer_support(model, question, [answers, related])
+    assert one > answer_support(model, question, [related])
+    assert answer_support(model, question, [related, answers]) == one  # one pair per run: order-free, exact
+    assert model.fingerprint.startswith("sha256:")
+
+
+@pytest.mark.models
+def test_the_trainable_base_reproduces_the_packaged_cross_encoder(tmp_path):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from pipelines.retrieval.rerank import OnnxCrossEncoder
+
+    folder = answer_training.packaged_base(tmp_path / "base")
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    onnx = OnnxCrossEncoder()
+    pairs = [
+        ("bike on train??", "Bikes are allowed on all trains except during rush hour on weekdays."),
+        ("what is the capital of france", "Bikes are allowed on all trains except during rush hour on weekdays."),
+    ]
+    with torch.no_grad():
+        for q, p in pairs:
+            torch_logit = float(model(**tokenizer(q, p, return_tensors="pt")).logits[0, 0])
+            assert torch_logit == pytest.approx(onnx.logit(q, p), abs=0.2)  # INT8 activations vs float
