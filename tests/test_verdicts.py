@@ -230,7 +230,7 @@ def test_the_verdict_names_a_changed_code_version_or_model(night):
     gate_path = steps.run_dir(night.cfg, "20260101-020000") / "gate.json"
     gate = json.loads(gate_path.read_text())
     assert gate["evaluated"]["code_version"].startswith("0.1.0+src.")
-    for field in ("code_version", "reranker_fingerprint", "embedder_fingerprint"):
+    for field in ("code_version", "reranker_fingerprint", "embedder_fingerprint", "answer_model_fingerprint"):
         edited = {**gate, "evaluated": {**gate["evaluated"], field: "something else"}}
         gate_path.write_text(json.dumps(edited))
         with pytest.raises(verdict.VerdictMismatch, match=f"{field}: "):

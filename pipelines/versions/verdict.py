@@ -15,6 +15,7 @@ from pathlib import Path
 from pipelines import models
 from pipelines.build import embed_backends
 from pipelines.config import PipelineConfig
+from pipelines.retrieval import answer_support
 from pipelines.versions.code import code_version
 from pipelines.versions.manifest import manifest_hash, sha256_file, sha256_json
 
@@ -54,6 +55,16 @@ def reranker_fingerprint(cfg: PipelineConfig) -> str | None:
         return None
 
 
+def answer_model_fingerprint(cfg: PipelineConfig) -> str | None:
+    """The answer-support model's fingerprint (it scores `answer_support`), None when it is off or missing."""
+    if not cfg.answerability.answer_support:
+        return None
+    try:
+        return answer_support.fingerprint(cfg.answerability.answer_model_path)
+    except FileNotFoundError:
+        return None
+
+
 # Config keys that say where things live, not what was judged: `artifacts` is a local folder for one night
 # and a per-task scratch folder (a different one per task and worker) for a night on an object store;
 # `artifacts_airflow_conn_id` how a DAG task reaches that store (set by the DAGs, null on the CLI).
@@ -78,6 +89,7 @@ def evaluated(cfg: PipelineConfig, manifest: Mapping | None, eval_sets: list[str
         "combiner": file_fact(cfg.answerability.combiner),
         "embedder_fingerprint": embedding_fingerprint(cfg),
         "reranker_fingerprint": reranker_fingerprint(cfg),
+        "answer_model_fingerprint": answer_model_fingerprint(cfg),
         "code_version": code_version(),
     }
 
@@ -125,6 +137,7 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
 BOUND_MODELS_AND_CODE = {
     "embedder_fingerprint": "the embedding model",
     "reranker_fingerprint": "the cross-encoder behind rerank_top",
+    "answer_model_fingerprint": "the answer-support model behind answer_support",
     "code_version": "the code",
 }
 
