@@ -7,7 +7,7 @@ Both are measured side by side in one process, interleaved, on the same syntheti
 seeded Zipf texts and unit 384-d vectors, loaded through `EmbeddedStore.load`), with the files in the page
 cache (a warm open; a cold one also pays the disk reads before, not after).
 
-    .venv/bin/python -m benchmarks.open_verified [--chunks 100000] [--repeats 5]
+    .venv/bin/python -m benchmarks.open_verified [--chunks 100000] [--repeats 5] [--name open_verified]
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--name", default="open_verified", help="results/<name>.json")
     args = ap.parse_args()
     from pipelines.search.embedded import EmbeddedStore
 
-    result = Result("open_verified", chunks=args.chunks, repeats=args.repeats)
+    result = Result(args.name, chunks=args.chunks, repeats=args.repeats)
     with tempfile.TemporaryDirectory(prefix="sg-open-") as tmp:
         runs = Path(tmp) / "runs"
         runs.mkdir()

@@ -443,3 +443,72 @@ def test_the_one_filesystem_builder_takes_a_connection_for_its_block_only(monkey
     with object_store.connection({"region": "ap-south-1", "access_key": "k", "secret_key": "s"}):
         assert object_store.s3_filesystem().region == "ap-south-1"
     assert object_store.s3_filesystem().region == "us-west-2"
+
+
+def kept_objects(store: ObjectStore, tmp_path: Path) -> dict[str, bytes]:
+    """Three runs on the store: r1 and r2 evaluated (each kept text vectors and rerank logits, r2 the newer), r3
+    loaded and not yet evaluated. Returns what was put, by key."""
+    import numpy as np
+
+    from pipelines.retrieval import kept
+
+    bodies = {}
+    for run, value in (("r1", 1.0), ("r2", 2.0)):
+        for name, width, dtype in (("text_vectors.parquet", 3, np.float32), ("rerank_pairs.parquet", 1, np.float64)):
+            src = tmp_path / f"{run}-{name}"
+            kept.save(src, "fp", {kept.text_key(run): np.full(width, value)}, width, dtype)
+            bodies[f"runs/{run}/{name}"] = src.read_bytes()
+    for run in ("r1", "r2", "r3"):
+        bodies[f"runs/{run}/run.json"] = b"{}"
+        bodies[f"runs/{run}/chunks.parquet"] = b"chunks"
+    for key, body in bodies.items():
+        store.put(key, body)
+    return bodies
+
+
+def test_evaluate_stages_the_newest_earlier_evaluations_kept_values(tmp_path):
+    keys = {f"runs/{r}/{n}": 1 for r in ("r1", "r2") for n in staging.KEPT} | {"runs/r3/chunks.parquet": 1}
+    assert staging.earlier_evaluation_of(keys, "r3") == "r2" and staging.earlier_evaluation_of(keys, "r2") == "r1"
+    assert staging.earlier_evaluation_of(keys, "r1") is None
+    for step in ("evaluate", "evaluate_live"):
+        reads = staging.STEP_READS[step]
+        roles = staging.roles_of(reads, "r3", "r3", None, "r2")
+        assert all(staging.wanted(f"runs/r2/{n}", reads, roles) for n in staging.KEPT)
+        assert not staging.wanted("runs/r1/text_vectors.parquet", reads, roles)  # only the newest earlier one
+        assert not staging.wanted("runs/r2/chunks.parquet", reads, roles)
+    night = staging.roles_of(staging.NIGHT, "r4", "r3", None, "r1")  # the previous run never evaluated
+    assert staging.wanted("runs/r1/rerank_pairs.parquet", staging.NIGHT, night)
+    store = local_store(tmp_path)
+    bodies = kept_objects(store, tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    snap = staging.stage(store, scratch, "r3", staging.STEP_READS["evaluate"])
+    for name in staging.KEPT:
+        assert (scratch / "runs/r2" / name).read_bytes() == bodies[f"runs/r2/{name}"]
+        assert (scratch / "runs/r1" / name).read_bytes() == b""  # listed, not downloaded
+    staging.publish(store, scratch, snap)
+    assert all(store.get(k) == body for k, body in bodies.items())  # read-only: nothing written back
+
+
+@pytest.mark.s3
+def test_an_evaluate_task_on_the_server_reads_the_kept_values_instead_of_computing_them(
+    s3_env, s3_server, make_cfg, tmp_path, caplog
+):
+    """The DAG's evaluate task on the S3 server: the earlier evaluation's kept text vectors and rerank logits are
+    staged with their bytes (steps.earlier_evaluation finds them, kept.load reads them), nothing is written back."""
+    import numpy as np
+
+    from pipelines.app import steps
+    from pipelines.retrieval import kept
+
+    uri = s3_server.bucket("kept-values") + "/nightly"
+    store = ObjectStore.from_uri(uri)
+    bodies = kept_objects(store, tmp_path)
+    with staging.task_staged(make_cfg(artifacts=uri), "evaluate", "r3") as local:
+        earlier = steps.earlier_evaluation(local, "r3")
+        assert earlier is not None and earlier.name == "r2"
+        vectors = kept.load(earlier / "text_vectors.parquet", "fp", 3)
+        logits = kept.load(earlier / "rerank_pairs.parquet", "fp", 1, np.float64)
+    assert "computing again" not in caplog.text
+    assert [v.tolist() for v in vectors.values()] == [[2.0, 2.0, 2.0]] and list(logits.values())[0][0] == 2.0
+    assert {k: store.get(k) for k in bodies} == bodies and not store.exists("runs/r3/text_vectors.parquet")

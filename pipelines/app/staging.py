@@ -3,8 +3,9 @@
 For `artifacts: s3://bucket/prefix`, `staged(cfg, run_id)` (under the writer's lock object) copies into a
 scratch folder what a night reads: every run's small records (run.json, gate.json, the index manifest),
 the whole folders of the previous run (embed cache, chunk reuse, ingest diff), the live run (diff against
-live) and the run itself (a rerun), `LIVE` and the promotions log. The steps run on that folder exactly as
-on a local artifacts folder; on success `publish` writes back what changed, in this order:
+live) and the run itself (a rerun), the text vectors and rerank logits the newest earlier evaluation kept
+(read-only), `LIVE` and the promotions log. The steps run on that folder exactly as on a local artifacts
+folder; on success `publish` writes back what changed, in this order:
 
 1. run files, each index version's files before its `index/manifest.json` (G2: the manifest is last);
    a complete version's files are write-once (object_store.WriteOnceViolation on other bytes, G1);
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from evals.harness import RERANK_PAIRS, TEXT_VECTORS
 from pipelines import config
 from pipelines.batches import shard_range
 from pipelines.config import PipelineConfig
@@ -66,11 +68,13 @@ ANY = "*"  # in a Reads entry: every file of that run folder outside index/
 class Reads:
     """What a step reads beyond every run's RECORDS, LIVE and the promotions log: names (or folder prefixes
     such as "index/", or ANY) inside its own run folder, the previous run's (newest earlier one with
-    chunks: ingest diff, chunk reuse, embed cache) and the live run's."""
+    chunks: ingest diff, chunk reuse, embed cache), the live run's and the earlier evaluation's (newest
+    earlier run that kept its text vectors: steps.earlier_evaluation)."""
 
     own: tuple[str, ...] = ()
     previous: tuple[str, ...] = ()
     live: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()  # read in the earlier evaluation's run folder (staged read-only)
     named: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (run id, names) for a command on given runs
     shard: tuple[str, int, int] | None = None  # (own Parquet name, shard, shards): only that shard's row groups
 
@@ -80,7 +84,8 @@ def reading(names: tuple[str, ...], *runs: str) -> Reads:
     return Reads(named=tuple((run, names) for run in runs))
 
 
-NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,))  # `sourcegate run`: every step in one
+KEPT = (TEXT_VECTORS, RERANK_PAIRS)  # values an evaluation keeps for the next one (pipelines/retrieval/kept.py)
+NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,), kept=KEPT)  # `sourcegate run`: every step in one
 STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/steps.py)
     "ingest": Reads(own=("quarantine.jsonl",), previous=("documents.parquet",)),
     "chunk": Reads(
@@ -90,7 +95,7 @@ STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/step
     "merge": Reads(own=("chunks.text.parquet", "embed/")),
     "validate": Reads(own=("chunks.parquet", "quarantine.jsonl", "quality.json")),
     "load": Reads(own=("chunks.parquet", "chunks.valid.parquet"), live=("chunks.parquet", "chunks.valid.parquet")),
-    "evaluate": Reads(own=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet")),
+    "evaluate": Reads(own=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet"), kept=KEPT),
     "gate": Reads(
         own=("calibration.json", "precision.json", "eval_errors.json", "questions.jsonl"), live=("questions.jsonl",)
     ),
@@ -98,7 +103,7 @@ STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/step
     "cleanup": Reads(),
     # sourcegate_recalibrate: LIVE (read only), then an evaluation of the live version into the recal run's folder
     "live_version": Reads(),
-    "evaluate_live": Reads(live=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet")),
+    "evaluate_live": Reads(live=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet"), kept=KEPT),
 }
 READ_ONLY = {"live_version"}  # tasks that publish nothing: staged without the writer lock
 
@@ -107,6 +112,14 @@ def previous_of(keys: dict[str, int], run_id: str | None) -> str | None:
     """The newest run before `run_id` with chunks (steps.previous_run, on the store's listing)."""
     with_chunks = sorted({run_of(k) for k in keys if k.endswith("/chunks.parquet") and run_of(k)})
     earlier = [r for r in with_chunks if run_id is None or r < run_id]
+    return earlier[-1] if earlier else None
+
+
+def earlier_evaluation_of(keys: dict[str, int], run_id: str | None) -> str | None:
+    """The newest run before `run_id` whose evaluation kept its text vectors (steps.earlier_evaluation, on the
+    store's listing): the evaluation loads its text vectors and rerank logits from that folder."""
+    kept = sorted({run_of(k) for k in keys if k.endswith(f"/{TEXT_VECTORS}") and run_of(k)})
+    earlier = [r for r in kept if run_id is None or r < run_id]
     return earlier[-1] if earlier else None
 
 
@@ -126,9 +139,12 @@ def wanted(key: str, reads: Reads, roles: dict[str, tuple[str, ...]]) -> bool:
     return inside in RECORDS or matches(inside, roles.get(run, ()))
 
 
-def roles_of(reads: Reads, run_id: str | None, previous: str | None, live: str | None) -> dict[str, tuple[str, ...]]:
+def roles_of(
+    reads: Reads, run_id: str | None, previous: str | None, live: str | None, evaluation: str | None = None
+) -> dict[str, tuple[str, ...]]:
     roles: dict[str, tuple[str, ...]] = {}
-    for run, names in ((run_id, reads.own), (previous, reads.previous), (live, reads.live), *reads.named):
+    runs = ((run_id, reads.own), (previous, reads.previous), (live, reads.live), (evaluation, reads.kept))
+    for run, names in (*runs, *reads.named):
         if run:
             roles[run] = roles.get(run, ()) + names
     return roles
@@ -143,7 +159,7 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     snap.live = live.decode().strip() if live else None
     if snap.live:
         (scratch / LIVE).write_text(snap.live + "\n", encoding="utf-8")
-    roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live)
+    roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live, earlier_evaluation_of(keys, run_id))
     snap.runs = {r for k in keys if (r := run_of(k))}
     for key in sorted(keys):
         if reads.shard and key == f"runs/{run_id}/{reads.shard[0]}":

@@ -1,0 +1,342 @@
+"""Benchmark: a night with artifacts on the local S3 server (moto) vs on local disk, side by side (issue 23 item 7).
+
+Each night runs the nightly DAG's tasks in order, **each task in its own process** (the share-nothing case:
+a Celery or Kubernetes worker per task). On the S3 side every task goes through `staging.task_staged`,
+exactly as the DAG's `dags/_common.in_store` wraps it: it stages only what its step reads into a scratch
+folder of its own, runs the step, publishes what changed and removes the scratch. On the local side the same
+step runs on the local artifacts folder. Both start from the same base (built once on local disk, copied to
+a second local folder and published to the bucket, neither counted).
+
+- **demo**: the demo corpus, unchanged, over a base night of the same corpus (`sourcegate run`): ingest,
+  chunk, embed (every vector from the cache), merge, validate, load, evaluate (the earlier evaluation's kept
+  text vectors and rerank logits), gate, promote, cleanup.
+- **100k** (benchmarks.night_1m's synthetic corpus, one chunk per document, the base's vectors synthetic):
+  1% of the documents edited; ingest, chunk, embed (the real model encodes the changed chunks), merge,
+  validate, load. Evaluation and the gate are skipped, as in benchmark 14 (the demo's eval sets label
+  nothing in this corpus).
+
+moto_server runs on loopback (tests/s3_server.py) behind a counting TCP relay in this process: the bytes the
+tasks send to the store (PUT bodies, requests) and receive from it (GET bodies, listings, responses) are
+counted on the wire, HTTP headers included, per night; the server's request log gives requests by method.
+The relay adds a hop to every S3 request (counted against S3). Repetitions alternate which side goes first.
+
+    nice -n 10 .venv/bin/python -m benchmarks.s3_night [--nights demo,100k] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from benchmarks._common import ROOT, Result, log
+from benchmarks.night_1m import BASE_RUN, NIGHT_RUN, write_corpus
+from benchmarks.night_1m import spawn as base_step
+
+WORK = Path("/tmp/sgbench-s3")
+DEMO_STEPS = ("ingest", "chunk", "embed", "merge", "validate", "load", "evaluate", "gate", "promote", "cleanup")
+BUILD_STEPS = ("ingest", "chunk", "embed", "merge", "validate", "load")
+GOAL_RATIO = 1.3
+
+
+# --- the store: moto on loopback behind a counting relay ---------------------------------------
+
+
+class CountingRelay:
+    """A loopback TCP relay in front of the server that counts bytes each way (to the store, from it)."""
+
+    def __init__(self, target_port: int):
+        self.target_port, self.lock = target_port, threading.Lock()
+        self.sent = self.received = 0  # sent: client -> store (uploads); received: store -> client (downloads)
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(128)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            for a, b, up in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, up), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                dst.sendall(data)
+                with self.lock:
+                    if up:
+                        self.sent += len(data)
+                    else:
+                        self.received += len(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return self.sent, self.received
+
+
+REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) ')
+
+
+def requests_since(log_file: Path, offset: int) -> tuple[Counter, int]:
+    """Requests by method in moto's log after `offset`; the new offset."""
+    with log_file.open("rb") as fh:
+        fh.seek(offset)
+        text = fh.read().decode("utf-8", "replace")
+    return Counter(REQUEST.findall(text)), offset + len(text.encode("utf-8", "replace"))
+
+
+# --- one task in its own process ----------------------------------------------------------------
+
+
+def run_task(step: str, cfg, run_id: str, extra: dict) -> object:
+    """The DAG task's step call (dags/sourcegate_nightly.py) on `cfg` (a staged scratch folder or local)."""
+    from pipelines.app import steps
+
+    calls = {
+        "ingest": lambda c: steps.ingest_step(c, run_id),
+        "chunk": lambda c: steps.chunk_step(c, run_id),
+        "embed": lambda c: steps.embed_step(c, run_id, 0, 1, use_cache=True),
+        "merge": lambda c: steps.merge_step(c, run_id, [extra["embed"]]),
+        "validate": lambda c: steps.validate_step(c, run_id),
+        "load": lambda c: steps.load_step(c, run_id),
+        "evaluate": lambda c: steps.evaluate_step(c, run_id),
+        "gate": lambda c: steps.gate_step(c, run_id)["passed"],
+        "promote": lambda c: steps.promote_step(c, run_id, actor="benchmark"),
+        "cleanup": steps.cleanup_step,
+    }
+    return calls[step](cfg)
+
+
+def child(step: str, overrides: str, run_id: str, extra: str) -> None:
+    """A task's process: on an s3:// artifacts prefix through staging.task_staged (as dags/_common.in_store)."""
+    from pipelines import config
+    from pipelines.app.staging import task_staged
+
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", json.loads(overrides))
+    shard = (0, 1) if step == "embed" else None
+    t = time.perf_counter()
+    with task_staged(cfg, step, run_id, shard) as local:
+        out = run_task(step, local, run_id, json.loads(extra))
+    print("RESULT " + json.dumps({"step": step, "wall_s": round(time.perf_counter() - t, 2), "out": out}, default=str))
+
+
+def spawn(step: str, overrides: dict, run_id: str, extra: dict, env: dict) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.s3_night", "--step", step, "--config", json.dumps(overrides)]
+    cmd += ["--extra", json.dumps(extra), run_id]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    wall = time.perf_counter() - t
+    if proc.returncode:
+        raise RuntimeError(f"{step} failed:\n{proc.stderr[-3000:]}")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :]) | {"process_wall_s": round(wall, 2)}
+
+
+# --- bases and nights ----------------------------------------------------------------------------
+
+
+def publish_base(local_artifacts: Path, uri: str) -> None:
+    """Put a base artifacts folder on the bucket as a night would have published it (not counted)."""
+    from pipelines.app import staging
+    from pipelines.versions.object_store import ObjectStore
+
+    staging.publish(ObjectStore.from_uri(uri), local_artifacts, staging.Snapshot())
+
+
+def demo_base(work: Path) -> dict:
+    """A base night of the demo corpus by `sourcegate run` (reused when there): overrides for its nights."""
+    base = work / "demo-base" / "artifacts"
+    if not (base / "runs" / BASE_RUN / "text_vectors.parquet").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        cmd = [sys.executable, "-m", "pipelines.app.cli", "run", "--artifacts", str(base), "--run-id", BASE_RUN]
+        subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return {"base": base, "overrides": {}, "steps": DEMO_STEPS}
+
+
+def synthetic_base(work: Path, docs: int, changed: float) -> dict:
+    """benchmarks.night_1m's base of `docs` synthetic documents (reused when there) and its night's corpus."""
+    root = work / f"synthetic-{docs}"
+    base = root / "artifacts"
+    common = {"corpus.format": "beir", "lock.timeout_s": 5}
+    if not (base / "runs" / BASE_RUN / "index" / "manifest.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        write_corpus(root / "base" / "corpus.jsonl", docs)
+        base_cfg = {**common, "artifacts": str(base), "corpus.path": str(root / "base" / "corpus.jsonl")}
+        for step in ("ingest", "chunk", "synthetic_embed", "validate", "load"):
+            base_step(step, base_cfg, BASE_RUN)
+    changed_docs = write_corpus(root / "night" / "corpus.jsonl", docs, changed=changed)
+    overrides = {**common, "corpus.path": str(root / "night" / "corpus.jsonl")}
+    return {"base": base, "overrides": overrides, "steps": BUILD_STEPS, "changed_docs": changed_docs}
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def one_night(side: str, setup: dict, store: dict, relay: CountingRelay, moto_log: Path) -> dict:
+    """One night on `side` ("local" or "s3") from a fresh copy of the base; wall, and the store's traffic."""
+    local = store["work"] / "local-artifacts"
+    shutil.rmtree(local, ignore_errors=True)
+    shutil.copytree(setup["base"], local, ignore=shutil.ignore_patterns(".sourcegate.lock*"))
+    if side == "s3":
+        reset_bucket(store, setup)
+    artifacts = store["uri"] if side == "s3" else str(local)
+    overrides = {**setup["overrides"], "artifacts": artifacts}
+    env = {**os.environ, **store["env"], "PYTHONPATH": str(ROOT)}
+    sent0, received0 = relay.counts()
+    _, offset = requests_since(moto_log, 0)
+    tasks, extra = [], {}
+    t = time.perf_counter()
+    for step in setup["steps"]:
+        if step == "promote" and not extra.get("gate"):
+            break  # the DAG's enforce_gate: no promotion without a passed verdict
+        before = relay.counts()
+        tasks.append(spawn(step, overrides, NIGHT_RUN, extra, env))
+        if side == "s3":
+            tasks[-1] |= {"sent_bytes": relay.counts()[0] - before[0], "received_bytes": relay.counts()[1] - before[1]}
+        extra[step] = tasks[-1]["out"]
+        log(side, step, tasks[-1]["process_wall_s"], "s")
+    wall = time.perf_counter() - t
+    sent, received = relay.counts()
+    requests, _ = requests_since(moto_log, offset)
+    out = {"side": side, "wall_s": round(wall, 1), "tasks": tasks}
+    if side == "s3":
+        out |= {"sent_bytes": sent - sent0, "received_bytes": received - received0, "requests": dict(requests)}
+    else:
+        out["run_folder_bytes"] = folder_bytes(local / "runs" / NIGHT_RUN)
+    return out
+
+
+def reset_bucket(store: dict, setup: dict) -> None:
+    """The bucket prefix holds exactly the base (through the server's own port: not counted)."""
+    from pipelines.versions.object_store import ObjectStore
+
+    with direct_env(store):
+        bucket = ObjectStore.from_uri(store["uri"])
+        for key in sorted(bucket.listing("")):
+            bucket.delete(key)
+        publish_base(setup["base"], store["uri"])
+
+
+class direct_env:
+    """The AWS environment of this process pointed at the server itself (setup traffic is not counted)."""
+
+    def __init__(self, store: dict):
+        self.store, self.saved = store, {}
+
+    def __enter__(self):
+        for key, value in self.store["direct_env"].items():
+            self.saved[key] = os.environ.get(key)
+            os.environ[key] = value
+
+    def __exit__(self, *exc):
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def sizes(setup: dict) -> dict:
+    """What the night has to move at least, to compare the traffic with: the base's corpus-sized files."""
+    run = setup["base"] / "runs" / BASE_RUN
+    named = ("documents.parquet", "chunks.text.parquet", "chunks.parquet", "chunks.valid.parquet")
+    out = {name: (run / name).stat().st_size for name in named if (run / name).exists()}
+    out["index"] = folder_bytes(run / "index")
+    out["base_run_folder"] = folder_bytes(run)
+    return out
+
+
+def side_by_side(name: str, setup: dict, store: dict, relay: CountingRelay, moto_log: Path, repeats: int) -> dict:
+    """`repeats` pairs of nights, alternating which side goes first; ratio of the median walls."""
+    nights = []
+    for i in range(repeats):
+        for side in ("local", "s3") if i % 2 == 0 else ("s3", "local"):
+            nights.append(one_night(side, setup, store, relay, moto_log) | {"repeat": i})
+            log(name, side, f"repeat {i}: {nights[-1]['wall_s']} s")
+    walls = {s: sorted(n["wall_s"] for n in nights if n["side"] == s) for s in ("local", "s3")}
+    median = {s: w[len(w) // 2] if len(w) % 2 else (w[len(w) // 2 - 1] + w[len(w) // 2]) / 2 for s, w in walls.items()}
+    ratio = round(median["s3"] / median["local"], 2)
+    return {
+        "night": name,
+        "changed_docs": setup.get("changed_docs"),
+        "base_sizes": sizes(setup),
+        "median_wall_s": median,
+        "ratio_s3_to_local": ratio,
+        "goal_ratio_le_1_3": ratio <= GOAL_RATIO,
+        "nights": nights,
+    }
+
+
+def start_store(work: Path) -> tuple[dict, CountingRelay, Path, object]:
+    from tests.s3_server import CREDENTIALS, S3Server, free_port
+
+    moto_log = work / "moto.log"
+    moto_log.unlink(missing_ok=True)
+    server = S3Server(free_port(), moto_log).start()
+    uri = server.bucket("bench") + "/nightly"
+    relay = CountingRelay(server.port)
+    store = {
+        "work": work,
+        "uri": uri,
+        "env": CREDENTIALS | {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"},
+        "direct_env": server.env,
+    }
+    return store, relay, moto_log, server
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nights", default="demo,100k", help="demo and/or <N>k synthetic nights, comma-separated")
+    p.add_argument("--changed", type=float, default=0.01, help="share of the synthetic documents edited")
+    p.add_argument("--repeats", type=int, default=1, help="pairs of nights per size (alternating order)")
+    p.add_argument("--work", default=str(WORK))
+    p.add_argument("--name", default="s3_night", help="results file benchmarks/results/<name>.json")
+    p.add_argument("--step", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--extra", help=argparse.SUPPRESS)
+    p.add_argument("run_id", nargs="?", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.step:
+        child(args.step, args.config, args.run_id, args.extra)
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result = Result(args.name, changed_share=args.changed, repeats=args.repeats, results=[])
+    store, relay, moto_log, server = start_store(work)
+    try:
+        for name in args.nights.split(","):
+            if name == "demo":
+                setup = demo_base(work)
+            else:
+                setup = synthetic_base(work, int(name.rstrip("k")) * 1000, args.changed)
+            result["results"].append(side_by_side(name, setup, store, relay, moto_log, args.repeats))
+            result.write()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
