@@ -1,4 +1,4 @@
-"""Benchmark 17: which threshold placement keeps unseen should-answer questions (issue #28).
+"""docs/benchmarks.md §19: which threshold placement keeps unseen should-answer questions (issue #28).
 
 Each rule (evals/placement.py: tightest, linear midpoint, logit midpoint of the gap) is placed
 on data and judged on data it was not placed on, never on the check set:
@@ -8,12 +8,13 @@ on data and judged on data it was not placed on, never on the check set:
 
 Two stages:
   python -m benchmarks.placement scores --out /tmp/coverage/beir   # index + score each BEIR set
-  python -m benchmarks.placement table --demo RUN/calibration.json [MORE.json ...] --out /tmp/coverage/beir
+  python -m benchmarks.placement table --demo RUN/calibration.json [MORE.json ...] --out /tmp/coverage/beir \
+      [--exclude a-o-] [--result placement-fit14.json]   # drop demo fit questions by id prefix; result file name
 
 `scores` indexes each dataset like `sourcegate beir` (cached under --out) and scores its test
 queries as should-answer and the demo fit set's off-topic questions as should-decline
 (calibration.json per dataset). `table` prints the Markdown table of docs/benchmarks.md §19 and
-writes benchmarks/results/placement.json.
+writes benchmarks/results/placement.json (or --result).
 """
 
 from __future__ import annotations
@@ -56,56 +57,87 @@ def score_datasets(out: Path) -> None:
         print(name, calibrate_beir(cfg, retriever, queries, str(decline), folder), flush=True)
 
 
-def gated_scores(calibration: dict, signal: str) -> tuple[list[float], list[bool]]:
-    """(scores, is_answer) of the questions the gap holds: should-answer and the gated decline kinds."""
-    rows = [
+def gated_rows(calibration: dict, signal: str) -> list[dict]:
+    """The questions the gap holds, scored on `signal`: should-answer and the gated decline kinds."""
+    return [
         q
         for q in calibration["questions"]
         if q["signals"].get(signal) is not None and (q["label"] == "answer" or q.get("kind") in GATED_KINDS)
     ]
+
+
+def gated_scores(calibration: dict, signal: str) -> tuple[list[float], list[bool]]:
+    """(scores, is_answer) of the questions the gap holds: should-answer and the gated decline kinds."""
+    rows = gated_rows(calibration, signal)
     return [q["signals"][signal] for q in rows], [q["label"] == "answer" for q in rows]
 
 
-def transfer(threshold: float | None, scores: list[float], is_answer: list[bool]) -> dict:
-    """What a threshold placed elsewhere keeps and declines here."""
+def transfer(threshold: float | None, scores: list[float], is_answer: list[bool], ids: list[str] | None = None) -> dict:
+    """What a threshold placed elsewhere keeps and declines here (with `ids`: the should-decline it answers)."""
     answer = [s for s, a in zip(scores, is_answer) if a]
     decline = [s for s, a in zip(scores, is_answer) if not a]
-    return {
+    out = {
         "kept": sum(s >= threshold for s in answer),
         "n_answer": len(answer),
         "declined": sum(s < threshold for s in decline),
         "n_decline": len(decline),
     }
+    if ids is not None:
+        out["not_declined"] = {i: s for i, s, a in zip(ids, scores, is_answer) if not a and s >= threshold}
+    return out
 
 
-def demo_scores(calibrations: list[Path], signal: str) -> tuple[list[float], list[bool]]:
-    """The demo fit set's gated scores, merged from calibration.json files (ids unique across them)."""
+def demo_calibration(calibrations: list[Path], exclude: tuple[str, ...] = ()) -> dict:
+    """The demo fit set, merged from calibration.json files (ids unique across them), without the
+    questions whose id starts with one of `exclude` (e.g. a-o-: the fit set before offtopic-extra)."""
     merged: dict[str, dict] = {}
     for path in calibrations:
-        merged.update({q["id"]: q for q in read_json(path)["questions"]})
-    return gated_scores({"questions": list(merged.values())}, signal)
+        merged.update({q["id"]: q for q in read_json(path)["questions"] if not q["id"].startswith(exclude)})
+    return {"questions": list(merged.values())}
 
 
-def table(demo: list[Path], out: Path, signal: str, folds: int) -> dict:
+def demo_scores(calibrations: list[Path], signal: str, exclude: tuple[str, ...] = ()) -> tuple[list[float], list[bool]]:
+    """The demo fit set's gated scores (see demo_calibration)."""
+    return gated_scores(demo_calibration(calibrations, exclude), signal)
+
+
+def table(demo: list[Path], out: Path, signal: str, folds: int, exclude: tuple[str, ...] = ()) -> dict:
     """Every rule cross-fitted on each dataset, and placed on the demo and applied to each BEIR set.
     A BEIR set without scores under `out` is listed in `not_measured`, never filled in."""
-    scored = {"demo (fit set)": demo_scores(demo, signal)}
+    scored = {"demo (fit set)": demo_scores(demo, signal, exclude)}
     present = [name for name in DATASETS if (out / name / "calibration.json").exists()]
-    scored.update({name: gated_scores(read_json(out / name / "calibration.json"), signal) for name in present})
+    beir_rows = {name: gated_rows(read_json(out / name / "calibration.json"), signal) for name in present}
+    scored.update({name: gated_scores({"questions": rows}, signal) for name, rows in beir_rows.items()})
     fit_scores, fit_answer = scored["demo (fit set)"]
     answer = [s for s, a in zip(fit_scores, fit_answer) if a]
     decline = [s for s, a in zip(fit_scores, fit_answer) if not a]
-    result = {"signal": signal, "folds": folds, "not_measured": sorted(set(DATASETS) - set(present)), "rules": {}}
+    result = {
+        "signal": signal,
+        "folds": folds,
+        "demo": [str(p) for p in demo],
+        "demo_excluded_id_prefixes": list(exclude),
+        "beir": {name: str(out / name / "calibration.json") for name in present},
+        "not_measured": sorted(set(DATASETS) - set(present)),
+        "rules": {},
+    }
     for rule in RULES:
         row = {"cross_fitted": {name: cross_fitted(s, a, rule, folds) for name, (s, a) in scored.items()}}
         row["demo threshold"] = place(answer, decline, rule)
-        row["transfer"] = {name: transfer(row["demo threshold"], *scored[name]) for name in present}
+        row["transfer"] = {
+            name: transfer(row["demo threshold"], *scored[name], ids=[q["id"] for q in beir_rows[name]])
+            for name in present
+        }
         result["rules"][rule] = row
     return result
 
 
 def _cell(r: dict) -> str:
-    return f"{r['kept']}/{r['n_answer']} / {r['declined']}/{r['n_decline']}"
+    cell = f"{r['kept']}/{r['n_answer']} / {r['declined']}/{r['n_decline']}"
+    if r.get("not_declined"):
+        cell += (
+            " (" + ", ".join(f"{i} {s:.3g}" for i, s in sorted(r["not_declined"].items(), key=lambda x: -x[1])) + ")"
+        )
+    return cell
 
 
 def markdown(result: dict) -> str:
@@ -130,12 +162,18 @@ def main(argv=None) -> int:
     parser.add_argument("--demo", type=Path, nargs="+", help="table: calibration.json files of the demo fit set")
     parser.add_argument("--signal", default="rerank_top")
     parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument(
+        "--exclude", nargs="*", default=[], help="table: drop demo questions whose id starts with these (e.g. a-o-)"
+    )
+    parser.add_argument("--result", default="placement.json", help="table: file name under benchmarks/results/")
     args = parser.parse_args(argv)
     if args.stage == "scores":
         score_datasets(args.out)
         return 0
-    result = table(args.demo, args.out, args.signal, args.folds)
-    write_json(result, RESULTS / "placement.json")
+    if not args.demo:
+        parser.error("table needs --demo")
+    result = table(args.demo, args.out, args.signal, args.folds, tuple(args.exclude))
+    write_json(result, RESULTS / args.result)
     print(markdown(result))
     print(json.dumps({r: row["demo threshold"] for r, row in result["rules"].items()}))
     return 0
