@@ -26,15 +26,12 @@ The relay adds a hop to every S3 request (counted against S3). Repetitions alter
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -50,50 +47,6 @@ GOAL_RATIO = 1.3
 
 
 # --- the store: moto on loopback behind a counting relay ---------------------------------------
-
-
-class CountingRelay:
-    """A loopback TCP relay in front of the server that counts bytes each way (to the store, from it)."""
-
-    def __init__(self, target_port: int):
-        self.target_port, self.lock = target_port, threading.Lock()
-        self.sent = self.received = 0  # sent: client -> store (uploads); received: store -> client (downloads)
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(128)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            for a, b, up in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pipe, args=(a, b, up), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
-        try:
-            while data := src.recv(1 << 20):
-                dst.sendall(data)
-                with self.lock:
-                    if up:
-                        self.sent += len(data)
-                    else:
-                        self.received += len(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def counts(self) -> tuple[int, int]:
-        with self.lock:
-            return self.sent, self.received
 
 
 REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) ')
@@ -195,7 +148,7 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def one_night(side: str, setup: dict, store: dict, relay: CountingRelay, moto_log: Path) -> dict:
+def one_night(side: str, setup: dict, store: dict, relay, moto_log: Path) -> dict:
     """One night on `side` ("local" or "s3") from a fresh copy of the base; wall, and the store's traffic."""
     local = store["work"] / "local-artifacts"
     shutil.rmtree(local, ignore_errors=True)
@@ -269,7 +222,7 @@ def sizes(setup: dict) -> dict:
     return out
 
 
-def side_by_side(name: str, setup: dict, store: dict, relay: CountingRelay, moto_log: Path, repeats: int) -> dict:
+def side_by_side(name: str, setup: dict, store: dict, relay, moto_log: Path, repeats: int) -> dict:
     """`repeats` pairs of nights, alternating which side goes first; ratio of the median walls."""
     nights = []
     for i in range(repeats):
@@ -290,14 +243,14 @@ def side_by_side(name: str, setup: dict, store: dict, relay: CountingRelay, moto
     }
 
 
-def start_store(work: Path) -> tuple[dict, CountingRelay, Path, object]:
-    from tests.s3_server import CREDENTIALS, S3Server, free_port
+def start_store(work: Path) -> tuple[dict, Relay, Path, object]:
+    from tests.s3_server import CREDENTIALS, Relay, S3Server, free_port
 
     moto_log = work / "moto.log"
     moto_log.unlink(missing_ok=True)
     server = S3Server(free_port(), moto_log).start()
     uri = server.bucket("bench") + "/nightly"
-    relay = CountingRelay(server.port)
+    relay = Relay(server.port)
     store = {
         "work": work,
         "uri": uri,

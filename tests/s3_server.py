@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -79,12 +80,12 @@ class S3Server:
 
 class Relay:
     """A loopback TCP relay in front of the server: `close()` makes the endpoint go away for its clients
-    while the server keeps its objects (moto holds them in memory: a restarted server starts empty)."""
+    while the server keeps its objects (moto holds them in memory: a restarted server starts empty); it counts
+    the bytes each way (benchmarks/s3_night.py reads them)."""
 
     def __init__(self, target_port: int):
-        import threading
-
-        self.target_port = target_port
+        self.target_port, self.lock = target_port, threading.Lock()
+        self.sent = self.received = 0  # bytes client -> store (uploads) and store -> client (downloads)
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -95,8 +96,6 @@ class Relay:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import threading
-
         while self.open:
             try:
                 client, _ = self.listener.accept()
@@ -104,20 +103,29 @@ class Relay:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, up in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, up), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
         try:
-            while data := src.recv(65536):
+            while data := src.recv(1 << 20):
                 dst.sendall(data)
+                with self.lock:
+                    if up:
+                        self.sent += len(data)
+                    else:
+                        self.received += len(data)
         except OSError:
             pass
         finally:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+    def counts(self) -> tuple[int, int]:
+        """Bytes relayed so far: (to the store, from the store), HTTP headers included."""
+        with self.lock:
+            return self.sent, self.received
 
     def close(self) -> None:
         self.open = False
