@@ -205,12 +205,12 @@ def wait_stopped(pid: int, bound_s: float = 600) -> None:
 @pytest.mark.opensearch
 @pytest.mark.models
 def test_the_node_stopped_while_a_night_evaluates(tiny, tmp_path):
-    from opensearchpy import OpenSearch
+    from opensearchpy import OpenSearch as Client  # not the config section OpenSearch imported above
 
     node = PrivateNode(tmp_path / "node")
     url = node.start()
     try:
-        client = OpenSearch(hosts=[url], timeout=30)
+        client = Client(hosts=[url], timeout=30)
         store = OpenSearchStore(client, OpenSearch(index_prefix="sg-stopped"), progress=False)
         artifacts = tmp_path / "artifacts"
         first = night(tiny, url, store.prefix, artifacts, FIRST)
