@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.versions.manifest import sha256_file
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -46,17 +48,6 @@ BASE_MODEL_ID = "cross-encoder/ms-marco-MiniLM-L-12-v2 (the packaged INT8 ONNX, 
 
 
 # --------------------------------------------------------------------------- data
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def load_squad(path: str | os.PathLike) -> tuple[dict, dict]:
@@ -111,16 +102,6 @@ def make_pairs_typed(articles: list[dict], seed: int) -> list[tuple[str, str, in
                     if others:
                         out.append((q, paras[rng.choice(others)], 0, "near_topic"))
     return out
-
-
-def make_pairs(articles: list[dict], seed: int) -> list[tuple[str, str, int]]:
-    """(question, passage, label) pairs, in deterministic order (article, paragraph,
-    question order of the file):
-      answerable question + its own paragraph -> 1
-      unanswerable question (is_impossible) + its own paragraph -> 0
-      answerable question + ONE other paragraph of the same article (seeded RNG) -> 0
-    """
-    return [(q, p, y) for q, p, y, _ in make_pairs_typed(articles, seed)]
 
 
 def pair_counts(typed_pairs) -> dict:
