@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from artifact_io import jsonable
+from evals.answer_modes import mode_bands
 from evals.coverage import coverage_figures
 from evals.placement import RULES, cross_fitted, place
 from evals.sweep import (
@@ -405,6 +406,13 @@ def _questions(records: Sequence[Mapping], names: list[str], matrix: np.ndarray)
     ]
 
 
+def _modes(records: Sequence[Mapping], check: Sequence[Mapping], gating: Mapping | None) -> dict | None:
+    """What each answer mode holds, per set and kind, under the shipped thresholds (None: nothing ships)."""
+    if not gating:
+        return None
+    return {"fit": mode_bands(records, gating), "check": mode_bands(check, gating) if check else None}
+
+
 def calibrate(
     records: Sequence[Mapping],
     config: Mapping[str, Any],
@@ -470,6 +478,7 @@ def calibrate(
         "shipped": shipped,
         "gating": gated,
         "check": {"path": check_path, **calibrate_check(check, config)} if check and config.get("gating") else None,
+        "modes": _modes(records, check, config.get("gating")),
         "questions": _questions(records, names, matrix),
     }
     result["coverage"] = coverage_figures(result, options["confidence"])

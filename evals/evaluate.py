@@ -107,7 +107,7 @@ def question_rows(set_name: str, records: list[dict], qrels: dict[str, dict[str,
                 "question": r["question"],
                 "gating_signal": signal,
                 "gating_score": score,
-                "mode": mode_for(score, answer)[0],
+                "mode": mode_for(r["signals"], answer)[0],
                 "labelled_rank": first_relevant_rank(r["ranked"], qrels.get(r["id"], {})),
                 "signals": r["signals"],
             }

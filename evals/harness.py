@@ -35,7 +35,7 @@ def calibration_config(cfg) -> dict:
     answer = cfg.answer
     return {
         **cfg.calibration.model_dump(),
-        "gating": {"signal": answer.signal, "adjacent": answer.adjacent, "strong": answer.strong},
+        "gating": answer.model_dump(include={"signal", "adjacent", "strong", "strong_signal", "below"}),
     }
 
 

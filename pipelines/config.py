@@ -147,15 +147,21 @@ GatingSignal = Literal[Feature, "answerability"]  # nested Literals flatten: the
 
 
 class Answer(Section):
-    signal: GatingSignal = Field("rerank_top", description="the signal the answer modes and the gate read")
-    strong: Number = number(0.5, ">= strong: sourced")
+    signal: GatingSignal = Field(
+        "rerank_top", description="the signal `decline` rests on: the gate holds it to every set (coverage)"
+    )
+    strong_signal: GatingSignal | None = Field(
+        None, description="the signal `sourced` rests on (null: `signal`); on its own scale"
+    )
+    strong: Number = number(0.5, ">= strong (on `strong_signal`): sourced")
     adjacent: Number = number(0.14, ">= adjacent: adjacent; below: `below`")
     below: Literal["decline", "open"] = Field("decline", description="what a question under `adjacent` gets")
     calibrated_by: str = Field("", description="the calibration artifact the thresholds came from")
 
     @model_validator(mode="after")
     def _adjacent_below_strong(self) -> Answer:
-        if self.adjacent > self.strong:
+        same_scale = self.strong_signal in (None, self.signal)
+        if same_scale and self.adjacent > self.strong:
             raise ValueError("answer.adjacent must be <= answer.strong")
         return self
 
@@ -215,7 +221,7 @@ class Evals(Section):
     calibration_set: str = Field("config/evals/calibration.jsonl", description="the fit set: places the thresholds")
     precision_set: str = Field("config/evals/precision.jsonl", description="labelled passages for precision@k")
     check_set: str | None = Field(
-        "config/evals/answerability.jsonl",
+        "config/evals/riders-final-2.jsonl",
         description="questions that never chose a threshold, gated like the fit set; null: none (the gate fails)",
     )
     check_moves: str = Field(

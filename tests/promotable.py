@@ -6,8 +6,10 @@ questions of the check set (docs/calibration.md). Promotion, rollback, retention
 and the fault suite still need versions that passed; they run the demo with the fit set the gate passed on before
 #28 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without a-o-101..110, 14 off-topic,
 hence min_per_label 14) and, as its check set, 14 of those questions under new ids
-(tests/data/evals/check-pre28.jsonl): a gate without a check set fails ("coverage is unchecked"). This claims
-nothing about quality: it is a fixture of a passing gate, not a check.
+(tests/data/evals/check-pre28.jsonl): a gate without a check set fails ("coverage is unchecked"). Since issue #30
+the shipped decision declines on `cosine_top`; the fixture keeps the decision the accepted baseline was accepted
+with (`rerank_top` >= 0.14), whose per-question declines the gate pairs. This claims nothing about quality: it is
+a fixture of a passing gate, not a check.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ PROMOTABLE = {
     "evals.calibration_set": "tests/data/evals/calibration-pre28.jsonl",
     "evals.check_set": "tests/data/evals/check-pre28.jsonl",
     "calibration.min_per_label": 14,
+    # the decision the accepted baseline (config/baselines/precision.json) was accepted with
+    "answer.signal": "rerank_top",
+    "answer.adjacent": 0.14,
+    "answer.strong_signal": None,
 }
 
 

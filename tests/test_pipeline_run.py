@@ -89,13 +89,9 @@ def test_second_night_with_no_change_encodes_nothing(artifacts, capsys):
     assert diff["live"] == "20261101-020000" and diff["n"] >= 200 and diff["moved"] == []
 
 
-def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifacts, tmp_path, capsys):
-    config = tmp_path / "strict.yaml"
-    config.write_text(
-        "answer:\n  signal: rerank_top\n  strong: 0.99\n  adjacent: 0.99\n"
-        "calibration:\n  gate_decline_kinds: [off_topic]\n"
-    )
-    argv = ["--config", str(config), *promotable_args(), "run", "--artifacts", str(artifacts)]
+def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifacts, capsys):
+    strict = ["--set", "answer.strong=0.99", "--set", "answer.adjacent=0.99"]  # after the fixture's own answer.*
+    argv = [*promotable_args(), *strict, "run", "--artifacts", str(artifacts)]
     code = main([*argv, "--run-id", "20261103-020000", "--quiet"])
     assert code == 1
     out = capsys.readouterr().out

@@ -1,5 +1,6 @@
 import pytest
 
+from evals.answer_modes import mode_bands
 from pipelines.config import Answer
 from pipelines.retrieval.answer import decide
 from pipelines.retrieval.rerank import load_scorer
@@ -66,6 +67,48 @@ def test_answer_modes_from_thresholds(value, mode):
 def test_open_mode_is_configurable():
     r = Retrieval("q", [], [cand(1, 0.01)], True, {"rerank_top": 0.01})
     assert decide(r, Answer(signal="rerank_top", strong=0.5, adjacent=0.1, below="open")).mode == "open"
+
+
+TWO_SIGNALS = Answer(signal="cosine_top", adjacent=0.4, strong_signal="rerank_top", strong=0.5)
+
+
+@pytest.mark.parametrize(
+    "cosine, rerank, mode, decided_by",
+    [
+        (0.7, 0.9, "sourced", "rerank_top"),  # kept by the bi-encoder, sure by the cross-encoder
+        (0.4, 0.5, "sourced", "rerank_top"),  # both thresholds are inclusive
+        (0.7, 0.01, "adjacent", "cosine_top"),  # kept, but the cross-encoder is unsure: closest sources, flagged
+        (0.39, 0.99, "decline", "cosine_top"),  # decline rests on the gating signal alone
+        (None, 0.99, "decline", "cosine_top"),  # a missing gating signal is no source
+        (0.7, None, "adjacent", "cosine_top"),  # no cross-encoder: never sourced
+    ],
+)
+def test_each_answer_mode_rests_on_its_own_signal(cosine, rerank, mode, decided_by):
+    r = Retrieval("q", [], [cand(1, 0.9)], True, {"cosine_top": cosine, "rerank_top": rerank})
+    a = decide(r, TWO_SIGNALS)
+    assert (a.mode, a.signal) == (mode, decided_by)
+    assert a.value == {"cosine_top": cosine, "rerank_top": rerank}[decided_by]
+
+
+def test_thresholds_on_two_scales_need_not_be_ordered():
+    Answer(signal="cosine_top", adjacent=0.6, strong_signal="rerank_top", strong=0.1)  # different scales: fine
+    with pytest.raises(ValueError, match="adjacent must be <= answer.strong"):
+        Answer(signal="rerank_top", adjacent=0.6, strong=0.1)
+
+
+def test_mode_bands_count_each_kind_per_mode():
+    rows = [
+        {"label": "answer", "kind": "single", "signals": {"cosine_top": 0.7, "rerank_top": 0.9}},
+        {"label": "answer", "kind": "single", "signals": {"cosine_top": 0.5, "rerank_top": 0.1}},
+        {"label": "decline", "kind": "off_topic", "signals": {"cosine_top": 0.2, "rerank_top": 0.9}},
+        {"label": "decline", "kind": "off_topic", "signals": {"cosine_top": 0.45, "rerank_top": 0.0}},
+    ]
+    none = {"sourced": 0, "adjacent": 0, "decline": 0, "open": 0}
+    assert mode_bands(rows, TWO_SIGNALS.model_dump()) == {
+        "answer/single": {**none, "sourced": 1, "adjacent": 1},
+        "decline/off_topic": {**none, "adjacent": 1, "decline": 1},
+    }
+    assert mode_bands(rows, TWO_SIGNALS) == mode_bands(rows, TWO_SIGNALS.model_dump())  # config or its artifact
 
 
 @pytest.mark.models

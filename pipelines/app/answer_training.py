@@ -626,7 +626,9 @@ def ship(int8_path: Path, out_path: Path) -> int:
 # --------------------------------------------------------------------------- CLI
 
 
-def train_answerability(data: str, out: Path, work: Path | None = None, steps: int = 200, threads: int = 2) -> dict:
+def train_answerability(
+    data: str, out: Path, work: Path | None = None, steps: int = 200, threads: int = 2, lr: float = 2e-5
+) -> dict:
     """The whole recipe: base model, training, export, the shipped files, the held-out evaluation.
     Writes OUT/{model.onnx, tokenizer.json, recipe.json, heldout.json, training.log}; returns the held-out result."""
     from pipelines.retrieval.answer_support import SHARED
@@ -653,7 +655,7 @@ def train_answerability(data: str, out: Path, work: Path | None = None, steps: i
         f"train pairs {pair_counts(train_typed)}\nheldout pairs {pair_counts(held_typed)}\n"
         f"base {base_model_info(base)}\nversions {versions()}\n"
     )
-    hyper = {"lr": 2e-5, "batch_size": 16, "warmup_steps": 20, "max_steps": steps, "freeze_word_embeddings": True}
+    hyper = {"lr": lr, "batch_size": 16, "warmup_steps": 20, "max_steps": steps, "freeze_word_embeddings": True}
     trained = train(
         [(q, p, y) for q, p, y, _ in train_typed], work / "hf", base, log_path=log_path, threads=threads, **hyper
     )
@@ -662,7 +664,7 @@ def train_answerability(data: str, out: Path, work: Path | None = None, steps: i
     (out / TOKENIZER_NAME).write_bytes((work / TOKENIZER_NAME).read_bytes())
     recipe = {
         "task": "answer support cross-encoder: P(passage answers question)",
-        "command": f"sourcegate train-answerability --data {data} --out {out} --steps {steps}",
+        "command": f"sourcegate train-answerability --data {data} --out {out} --steps {steps} --lr {lr}",
         "base_model": base_model_info(base),
         "data": {**hashes, "name": "SQuAD 2.0 dev (dev-v2.0.json)", "license": "CC BY-SA 4.0"},
         "split": {"seed": SPLIT_SEED, "train_titles": train_titles, "heldout_titles": held_titles},

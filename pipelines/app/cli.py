@@ -327,7 +327,9 @@ def cmd_train_answerability(args) -> int:
     """Train, export and evaluate the answer-support model (docs/benchmarks.md §23); prints the held-out result."""
     from pipelines.app.answer_training import train_answerability
 
-    result = train_answerability(args.data, Path(args.out), Path(args.work) if args.work else None, args.steps)
+    result = train_answerability(
+        args.data, Path(args.out), Path(args.work) if args.work else None, args.steps, lr=args.lr
+    )
     print(json.dumps({"heldout": result["int8"], "determinism": result["determinism"]}, indent=2))
     return 0
 
@@ -417,6 +419,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="models/answer_support", help="where the shipped files go")
     p.add_argument("--work", help="scratch for the torch checkpoints (default: OUT_work)")
     p.add_argument("--steps", type=int, default=200, help="training steps of 16 pairs")
+    p.add_argument("--lr", type=float, default=2e-5, help="AdamW peak learning rate (the shipped model: 2e-5)")
     p.set_defaults(func=cmd_train_answerability)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")

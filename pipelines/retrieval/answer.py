@@ -1,9 +1,9 @@
-"""Answer modes, decided in code from one calibrated signal and thresholds in config.
+"""Answer modes, decided in code from calibrated signals and thresholds in config (evals/answer_modes.py).
 
-sourced  : signal >= answer.strong
-adjacent : signal >= answer.adjacent
-decline  : otherwise (or `open`, if configured) — with the three closest candidates and
-           their scores, so a refusal can be checked.
+decline  : answer.signal < answer.adjacent (or `open`, if configured) — with the three closest
+           candidates and their scores, so a refusal can be checked.
+sourced  : otherwise, when answer.strong_signal >= answer.strong
+adjacent : otherwise: the closest sources, flagged.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ class Answer:
 
 
 def decide(retrieval: Retrieval, answer: config.Answer, max_passages: int = 5) -> Answer:
-    signal = answer.signal
+    mode, signal, threshold = mode_for(retrieval.signals, answer)
     value = retrieval.signals.get(signal)
-    mode, threshold = mode_for(value, answer)
     if mode not in ("sourced", "adjacent"):
         return Answer(mode, signal, value, threshold, retrieval.ranked[:3])
     passages, dropped = drop_noise(retrieval.ranked[:max_passages], signal, threshold)
