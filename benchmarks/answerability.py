@@ -4,7 +4,8 @@ Two sources of labelled questions:
 
     # the demo: retrieve every question of the given sets against a run's index
     python -m benchmarks.answerability demo --index artifacts/runs/RUN \
-        --questions config/evals/calibration.jsonl config/evals/answerability.jsonl --out FILE.json
+        --questions config/evals/calibration.jsonl --out FILE.json
+    # (before issue #30 the `u-*` questions were a second file, answerability.jsonl; §12's numbers are from then)
     # any calibration.json (e.g. `sourcegate beir ... --decline FILE` on the SciFact unanswerables)
     python -m benchmarks.answerability table --calibration DIR/calibration.json --out FILE.json
 

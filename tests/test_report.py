@@ -138,6 +138,18 @@ def test_gap_shows_its_bound_fragility_and_deciding_questions(page, artifacts):
     assert deciding["answer"] == ["a-000"]
 
 
+def test_answer_modes_per_set_and_kind_are_counted_and_shown(page, artifacts):
+    calibration = artifacts[0]
+    expected: dict = {}
+    for r in make_records():  # by hand: below 0.2 declined, from 0.6 sourced, adjacent between
+        value = r["signals"]["rerank_top"]
+        mode = "decline" if value < 0.2 else "sourced" if value >= 0.6 else "adjacent"
+        row = expected.setdefault(f"{r['label']}/{r['kind']}", {"sourced": 0, "adjacent": 0, "decline": 0, "open": 0})
+        row[mode] += 1
+    assert calibration["modes"] == {"fit": expected, "check": None}
+    assert "Answer modes per set and kind" in page and "answer/&lt;b&gt;odd&lt;/b&gt;" in page
+
+
 def test_skipped_signal_is_reported_not_hidden():
     page = render_report(*make_artifacts(rerank=False))
     assert "skipped: no question has a rerank_top score (reranker off?)" in page
