@@ -27,6 +27,7 @@ from evals.report import write_report
 # What a night's evaluation keeps for the next one: values that depend on texts alone
 TEXT_VECTORS = "text_vectors.parquet"  # question, word and sentence vectors, under the bi-encoder's fingerprint
 RERANK_PAIRS = "rerank_pairs.parquet"  # question-passage logits, under the cross-encoder's fingerprint
+ANSWER_PAIRS = "answer_pairs.parquet"  # question-passage logits of the answer-support model, under its fingerprint
 
 
 def calibration_config(cfg) -> dict:
@@ -56,7 +57,7 @@ def evaluate(
     `before_sweep(records)` runs on the calibration records before the sweep (`sourcegate
     calibrate` refits the answerability combiner there and rescores its signal); what it
     returns is recorded under calibration.json's `combiner`. `kept_from` is an earlier night's
-    folder: the text vectors and rerank logits it kept (TEXT_VECTORS, RERANK_PAIRS) are not
+    folder: the text vectors and pair logits it kept (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS) are not
     computed again, and this night's are written to `out_dir` for the next.
     """
     out_dir = Path(out_dir)
@@ -123,7 +124,11 @@ def evaluate(
 
 def kept_parts(retriever) -> dict:
     """The retriever's parts that keep values across nights (`load_kept` / `save_kept` / `computed`), by file."""
-    parts = {TEXT_VECTORS: getattr(retriever, "text_vectors", None), RERANK_PAIRS: getattr(retriever, "scorer", None)}
+    parts = {
+        TEXT_VECTORS: getattr(retriever, "text_vectors", None),
+        RERANK_PAIRS: getattr(retriever, "scorer", None),
+        ANSWER_PAIRS: getattr(retriever, "answer_scorer", None),
+    }
     return {name: part for name, part in parts.items() if hasattr(part, "save_kept")}
 
 

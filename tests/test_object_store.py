@@ -454,7 +454,11 @@ def kept_objects(store: ObjectStore, tmp_path: Path) -> dict[str, bytes]:
 
     bodies = {}
     for run, value in (("r1", 1.0), ("r2", 2.0)):
-        for name, width, dtype in (("text_vectors.parquet", 3, np.float32), ("rerank_pairs.parquet", 1, np.float64)):
+        for name, width, dtype in (
+            ("text_vectors.parquet", 3, np.float32),
+            ("rerank_pairs.parquet", 1, np.float64),
+            ("answer_pairs.parquet", 1, np.float64),
+        ):
             src = tmp_path / f"{run}-{name}"
             kept.save(src, "fp", {kept.text_key(run): np.full(width, value)}, width, dtype)
             bodies[f"runs/{run}/{name}"] = src.read_bytes()

@@ -77,6 +77,7 @@ def test_second_night_with_no_change_encodes_nothing(artifacts, capsys):
     kept = info["eval_kept"]
     assert kept["text_vectors.parquet"]["computed"] == 0 and kept["text_vectors.parquet"]["reused"] > 0
     assert kept["rerank_pairs.parquet"]["computed"] == 0 and kept["rerank_pairs.parquet"]["reused"] > 0
+    assert kept["answer_pairs.parquet"]["computed"] == 0 and kept["answer_pairs.parquet"]["reused"] > 0
     a = pq.read_table(artifacts / "runs" / "20261101-020000" / "chunks.parquet")
     b = pq.read_table(artifacts / "runs" / "20261102-020000" / "chunks.parquet")
     assert a.equals(b)  # same inputs and config: same chunk ids and embeddings

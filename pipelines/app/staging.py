@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from evals.harness import RERANK_PAIRS, TEXT_VECTORS
+from evals.harness import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS
 from pipelines import config
 from pipelines.batches import shard_range
 from pipelines.config import PipelineConfig
@@ -84,7 +84,11 @@ def reading(names: tuple[str, ...], *runs: str) -> Reads:
     return Reads(named=tuple((run, names) for run in runs))
 
 
-KEPT = (TEXT_VECTORS, RERANK_PAIRS)  # values an evaluation keeps for the next one (pipelines/retrieval/kept.py)
+KEPT = (
+    TEXT_VECTORS,
+    RERANK_PAIRS,
+    ANSWER_PAIRS,
+)  # values an evaluation keeps for the next one (pipelines/retrieval/kept.py)
 NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,), kept=KEPT)  # `sourcegate run`: every step in one
 STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/steps.py)
     "ingest": Reads(own=("quarantine.jsonl",), previous=("documents.parquet",)),
