@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+from benchmarks._common import machine, uptime
 from evals.evalset import load_evalset, relevant
 from pipelines import config
 from pipelines.app.factories import retriever_for
@@ -80,13 +81,14 @@ def main(argv=None) -> int:
     run = Path(args.index)
     cfg = config.load("config/pipeline.yaml", {"artifacts": str(run.parent.parent)})
     retriever, _ = retriever_for(cfg, open_run_folder(run))
-    result = {"index": str(run), "rrf_k": cfg.retrieval.rrf_k, "sets": {}}
+    result = {"machine": machine(), "load_start": uptime(), "index": str(run), "rrf_k": cfg.retrieval.rrf_k, "sets": {}}
     for path in args.questions:
         items = [it for it in load_evalset(path) if it["label"] == "answer" and not it.get("context")]
         start = time.perf_counter()
         result["sets"][Path(path).stem] = {**measure(retriever, items), "seconds": time.perf_counter() - start}
         summary = {k: v for k, v in result["sets"][Path(path).stem].items() if k != "moved"}
         print(Path(path).stem, json.dumps(summary))
+    result["load_end"] = uptime()
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
 
