@@ -1,0 +1,28 @@
+"""The candidate decline signals' pure parts (benchmarks/signal_candidates.py), on fixed inputs worked by hand."""
+
+import pytest
+
+from benchmarks.signal_candidates import judged, views_of
+
+
+def test_views_are_the_question_its_sentences_and_its_content_words():
+    assert views_of("My dad is blind. Does the bus announce stops?") == [
+        "My dad is blind. Does the bus announce stops?",
+        "My dad is blind.",
+        "Does the bus announce stops?",
+        "dad blind bus announce stops",  # stopwords of the query analyser dropped
+    ]
+    assert views_of("bike on train??") == ["bike on train??", "bike train"]  # one sentence: no sentence views
+
+
+def test_a_signal_is_judged_at_its_own_full_coverage_and_at_the_fit_threshold():
+    rows = [{"label": "answer", "kind": "single", "s": v} for v in (0.9, 0.5, 0.7)]
+    rows += [{"label": "decline", "kind": "off_topic", "s": v} for v in (0.4, 0.6)]
+    rows += [{"label": "decline", "kind": "near_topic", "s": 0.2}]
+    out = judged(rows, "s", fit_threshold=0.55)
+    assert out["kept_at_fit_threshold"] == "2/3"  # 0.5 falls under the fit set's threshold
+    assert out["auc_off_topic"] == pytest.approx(5 / 6, abs=5e-4)  # 0.5 < 0.6: the one lost pair of six (3 places)
+    assert out["auc_near_topic"] == 1.0
+    assert out["off_topic_declined_at_own_100"] == "1/2"  # below this set's lowest should-answer 0.5: only 0.4
+    assert out["off_topic_declined_at_fit_threshold"] == "1/2"
+    assert out["near_topic_declined_at_own_100"] == out["near_topic_declined_at_fit_threshold"] == "1/1"
