@@ -30,10 +30,21 @@ from pipelines.search.base import Hit
 from pipelines.search.embedded import open_run_folder
 
 
+def content_view(question: str) -> str:
+    """The question reduced to its content words (the query analyser's stopwords dropped)."""
+    return " ".join(content_terms(question, STOPWORDS))
+
+
 def views_of(question: str) -> list[str]:
     """The question as written, and its content words when they differ from it."""
-    content = " ".join(content_terms(question, STOPWORDS))
+    content = content_view(question)
     return [question] + ([content] if content and content != question.lower() else [])
+
+
+def retriever_on(run: Path):
+    """The shipped config's retriever over an embedded run folder."""
+    cfg = config.load("config/pipeline.yaml", {"artifacts": str(run.parent.parent)})
+    return retriever_for(cfg, open_run_folder(run))[0]
 
 
 def final_order(retriever, question: str, views: list[str]) -> list:
@@ -79,9 +90,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     run = Path(args.index)
-    cfg = config.load("config/pipeline.yaml", {"artifacts": str(run.parent.parent)})
-    retriever, _ = retriever_for(cfg, open_run_folder(run))
-    result = {"machine": machine(), "load_start": uptime(), "index": str(run), "rrf_k": cfg.retrieval.rrf_k, "sets": {}}
+    retriever = retriever_on(run)
+    result = {
+        "machine": machine(),
+        "load_start": uptime(),
+        "index": str(run),
+        "rrf_k": retriever.settings.rrf_k,
+        "sets": {},
+    }
     for path in args.questions:
         items = [it for it in load_evalset(path) if it["label"] == "answer" and not it.get("context")]
         start = time.perf_counter()

@@ -21,21 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from benchmarks._common import machine, uptime
+from benchmarks.question_views import content_view, retriever_on
 from evals.evalset import load_evalset
 from evals.sweep import roc_auc
-from pipelines import config
-from pipelines.app.factories import retriever_for
-from pipelines.retrieval.retriever import content_terms
-from pipelines.search.analyzer import STOPWORDS
-from pipelines.search.embedded import open_run_folder
+from pipelines.retrieval.answer_support import answer_support
+from pipelines.retrieval.rerank import sigmoid
 
 SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 SHIPPED = ["rerank_top", "cosine_top", "bm25_top", "concept_coverage", "sentence_cosine", "answer_support"]
@@ -45,12 +41,8 @@ CANDIDATES = ["rerank_views", "cosine_views", "cosine_lift", "rerank_lift", "ans
 def views_of(question: str) -> list[str]:
     """As written, each sentence (when there are several), and the content words alone."""
     sentences = [s.strip() for s in SENTENCE.split(question) if len(s.split()) >= 2]
-    content = " ".join(content_terms(question, STOPWORDS))
+    content = content_view(question)
     return list(dict.fromkeys([question, *(sentences if len(sentences) > 1 else []), *([content] if content else [])]))
-
-
-def sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x))
 
 
 def features(retriever, corpus: np.ndarray, item: dict) -> dict:
@@ -62,14 +54,13 @@ def features(retriever, corpus: np.ndarray, item: dict) -> dict:
     others = [logit for v in views[1:] for _, logit in retriever.scorer.score(v, head[:4])]
     cosines = corpus @ retriever.text_vectors([r.query])[0]
     view_vectors = retriever.text_vectors(views)
-    answer = retriever.answer_scorer.score(r.query, head[:1]) if retriever.answer_scorer and head else []
     return {
         **{name: r.signals.get(name) for name in SHIPPED},
         "rerank_views": sigmoid(max(written + others)),
         "cosine_views": float((view_vectors @ corpus.T).max()),
         "cosine_lift": float(cosines.max() - cosines.mean()),
         "rerank_lift": float(max(written) - np.mean(written)),
-        "answer_support@1": sigmoid(answer[0][1]) if answer else None,
+        "answer_support@1": answer_support(retriever.answer_scorer, r.query, head[:1]),
     }
 
 
@@ -95,10 +86,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     run = Path(args.index)
-    cfg = config.load("config/pipeline.yaml", {"artifacts": str(run.parent.parent)})
-    retriever, _ = retriever_for(cfg, open_run_folder(run))
-    table = pq.read_table(run / "chunks.parquet", columns=["embedding"]).column("embedding").combine_chunks()
-    corpus = np.asarray(table.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(len(table), -1)
+    retriever = retriever_on(run)
+    corpus = np.asarray(retriever.searcher.vectors, np.float32)  # the version's vectors, as the searcher holds them
     sets = {}
     for path in [args.fit, *args.questions]:
         sets[Path(path).stem] = [{**it, **features(retriever, corpus, it)} for it in load_evalset(path)]

@@ -84,11 +84,8 @@ def reading(names: tuple[str, ...], *runs: str) -> Reads:
     return Reads(named=tuple((run, names) for run in runs))
 
 
-KEPT = (
-    TEXT_VECTORS,
-    RERANK_PAIRS,
-    ANSWER_PAIRS,
-)  # values an evaluation keeps for the next one (pipelines/retrieval/kept.py)
+# values an evaluation keeps for the next one (pipelines/retrieval/kept.py)
+KEPT = (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS)
 NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,), kept=KEPT)  # `sourcegate run`: every step in one
 STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/steps.py)
     "ingest": Reads(own=("quarantine.jsonl",), previous=("documents.parquet",)),
