@@ -119,6 +119,20 @@ def test_each_backend_is_its_own_fingerprint():
     assert {b: variant_fingerprint(weights, b) for b in BACKENDS} == prints  # a function of its inputs
 
 
+def test_bf16_fingerprint_names_the_cpus_kernel():
+    weights = "sha256:" + "ab" * 32
+    amx = embed_backends.bf16_kernel(" fpu avx512_bf16 amx_bf16 amx_tile", environ={})
+    avx = embed_backends.bf16_kernel(" fpu avx512f avx512_bf16", environ={})
+    none = embed_backends.bf16_kernel(" fpu avx2", environ={})
+    capped = embed_backends.bf16_kernel(" fpu avx512_bf16 amx_bf16", environ={"ONEDNN_MAX_CPU_ISA": "avx2"})
+    assert (amx, avx, none, capped) == ("amx", "avx512_bf16", "emulated", "amx@AVX2")
+    prints = {k: variant_fingerprint(weights, "torch-bf16", k) for k in (amx, avx, none, capped)}
+    assert len(set(prints.values())) == 4  # another kernel rounds otherwise: its vectors are not reused as equal
+    assert variant_fingerprint(weights, "torch", amx) == weights  # fp32 torch agrees across kernels
+    here = embed_backends.bf16_kernel()
+    assert variant_fingerprint(weights, "torch-bf16") == variant_fingerprint(weights, "torch-bf16", here)
+
+
 def test_an_unknown_backend_is_an_error_naming_the_key():
     with pytest.raises(ValueError, match=r"embedding\.backend: 'tensorrt' is not one of"):
         variant_fingerprint("sha256:" + "ab" * 32, "tensorrt")

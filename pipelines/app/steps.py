@@ -240,7 +240,7 @@ def merge_step(cfg: PipelineConfig, run_id: str, shard_stats: list[dict]) -> int
     merge_shards(folder / "chunks.text.parquet", shard_files, folder / "chunks.parquet")
     encoded = sum(s["encoded"] for s in shard_stats)
     embedding = {"id": cfg.embedding.model_id, "dimension": shard_stats[0]["dimension"]}
-    embedding |= {"backend": cfg.embedding.backend, "cpu_native_bf16": embed_backends.native_bf16()}
+    embedding |= {"backend": cfg.embedding.backend, "cpu_bf16_kernel": embed_backends.bf16_kernel()}
     update_run_info(
         folder,
         counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},

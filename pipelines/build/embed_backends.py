@@ -73,15 +73,20 @@ def cache_root() -> Path:
     return Path(base) / "sourcegate" / "onnx"
 
 
-def variant_fingerprint(weights_fingerprint: str, backend: str) -> str:
-    """The model fingerprint for a backend: the weights' own for torch, a derived one for an ONNX variant.
+def variant_fingerprint(weights_fingerprint: str, backend: str, kernel: str | None = None) -> str:
+    """The model fingerprint for a backend: the weights' own for torch, a derived one for the others.
 
     torch keeps the plain weights fingerprint, so vectors cached before backends existed stay valid.
+    torch-bf16's also names the CPU's bf16 kernel (`bf16_kernel`, this machine's unless given): the
+    same weights give other vectors on another kernel, so vectors and calibrations do not travel
+    between them as if equal.
     """
     check_backend(backend)
     if backend == "torch":
         return weights_fingerprint
     recipe = {"weights": weights_fingerprint, "backend": backend, "recipe": BF16 if backend == "torch-bf16" else RECIPE}
+    if backend == "torch-bf16":
+        recipe["kernel"] = kernel or bf16_kernel()
     if backend == "onnx-int8":
         recipe["int8"] = INT8
     text = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
@@ -151,13 +156,31 @@ def _quantize(fp32: Path, out: Path) -> None:
     quantize_dynamic(str(fp32), str(out), weight_type=getattr(QuantType, INT8["weight_type"]), per_channel=True)
 
 
+# oneDNN's cap on the instruction set it may use (either spelling), which changes bf16 kernels too.
+ISA_CAP_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def bf16_kernel(cpuinfo: str | None = None, environ=None) -> str:
+    """Which kernel does this CPU's bf16 matrix maths: `amx`, `avx512_bf16` or `emulated`, plus any ISA cap.
+
+    They round differently: the same 120 questions encoded here under oneDNN's default and capped
+    at AVX512_CORE or AVX2 differ by up to 1.0e-3 per vector component (docs/benchmarks.md §15),
+    enough to move a question across a threshold placed at its neighbour's score.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    env = os.environ if environ is None else environ
+    kernel = "amx" if " amx_bf16" in cpuinfo else "avx512_bf16" if " avx512_bf16" in cpuinfo else "emulated"
+    cap = next((env[k] for k in ISA_CAP_ENV if env.get(k)), None)
+    return f"{kernel}@{cap.upper()}" if cap else kernel
+
+
 def native_bf16() -> bool:
     """Whether this CPU does bf16 matrix maths in hardware (AMX or AVX512-BF16); elsewhere it is emulated, slowly."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
+    return bf16_kernel(environ={}) != "emulated"
 
 
 class _Variant:
