@@ -221,7 +221,7 @@ class Evals(Section):
     calibration_set: str = Field("config/evals/calibration.jsonl", description="the fit set: places the thresholds")
     precision_set: str = Field("config/evals/precision.jsonl", description="labelled passages for precision@k")
     check_set: str | None = Field(
-        "config/evals/riders-final-2.jsonl",
+        "config/evals/riders-final-3.jsonl",
         description="questions that never chose a threshold, gated like the fit set; null: none (the gate fails)",
     )
     check_moves: str = Field(
