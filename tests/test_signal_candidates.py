@@ -1,8 +1,10 @@
 """The candidate decline signals' pure parts (benchmarks/signal_candidates.py), on fixed inputs worked by hand."""
 
+import json
+
 import pytest
 
-from benchmarks.signal_candidates import judged, views_of
+from benchmarks.signal_candidates import background_questions, judged, over_background, views_of
 
 
 def test_views_are_the_question_its_sentences_and_its_content_words():
@@ -26,3 +28,25 @@ def test_a_signal_is_judged_at_its_own_full_coverage_and_at_the_fit_threshold():
     assert out["off_topic_declined_at_own_100"] == "1/2"  # below this set's lowest should-answer 0.5: only 0.4
     assert out["off_topic_declined_at_fit_threshold"] == "1/2"
     assert out["near_topic_declined_at_own_100"] == out["near_topic_declined_at_fit_threshold"] == "1/1"
+
+
+def test_over_background_is_the_corpus_best_minus_the_mean_of_the_five_best_background_cosines():
+    background = [0.1, 0.9, 0.3, 0.8, 0.2, 0.7, 0.6]  # five best: 0.9 0.8 0.7 0.6 0.3, mean 0.66
+    assert over_background(0.5, background) == pytest.approx(0.5 - 0.66)
+    assert over_background(0.5, [0.2, 0.4]) == pytest.approx(0.5 - 0.3)  # fewer than five: all of them
+
+
+def test_background_questions_are_distinct_and_sorted(tmp_path):
+    squad = {
+        "data": [
+            {
+                "title": "T",
+                "paragraphs": [
+                    {"context": "c", "qas": [{"question": "Who? "}, {"question": "What?"}, {"question": "Who?"}]}
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "bg.json"
+    path.write_text(json.dumps(squad))
+    assert background_questions(str(path)) == ["What?", "Who?"]
