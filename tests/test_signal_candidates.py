@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from benchmarks.background_transfer import judged_at
 from benchmarks.signal_candidates import background_questions, judged, over_background, views_of
 
 
@@ -50,3 +51,8 @@ def test_background_questions_are_distinct_and_sorted(tmp_path):
     path = tmp_path / "bg.json"
     path.write_text(json.dumps(squad))
     assert background_questions(str(path)) == ["What?", "Who?"]
+
+
+def test_a_transferred_threshold_is_judged_by_what_it_keeps_and_declines():
+    out = judged_at([0.9, 0.5, 0.3, 0.6, 0.1], [True, True, True, False, False], threshold=0.4)
+    assert out == {"threshold": 0.4, "kept": "2/3", "declined": "1/2", "auc": pytest.approx(4 / 6, abs=5e-4)}
