@@ -21,7 +21,7 @@ import numpy as np
 
 from artifact_io import read_json, write_json
 from benchmarks._common import RESULTS, machine, uptime
-from benchmarks.placement import DATASETS, FIT_SET
+from benchmarks.placement import DATASETS, FIT_SET, dataset_retriever, transfer
 from benchmarks.signal_candidates import background_questions, over_background
 from evals.evalset import load_evalset
 from evals.sweep import roc_auc
@@ -30,25 +30,22 @@ SIGNALS = ("cosine_top", "cosine_over_background")
 
 
 def judged_at(scores: list[float], is_answer: list[bool], threshold: float) -> dict:
-    """Kept should-answer and declined should-decline at `threshold` (kept when score >= threshold), and the AUC."""
+    """Kept should-answer and declined should-decline at `threshold` (placement.transfer), and the AUC."""
+    moved = transfer(threshold, scores, is_answer)
     s, mask = np.asarray(scores, dtype=float), np.asarray(is_answer, dtype=bool)
     return {
         "threshold": threshold,
-        "kept": f"{int((s[mask] >= threshold).sum())}/{int(mask.sum())}",
-        "declined": f"{int((s[~mask] < threshold).sum())}/{int((~mask).sum())}",
+        "kept": f"{moved['kept']}/{moved['n_answer']}",
+        "declined": f"{moved['declined']}/{moved['n_decline']}",
         "auc": round(roc_auc(s[mask], s[~mask]), 3),
     }
 
 
 def dataset_signals(name: str, dataset: Path, out: Path, questions: list[str], background: list[str]) -> dict:
     """Both signals of every question over one dataset's index (built or reused under `out`)."""
-    from pipelines.app import factories
-    from pipelines.app.beir import index_dataset
     from pipelines.config import load
 
-    cfg = load("config/pipeline.yaml")
-    bcfg, version = index_dataset(cfg, dataset, out / name, progress=True)
-    retriever, _ = factories.retriever_for(cfg, factories.open_store(bcfg).open(version))
+    retriever = dataset_retriever(load("config/pipeline.yaml"), dataset, out / name)
     corpus = np.asarray(retriever.searcher.vectors, np.float32)
     vectors, back = retriever.text_vectors(questions), retriever.text_vectors(background)
     best = (vectors @ corpus.T).max(axis=1)

@@ -41,18 +41,25 @@ def off_topic_file(fit_set: Path) -> Path:
     return out
 
 
-def score_datasets(out: Path) -> None:
+def dataset_retriever(cfg, dataset: Path, folder: Path):
+    """The shipped config's retriever over a BEIR dataset, indexed like `sourcegate beir` (cached under `folder`)."""
     from pipelines.app import factories
-    from pipelines.app.beir import calibrate_beir, index_dataset, load_queries
+    from pipelines.app.beir import index_dataset
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bcfg, version = index_dataset(cfg, dataset, folder, progress=True)
+    return factories.retriever_for(cfg, factories.open_store(bcfg).open(version))[0]
+
+
+def score_datasets(out: Path) -> None:
+    from pipelines.app.beir import calibrate_beir, load_queries
     from pipelines.config import load
 
     cfg = load("config/pipeline.yaml")
     decline = off_topic_file(FIT_SET)
     for name, dataset in DATASETS.items():
         folder = out / name
-        folder.mkdir(parents=True, exist_ok=True)
-        bcfg, version = index_dataset(cfg, dataset, folder, progress=True)
-        retriever, _ = factories.retriever_for(cfg, factories.open_store(bcfg).open(version))
+        retriever = dataset_retriever(cfg, dataset, folder)
         queries, _ = load_queries(dataset)
         print(name, calibrate_beir(cfg, retriever, queries, str(decline), folder), flush=True)
 

@@ -72,13 +72,7 @@ def features(retriever, corpus: np.ndarray, item: dict, background: np.ndarray |
     cosine_query = retriever.text_vectors([r.query])[0]
     cosines = corpus @ cosine_query
     view_vectors = retriever.text_vectors(views)
-    extra = (
-        {}
-        if background is None
-        else {"cosine_over_background": over_background(cosines.max(), background @ cosine_query)}
-    )
-    return {
-        **extra,
+    out = {
         **{name: r.signals.get(name) for name in SHIPPED},
         "rerank_views": sigmoid(max(written + others)),
         "cosine_views": float((view_vectors @ corpus.T).max()),
@@ -86,6 +80,9 @@ def features(retriever, corpus: np.ndarray, item: dict, background: np.ndarray |
         "rerank_lift": float(max(written) - np.mean(written)),
         "answer_support@1": answer_support(retriever.answer_scorer, r.query, head[:1]),
     }
+    if background is not None:
+        out["cosine_over_background"] = over_background(cosines.max(), background @ cosine_query)
+    return out
 
 
 def judged(rows: list[dict], name: str, fit_threshold: float) -> dict:
