@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks.background_transfer import judged_at
@@ -56,3 +57,14 @@ def test_background_questions_are_distinct_and_sorted(tmp_path):
 def test_a_transferred_threshold_is_judged_by_what_it_keeps_and_declines():
     out = judged_at([0.9, 0.5, 0.3, 0.6, 0.1], [True, True, True, False, False], threshold=0.4)
     assert out == {"threshold": 0.4, "kept": "2/3", "declined": "1/2", "auc": pytest.approx(4 / 6, abs=5e-4)}
+
+
+def test_a_bi_encoders_signals_are_the_best_passage_cosine_and_its_lift_over_the_background():
+    from benchmarks.bi_encoder_candidates import signals
+
+    questions = np.array([[1.0, 0.0], [0.6, 0.8]])
+    passages = np.array([[0.8, 0.6], [0.0, 1.0]])  # q1: 0.8, 0.0 -> 0.8; q2: 0.96, 0.8 -> 0.96
+    background = np.array([[1.0, 0.0]])  # one background question: q1 1.0, q2 0.6
+    out = signals(questions, passages, background)
+    assert out["cosine_top"] == pytest.approx([0.8, 0.96])
+    assert out["cosine_over_background"] == pytest.approx([0.8 - 1.0, 0.96 - 0.6])
