@@ -77,29 +77,32 @@ def beir_passages(dataset: Path) -> list[str]:
     return [f"{d.get('title', '')}\n{d.get('text', '')}".strip() for d in docs]
 
 
+def question_vectors(model, name: str, items: list[dict], cache: Path) -> np.ndarray:
+    """Each question as the retriever reads it: its conversation before it, then the question."""
+    return encoded(model, name, [effective_query(q["question"], q.get("context", [])) for q in items], cache)
+
+
+def scored(items: list[dict], vectors: np.ndarray, passages: np.ndarray, background: np.ndarray) -> list[dict]:
+    scores = signals(vectors, passages, background)
+    return [{**q, **{s: scores[s][i] for s in SIGNALS}} for i, q in enumerate(items)]
+
+
 def measure(model_name: str, args, sets: dict[str, list[dict]], background: list[str]) -> dict:
     from pipelines.app.beir import load_queries
 
     model, cache = encoder(model_name), Path(args.cache)
     back = encoded(model, model_name, background, cache)
     passages = encoded(model, model_name, demo_passages(Path(args.index)), cache)
-    rows = {}
-    for set_name, items in sets.items():
-        vectors = encoded(
-            model, model_name, [effective_query(q["question"], q.get("context", [])) for q in items], cache
-        )
-        scores = signals(vectors, passages, back)
-        rows[set_name] = [{**q, **{s: scores[s][i] for s in SIGNALS}} for i, q in enumerate(items)]
+    rows = {
+        name: scored(items, question_vectors(model, model_name, items, cache), passages, back)
+        for name, items in sets.items()
+    }
     off_topic = [q for q in sets[Path(args.fit).stem] if q.get("kind") == "off_topic"]
     for name in filter(None, args.datasets.split(",")):
         queries, _ = load_queries(DATASETS[name])
         items = [{"label": "answer", "question": t} for t in queries.values()] + off_topic
-        vectors = encoded(
-            model, model_name, [effective_query(q["question"], q.get("context", [])) for q in items], cache
-        )
         corpus = encoded(model, model_name, beir_passages(DATASETS[name]), cache)
-        scores = signals(vectors, corpus, back)
-        rows[name] = [{**q, **{s: scores[s][i] for s in SIGNALS}} for i, q in enumerate(items)]
+        rows[name] = scored(items, question_vectors(model, model_name, items, cache), corpus, back)
     fit = rows.pop(Path(args.fit).stem)
     out = {}
     for s in SIGNALS:

@@ -21,11 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import machine, uptime
-from benchmarks.bi_encoder_candidates import encoded, encoder
+from benchmarks.bi_encoder_candidates import encoded, encoder, question_vectors
 from benchmarks.signal_candidates import background_questions, judged
 from evals.evalset import load_evalset
 from evals.placement import folds_of
-from pipelines.retrieval.retriever import effective_query
 
 C = 1.0  # scikit-learn's default penalty; 0.3-10 moved the cross-fitted off-topic declines by one (18-20 of 34)
 
@@ -50,10 +49,7 @@ def main(argv=None) -> int:
     model, cache = encoder("shipped"), Path(args.cache)
     back = encoded(model, "shipped", background_questions(args.background), cache)
     sets = {Path(p).stem: load_evalset(p) for p in [args.fit, *args.questions]}
-    vectors = {
-        name: encoded(model, "shipped", [effective_query(q["question"], q.get("context", [])) for q in items], cache)
-        for name, items in sets.items()
-    }
+    vectors = {name: question_vectors(model, "shipped", items, cache) for name, items in sets.items()}
     fit, x = sets.pop(Path(args.fit).stem), vectors.pop(Path(args.fit).stem)
     in_domain = np.array([q.get("kind") != "off_topic" for q in fit])
     fold = folds_of([q["label"] == "answer" for q in fit], 5)
