@@ -52,6 +52,15 @@ def uptime() -> str:
         return ""
 
 
+def finished(result: dict, out: str | Path) -> int:
+    """Stamp the load at the end, print the result and write it to `out` (a benchmark's last step)."""
+    result["load_end"] = uptime()
+    text = json.dumps(result, indent=2)
+    print(text)
+    Path(out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import machine, uptime
+from benchmarks._common import finished, machine, uptime
 from benchmarks.placement import DATASETS, FIT_SET
 from benchmarks.signal_candidates import background_questions, judged, over_background
 from evals.evalset import load_evalset
@@ -134,9 +134,7 @@ def main(argv=None) -> int:
     result = {"machine": machine(), "load_start": uptime(), "index": args.index, "fit": args.fit, "models": {}}
     for model in args.model:
         result["models"][os.path.basename(model.rstrip("/"))] = measure(model, args, sets, background)
-    result["load_end"] = uptime()
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return finished(result, args.out)
 
 
 if __name__ == "__main__":

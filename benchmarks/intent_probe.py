@@ -10,17 +10,21 @@ never trains on an off-topic question, so the fit set's off-topic questions test
 fit set (5 deterministic folds, evals/placement.folds_of): each fold scored by the probe fitted without it; the
 threshold is the lowest out-of-fold should-answer score. Then fitted on the whole fit set and judged on the other
 sets at its own tightest in-sample threshold. No check set is read.
+
+`--supervised` (sixth round) asks the other question: trained WITH off-topic questions, does the probe carry to a
+set written by someone else? Each of the sets (the fit set and `--questions`) is held out in turn; the probe
+learns from the others (their should-answer and near-topic questions 1, their off-topic ones 0, no background),
+its threshold is the lowest should-answer score of those, and the held-out set is judged at it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import machine, uptime
+from benchmarks._common import finished, machine, uptime
 from benchmarks.bi_encoder_candidates import encoded, encoder, question_vectors
 from benchmarks.signal_candidates import background_questions, judged
 from evals.evalset import load_evalset
@@ -38,15 +42,52 @@ def probe(in_domain: np.ndarray, background: np.ndarray):
     return LogisticRegression(C=C, max_iter=3000, class_weight="balanced").fit(x, y)
 
 
+def leave_one_set_out(sets: dict[str, list[dict]], vectors: dict[str, np.ndarray]) -> dict:
+    """Each set judged by the probe trained on the others' labels, at their tightest threshold."""
+    from sklearn.linear_model import LogisticRegression
+
+    result = {}
+    for held in sets:
+        others = [name for name in sets if name != held]
+        x = np.vstack([vectors[name] for name in others])
+        items = [q for name in others for q in sets[name]]
+        y = np.array([q.get("kind") != "off_topic" for q in items], dtype=float)
+        model = LogisticRegression(C=C, max_iter=5000, class_weight="balanced").fit(x, y)
+        trained = model.decision_function(x)
+        threshold = float(min(s for s, q in zip(trained, items) if q["label"] == "answer"))
+        rows = [{**q, "probe": float(s)} for q, s in zip(sets[held], model.decision_function(vectors[held]))]
+        result[held] = {
+            **judged(rows, "probe", threshold),
+            "threshold": threshold,
+            "off_topic_not_declined": [
+                r["id"] for r in rows if r.get("kind") == "off_topic" and r["probe"] >= threshold
+            ],
+        }
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fit", required=True)
     parser.add_argument("--questions", nargs="*", default=[])
-    parser.add_argument("--background", required=True)
+    parser.add_argument("--background", help="a SQuAD-format file (required unless --supervised)")
     parser.add_argument("--cache", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--supervised", action="store_true", help="leave one set out, trained with off-topic")
     args = parser.parse_args(argv)
     model, cache = encoder("shipped"), Path(args.cache)
+    if args.supervised:
+        sets = {Path(p).stem: load_evalset(p) for p in [args.fit, *args.questions]}
+        vectors = {name: question_vectors(model, "shipped", items, cache) for name, items in sets.items()}
+        result = {
+            "machine": machine(),
+            "load_start": uptime(),
+            "C": C,
+            "leave_one_set_out": leave_one_set_out(sets, vectors),
+        }
+        return finished(result, args.out)
+    if not args.background:
+        parser.error("--background is required unless --supervised")
     back = encoded(model, "shipped", background_questions(args.background), cache)
     sets = {Path(p).stem: load_evalset(p) for p in [args.fit, *args.questions]}
     vectors = {name: question_vectors(model, "shipped", items, cache) for name, items in sets.items()}
@@ -74,10 +115,7 @@ def main(argv=None) -> int:
     for name, items in sets.items():
         scores = whole.decision_function(vectors[name])
         result[name] = judged([{**q, "probe": float(s)} for q, s in zip(items, scores)], "probe", tightest)
-    result["load_end"] = uptime()
-    print(json.dumps(result, indent=2))
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return finished(result, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks._common import machine, uptime
+from benchmarks._common import finished, machine, uptime
 from evals.evalset import load_evalset, relevant
 from pipelines import config
 from pipelines.app.factories import retriever_for
@@ -104,9 +104,7 @@ def main(argv=None) -> int:
         result["sets"][Path(path).stem] = {**measure(retriever, items), "seconds": time.perf_counter() - start}
         summary = {k: v for k, v in result["sets"][Path(path).stem].items() if k != "moved"}
         print(Path(path).stem, json.dumps(summary))
-    result["load_end"] = uptime()
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return finished(result, args.out)
 
 
 if __name__ == "__main__":

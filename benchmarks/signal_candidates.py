@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import machine, uptime
+from benchmarks._common import finished, machine, uptime
 from benchmarks.question_views import content_view, retriever_on
 from evals.evalset import load_evalset
 from evals.sweep import roc_auc
@@ -124,9 +124,7 @@ def main(argv=None) -> int:
             **{s: judged([r for r in rows if r[name] is not None], name, threshold) for s, rows in sets.items()},
         }
         print(name, json.dumps(result["signals"][name]))
-    result["load_end"] = uptime()
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return finished(result, args.out)
 
 
 if __name__ == "__main__":

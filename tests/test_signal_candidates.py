@@ -68,3 +68,39 @@ def test_a_bi_encoders_signals_are_the_best_passage_cosine_and_its_lift_over_the
     out = signals(questions, passages, background)
     assert out["cosine_top"] == pytest.approx([0.8, 0.96])
     assert out["cosine_over_background"] == pytest.approx([0.8 - 1.0, 0.96 - 0.6])
+
+
+def test_in_domain_pairs_are_labelled_passages_for_answers_and_the_fused_top_for_declines():
+    from benchmarks.in_domain_answerability import training_pairs
+
+    passages = [[f"doc#s{i}", f"text {i}"] for i in range(10)]
+    rows = [
+        {"query": "a?", "label": "answer", "expected": ["doc#s4", "doc#s0", "doc#s7", "doc#s9"], "passages": passages},
+        {"query": "b?", "label": "answer", "expected": ["other#s1"], "passages": passages},  # not found: no pair
+        {"query": "c?", "label": "decline", "expected": [], "passages": passages},
+    ]
+    assert training_pairs(rows) == [
+        ("a?", "text 0", 1),  # at most two labelled passages, in fused order
+        ("a?", "text 4", 1),
+        ("c?", "text 0", 0),  # a decline: the three passages the score reads
+        ("c?", "text 1", 0),
+        ("c?", "text 2", 0),
+    ]
+
+
+def test_a_supervised_probe_judges_each_set_by_the_others_tightest_threshold():
+    from benchmarks.intent_probe import leave_one_set_out
+
+    def q(i, label, kind):
+        return {"id": i, "label": label, "kind": kind}
+
+    # one dimension: in-domain questions near +1, off-topic near -1; set b's off-topic sits among the answers
+    sets = {
+        "a": [q("a1", "answer", "single"), q("a2", "answer", "single"), q("a3", "decline", "off_topic")],
+        "b": [q("b1", "answer", "single"), q("b2", "decline", "off_topic")],
+    }
+    vectors = {"a": np.array([[1.0], [0.8], [-1.0]]), "b": np.array([[0.9], [0.85]])}
+    out = leave_one_set_out(sets, vectors)
+    assert out["b"]["kept_at_fit_threshold"] == "1/1"
+    assert out["b"]["off_topic_not_declined"] == ["b2"]  # above a's lowest answer (0.8): not declined
+    assert out["a"]["kept_at_fit_threshold"] == "1/2"  # trained on b alone, its answer 0.9 sets the bar
