@@ -10,7 +10,9 @@ fine-tuned with the same trainer on pairs from labelled sets of this corpus: eac
 with up to two of its labelled passages among the fused top 10 (1), each should-decline question (off-topic
 and near-topic) with its fused top 3 (0). A question's score is the model's highest logit over its fused top
 3, the passages `answer_support` reads. The threshold is the tightest on the training sets' should-answer
-questions (the gate's rule); the test sets, never trained on, are judged at it. No check set is read.
+questions (the gate's rule); the test sets, never trained on, are judged at it. With `--place-on SET` the
+threshold is placed on that set instead, never trained on (`tightest`, and `midpoint` when it has a gap), as a
+shipped model's would be: trained on some labels, placed on others, checked on a third. No check set is read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from benchmarks._common import finished, machine, uptime
 from benchmarks.question_views import retriever_on
 from benchmarks.signal_candidates import judged
 from evals.evalset import load_evalset
+from evals.placement import place
 from pipelines.app import answer_training
 from pipelines.retrieval.retriever import effective_query
 
@@ -31,6 +34,7 @@ LABELLED_FROM = 10  # how deep the fused order is searched for a should-answer q
 POSITIVES = 2  # labelled passages per should-answer question, at most
 EPOCHS = 4  # one epoch left 18 of 43 training off-topic questions above the tightest threshold (scratch run)
 LR = 3e-5
+PLACEMENTS = ("tightest", "midpoint")  # not logit_midpoint: the scores are logits already
 MAX_LENGTH = 192  # the demo's chunks fit; shorter than the shipped 256 for speed on two cores
 
 
@@ -82,17 +86,33 @@ def scorer(model_dir: Path):
     return score
 
 
+def judged_at(rows: list[dict], threshold: float) -> dict:
+    """`judged`, plus the should-answer questions lost and the off-topic ones let through, with their scores."""
+    return {
+        **judged(rows, "tuned", threshold),
+        "answer_lost": sorted(
+            (r["id"], round(r["tuned"], 2)) for r in rows if r["label"] == "answer" and r["tuned"] < threshold
+        ),  # fmt: skip
+        "off_topic_through": sorted(
+            (r["id"], round(r["tuned"], 2)) for r in rows if r.get("kind") == "off_topic" and r["tuned"] >= threshold
+        ),  # fmt: skip
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", required=True, help="an embedded run folder")
     parser.add_argument("--train", nargs="+", required=True, help="labelled sets the model learns from")
-    parser.add_argument("--test", nargs="+", required=True, help="labelled sets judged at the training threshold")
+    parser.add_argument("--test", nargs="+", required=True, help="labelled sets judged at the threshold")
+    parser.add_argument("--place-on", help="a labelled set, never trained on, that places the threshold instead")
     parser.add_argument("--work", required=True, help="a folder for the base model, the cache and the model")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    sets = {Path(p).stem: load_evalset(p) for p in [*args.train, *args.test]}
+    sets = {
+        Path(p).stem: load_evalset(p) for p in [*args.train, *([args.place_on] if args.place_on else []), *args.test]
+    }
     tops = fused_tops(Path(args.index), sets, work / "fused_tops.json")
     train_rows = [r for p in args.train for r in tops[Path(p).stem]]
     pairs = training_pairs(train_rows)
@@ -113,19 +133,17 @@ def main(argv=None) -> int:
     threshold = min(r["tuned"] for r in fit if r["label"] == "answer")
     result["threshold"] = threshold
     result["train_sets"] = judged(fit, "tuned", threshold)
-    for p in args.test:
-        rows = scored[Path(p).stem]
-        result[Path(p).stem] = {
-            **judged(rows, "tuned", threshold),
-            "answer_lost": sorted(
-                (r["id"], round(r["tuned"], 2)) for r in rows if r["label"] == "answer" and r["tuned"] < threshold
-            ),  # fmt: skip
-            "off_topic_through": sorted(
-                (r["id"], round(r["tuned"], 2))
-                for r in rows
-                if r.get("kind") == "off_topic" and r["tuned"] >= threshold
-            ),  # fmt: skip
-        }
+    if args.place_on:  # the protocol a shipped model would follow: train, place on another set, check on a third
+        placed = scored[Path(args.place_on).stem]
+        answer = [r["tuned"] for r in placed if r["label"] == "answer"]
+        off_topic = [r["tuned"] for r in placed if r.get("kind") == "off_topic"]
+        thresholds = {rule: place(answer, off_topic, rule) for rule in PLACEMENTS}
+        result["placed_on"] = {"set": Path(args.place_on).stem, "gap": min(answer) - max(off_topic), **thresholds}
+        for p in args.test:
+            result[Path(p).stem] = {rule: judged_at(scored[Path(p).stem], t) for rule, t in thresholds.items()}
+    else:
+        for p in args.test:
+            result[Path(p).stem] = judged_at(scored[Path(p).stem], threshold)
     return finished(result, args.out)
 
 

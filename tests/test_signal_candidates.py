@@ -104,3 +104,18 @@ def test_a_supervised_probe_judges_each_set_by_the_others_tightest_threshold():
     assert out["b"]["kept_at_fit_threshold"] == "1/1"
     assert out["b"]["off_topic_not_declined"] == ["b2"]  # above a's lowest answer (0.8): not declined
     assert out["a"]["kept_at_fit_threshold"] == "1/2"  # trained on b alone, its answer 0.9 sets the bar
+
+
+def test_in_domain_judgement_names_the_answers_lost_and_the_off_topic_let_through():
+    from benchmarks.in_domain_answerability import judged_at
+
+    rows = [
+        {"id": "a1", "label": "answer", "kind": "single", "tuned": 2.0},
+        {"id": "a2", "label": "answer", "kind": "single", "tuned": -1.0},
+        {"id": "o1", "label": "decline", "kind": "off_topic", "tuned": 0.5},
+        {"id": "o2", "label": "decline", "kind": "off_topic", "tuned": -3.0},
+    ]
+    out = judged_at(rows, 0.0)
+    assert out["kept_at_fit_threshold"] == "1/2"
+    assert out["answer_lost"] == [("a2", -1.0)]
+    assert out["off_topic_through"] == [("o1", 0.5)]
