@@ -88,6 +88,17 @@ def shortlist_recall(records: list[dict], chunks_by_id: dict[str, dict], depth: 
     return {"depth": depth, "n": n, "recall": (n - len(missed)) / n if n else None, "missed": missed}
 
 
+def with_source_rank(lost: list[dict], records: list[dict], qrels: dict[str, dict[str, int]]) -> list[dict]:
+    """Each lost should-answer question with `source_rank`: where its labelled passage stood in the final
+    order (None: not among the candidates). It says whose miss it was: a source the signal saw at rank 1
+    and scored low is the signal's; a source ranked deep, or not retrieved, is retrieval's."""
+    ranked = {r["id"]: r["ranked"] for r in records}
+    return [
+        {**q, "source_rank": first_relevant_rank(ranked[q["id"]], qrels.get(q["id"], {}))} if q["id"] in ranked else q
+        for q in lost
+    ]
+
+
 def question_rows(set_name: str, records: list[dict], qrels: dict[str, dict[str, int]], answer) -> list[dict]:
     """Per-question records of one run (questions.jsonl): what `sourcegate diff` joins across runs.
 

@@ -29,6 +29,15 @@ def _n(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
+def _lost(q: Mapping) -> str:
+    """A lost should-answer question, its score, and where its labelled passage stood when the run knows it."""
+    if "source_rank" not in q:
+        return f"{q['id']} ({_n(q['score'])})"
+    rank = q["source_rank"]
+    where = "its source not among the candidates" if rank is None else f"its source at rank {rank}"
+    return f"{q['id']} ({_n(q['score'])}, {where})"
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
@@ -164,7 +173,7 @@ def check_answer_coverage(calibration: Mapping, signal: str) -> dict[str, Any]:
             coverage=coverage,
             unscored=shipped["unscored"],
         )
-    listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in missed)
+    listed = ", ".join(_lost(q) for q in missed)
     if unscored:
         listed += (", " if listed else "") + ", ".join(f"{q} (no score)" for q in unscored)
     full = shipped["max_threshold_for_full_coverage"]
@@ -207,7 +216,7 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
         )
     parts = []
     if missed:
-        listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in missed)
+        listed = ", ".join(_lost(q) for q in missed)
         parts.append(f"declines {len(missed)} of {n['answer']} should-answer questions: {listed}")
     if answered:
         listed = ", ".join(f"{q['id']} ({_n(q['score'])})" for q in answered)

@@ -18,7 +18,7 @@ from artifact_io import read_json, write_json, write_jsonl
 from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
 from evals.evalset import EvalSetError, check_labels, load_evalset
-from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall
+from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall, with_source_rank
 from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
 from evals.regression import check_baseline
@@ -94,7 +94,12 @@ def evaluate(
     if before_sweep:
         calibration["combiner"] = combiner
     by_id = {c["chunk_id"]: c for c in chunks}
+    qrels = {name: qrels_for(sets[name], chunks) for name in ("calibration", "check")}
     calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg.retrieval.rerank_depth)
+    where_sources_were(calibration.get("shipped"), records, qrels["calibration"])
+    if calibration.get("check"):
+        calibration["check"]["shortlist_recall"] = shortlist_recall(c_records, by_id, cfg.retrieval.rerank_depth)
+        where_sources_were(calibration["check"]["shipped"], c_records, qrels["check"])
     write_json(calibration, out_dir / "calibration.json")
 
     p_records = run_questions(retriever, sets["precision"], progress=progress)
@@ -111,8 +116,8 @@ def evaluate(
     )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
     write_json(precision, out_dir / "precision.json")
-    rows = question_rows("calibration", records, qrels_for(sets["calibration"], chunks), cfg.answer)
-    rows += question_rows("check", c_records, qrels_for(sets["check"], chunks), cfg.answer)
+    rows = question_rows("calibration", records, qrels["calibration"], cfg.answer)
+    rows += question_rows("check", c_records, qrels["check"], cfg.answer)
     rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg.answer)
     write_jsonl(rows, out_dir / "questions.jsonl")
     return {
@@ -120,6 +125,12 @@ def evaluate(
         "eval_errors": len(errors),
         "kept": keep_for_next(retriever, out_dir, start),
     }
+
+
+def where_sources_were(shipped: dict | None, records: list[dict], qrels: dict[str, dict[str, int]]) -> None:
+    """Give each should-answer question the shipped threshold lost its labelled passage's rank (the gate names it)."""
+    if shipped and shipped.get("wrongly_declined"):
+        shipped["wrongly_declined"] = with_source_rank(shipped["wrongly_declined"], records, qrels)
 
 
 def kept_parts(retriever) -> dict:

@@ -27,7 +27,12 @@ def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_p
     gate = json.loads((out / "gate.json").read_text())
     check_result = next(c for c in gate["checks"] if c["name"] == "check_set")
     assert code == 1 and not gate["passed"] and not check_result["passed"]
-    score = check_result["data"]["wrongly_declined"][0]["score"]
+    lost = check_result["data"]["wrongly_declined"][0]
+    score, rank = lost["score"], lost["source_rank"]
     assert score < cfg.answer.adjacent
-    assert f"chk-1 ({score:.4g})" in check_result["detail"] and check_result["detail"] in gate["reasons"]
+    where = "its source not among the candidates" if rank is None else f"its source at rank {rank}"
+    assert f"chk-1 ({score:.4g}, {where})" in check_result["detail"] and check_result["detail"] in gate["reasons"]
+    # the check set's shortlist recall is measured like the fit set's
+    check_recall = json.loads((out / "calibration.json").read_text())["check"]["shortlist_recall"]
+    assert check_recall["n"] == 1 and check_recall["missed"] == ([] if check_recall["recall"] == 1 else ["chk-1"])
     assert "chk-1" in capsys.readouterr().out

@@ -297,3 +297,17 @@ def test_gate_reports_how_many_questions_had_no_score():
     check = next(c for c in gate["checks"] if c["name"] == "answer_coverage")
     assert "1 question(s) had no rerank_top score and count as declined" in check["detail"]
     assert calibration["shipped"]["decline_recall"] == 1.0
+
+
+def test_a_lost_check_question_is_named_with_where_its_source_stood():
+    from evals.evaluate import with_source_rank
+
+    calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), 0.25, ([0.1, 0.95], [0.0]))
+    lost = calibration["check"]["shipped"]["wrongly_declined"]
+    assert [q["id"] for q in lost] == ["c-a-000"]
+    # the final order put the labelled passage third; a second run never retrieved it
+    for ranked, where in ((["x", "y", "rel"], "its source at rank 3"), (["x", "y"], "its source not among")):
+        records = [{"id": "c-a-000", "ranked": ranked}]
+        calibration["check"]["shipped"]["wrongly_declined"] = with_source_rank(lost, records, {"c-a-000": {"rel": 1}})
+        detail = next(c for c in run_gate(calibration)["checks"] if c["name"] == "check_set")["detail"]
+        assert f"c-a-000 (0.1, {where}" in detail

@@ -58,6 +58,8 @@ def make_records(n=160, seed=0, rerank=True):
 def make_artifacts(rerank=True):
     records = make_records(rerank=rerank)
     calibration = calibrate(records, CONFIG)
+    for lost in calibration["shipped"]["wrongly_declined"]:
+        lost["source_rank"] = 7  # as the harness adds it
     items = [r for r in records if r["label"] == "answer"]
     qrels = {it["id"]: {f"{it['id']}-rel": 1} for it in items}
     fused = {it["id"]: [f"x{j}" for j in range(i % 4)] + [f"{it['id']}-rel"] for i, it in enumerate(items)}
@@ -122,6 +124,7 @@ def test_verdict_banner_and_shipped_errors(page, artifacts):
     assert 'class="banner fail"' in page and "FAILED" in page
     assert "The shipped rerank_top threshold 0.2 declines 1" in page
     assert "threshold &lt;= 0.1" in page  # the fix for the wrongly declined question
+    assert '<td class="num">7</td>' in page and "its source at rank 7" in page  # whose miss it was
 
 
 def test_gap_shows_its_bound_fragility_and_deciding_questions(page, artifacts):
