@@ -30,6 +30,7 @@ PIPELINE_LAYERS = [
         "pipelines.versions.promotions",
         "pipelines.versions.object_store",
         "pipelines.versions.stamp",
+        "pipelines.versions.holder",
     ],
     ["pipelines.build"],
     ["pipelines.search"],

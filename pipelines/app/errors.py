@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pipelines.search.opensearch.health import RECOVERY, PreflightFailed
-from pipelines.versions.lock import LockHeld, step_of
+from pipelines.versions.holder import LockHeld
+from pipelines.versions.lock import step_of
 from pipelines.versions.manifest import IntegrityError
 
 GATE_FAILED = 1

@@ -27,32 +27,26 @@ import functools
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from artifact_io import write_json
 from pipelines import faults
 from pipelines.config import PipelineConfig
 from pipelines.search.opensearch.health import LOCK_INDEX
+from pipelines.versions.holder import POLL_S, LockHeld, describe, holder_record, is_stale
+from pipelines.versions.object_lock import acquire_object
 from pipelines.versions.object_store import ObjectStore, is_remote
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".sourcegate.lock"
 HOLDER_FILE = ".sourcegate.lock.json"
-POLL_S = 0.2
-
-
-class LockHeld(RuntimeError):
-    """Another writer holds the lock and did not let go within the timeout."""
 
 
 @dataclass
@@ -64,37 +58,6 @@ class _Hold:
 
 
 _held: dict[tuple[str, int], _Hold] = {}  # (lock key, thread id) -> this thread's hold
-
-
-def holder_record(command: str) -> dict:
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": command,
-        "since": datetime.now(UTC).isoformat(timespec="seconds"),
-        "token": uuid.uuid4().hex,
-    }
-
-
-def describe(holder: dict | None) -> str:
-    if not holder:
-        return "another process (no holder record: a shared holder such as an embed shard, or one just starting)"
-    return f"pid {holder.get('pid')} on {holder.get('host')} ({holder.get('command')}, since {holder.get('since')})"
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
-def is_stale(holder: dict | None) -> bool:
-    """A holder record of a process on this host that no longer runs."""
-    return bool(holder) and holder.get("host") == socket.gethostname() and not process_alive(int(holder["pid"]))
 
 
 def command_line() -> str:
@@ -247,7 +210,6 @@ def lock_key(cfg: PipelineConfig) -> str:
 
 
 def acquire_remote(uri: str, command: str, timeout_s: float) -> Callable[[], None]:
-    from pipelines.versions.object_lock import acquire_object
 
     return acquire_object(ObjectStore.from_uri(uri), command, timeout_s)
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from pipelines.versions.lock import POLL_S, LockHeld, describe, holder_record, is_stale
+from pipelines.versions.holder import POLL_S, LockHeld, describe, holder_record, is_stale
 from pipelines.versions.object_store import ObjectStore
 
 log = logging.getLogger(__name__)
