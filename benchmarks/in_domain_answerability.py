@@ -132,7 +132,9 @@ def main(argv=None) -> int:
     fit = [r for p in args.train for r in scored[Path(p).stem]]
     threshold = min(r["tuned"] for r in fit if r["label"] == "answer")
     result["threshold"] = threshold
-    result["train_sets"] = judged(fit, "tuned", threshold)
+    lowest = sorted((round(r["tuned"], 2), r["id"]) for r in fit if r["label"] == "answer")[:3]
+    # what stands between the training sets and a gap: their lowest answers, the off-topic ones above them
+    result["train_sets"] = {**judged_at(fit, threshold), "lowest_answers": [(i, t) for t, i in lowest]}
     if args.place_on:  # the protocol a shipped model would follow: train, place on another set, check on a third
         placed = scored[Path(args.place_on).stem]
         answer = [r["tuned"] for r in placed if r["label"] == "answer"]
