@@ -1,6 +1,7 @@
 """evals.report: content (escaping, one plot per signal, heatmap) and a real
 headless-Chromium screenshot of the rendered page."""
 
+import copy
 import os
 import re
 import shutil
@@ -261,3 +262,16 @@ def test_hostile_text_in_every_place_is_escaped():
     assert 'aria-label="&lt;script&gt;x()&lt;/script&gt; scores by label"' in page
     assert "&lt;script&gt;x()&lt;/script&gt; threshold</text>" in page
     assert "&#34;&gt;&lt;img src=x&gt;" in page
+
+
+def test_shortlist_recall_of_both_sets_names_what_retrieval_missed(artifacts):
+    calibration, precision, gate, run_info = copy.deepcopy(artifacts)
+    calibration["shortlist_recall"] = {"depth": 12, "n": 80, "recall": 79 / 80, "missed": ["a-004"]}
+    calibration["check"] = {"path": "check.jsonl", "n": {"answer": 5, "decline": 3}}
+    calibration["check"]["shortlist_recall"] = {"depth": 12, "n": 5, "recall": 1.0, "missed": []}
+    page = render_report(calibration, precision, gate, run_info)
+    assert "fit set: the reranker's 12 candidates hold the labelled article of 79 of 80" in page
+    assert "(not: a-004: whatever a signal decides, their answer cannot come from their labelled article)" in page
+    assert (
+        "check set: the reranker's 12 candidates hold the labelled article of 5 of 5 should-answer questions." in page
+    )
