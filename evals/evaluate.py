@@ -93,10 +93,7 @@ def with_source_rank(lost: list[dict], records: list[dict], qrels: dict[str, dic
     order (None: not among the candidates). It says whose miss it was: a source the signal saw at rank 1
     and scored low is the signal's; a source ranked deep, or not retrieved, is retrieval's."""
     ranked = {r["id"]: r["ranked"] for r in records}
-    return [
-        {**q, "source_rank": first_relevant_rank(ranked[q["id"]], qrels.get(q["id"], {}))} if q["id"] in ranked else q
-        for q in lost
-    ]
+    return [{**q, "source_rank": first_relevant_rank(ranked[q["id"]], qrels.get(q["id"], {}))} for q in lost]
 
 
 def question_rows(set_name: str, records: list[dict], qrels: dict[str, dict[str, int]], answer) -> list[dict]:

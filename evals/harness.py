@@ -95,11 +95,13 @@ def evaluate(
         calibration["combiner"] = combiner
     by_id = {c["chunk_id"]: c for c in chunks}
     qrels = {name: qrels_for(sets[name], chunks) for name in ("calibration", "check")}
-    calibration["shortlist_recall"] = shortlist_recall(records, by_id, cfg.retrieval.rerank_depth)
-    where_sources_were(calibration.get("shipped"), records, qrels["calibration"])
-    if calibration.get("check"):
-        calibration["check"]["shortlist_recall"] = shortlist_recall(c_records, by_id, cfg.retrieval.rerank_depth)
-        where_sources_were(calibration["check"]["shipped"], c_records, qrels["check"])
+    # per set: is the labelled article among the candidates, and where stood each lost answer's source
+    sets_seen = ((calibration, records, qrels["calibration"]), (calibration.get("check"), c_records, qrels["check"]))
+    for part, recs, rels in sets_seen:
+        if part:
+            part["shortlist_recall"] = shortlist_recall(recs, by_id, cfg.retrieval.rerank_depth)
+            if part.get("shipped"):
+                part["shipped"]["wrongly_declined"] = with_source_rank(part["shipped"]["wrongly_declined"], recs, rels)
     write_json(calibration, out_dir / "calibration.json")
 
     p_records = run_questions(retriever, sets["precision"], progress=progress)
@@ -125,12 +127,6 @@ def evaluate(
         "eval_errors": len(errors),
         "kept": keep_for_next(retriever, out_dir, start),
     }
-
-
-def where_sources_were(shipped: dict | None, records: list[dict], qrels: dict[str, dict[str, int]]) -> None:
-    """Give each should-answer question the shipped threshold lost its labelled passage's rank (the gate names it)."""
-    if shipped and shipped.get("wrongly_declined"):
-        shipped["wrongly_declined"] = with_source_rank(shipped["wrongly_declined"], records, qrels)
 
 
 def kept_parts(retriever) -> dict:

@@ -210,7 +210,6 @@ def lock_key(cfg: PipelineConfig) -> str:
 
 
 def acquire_remote(uri: str, command: str, timeout_s: float) -> Callable[[], None]:
-
     return acquire_object(ObjectStore.from_uri(uri), command, timeout_s)
 
 
