@@ -6,10 +6,9 @@ import json
 import pytest
 
 from pipelines.app.cli import main
+from tests.promotable import PROMOTABLE, promotable_args
 
 pytestmark = pytest.mark.models
-
-FIT = "config/evals/calibration.jsonl"
 
 
 def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_path, capsys):
@@ -22,11 +21,20 @@ def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_p
     row = {"id": "chk-1", "question": "What is the melting point of tungsten in kelvin?", "label": "answer"}
     check.write_text(json.dumps({**row, "expected": ["fares-and-passes#day-passes"], "kind": "single"}) + "\n")
     out = tmp_path / "cal"
-    argv = ["--set", f"evals.check_set={check}", "calibrate", "--index", str(steps.run_dir(cfg, run_id))]
-    code = main(argv + ["--questions", FIT, "--out", str(out), "--quiet"])
+    # a fit set the gate passes on (tests/promotable.py), so the check set is the night's only failure
+    argv = [*promotable_args(), "--set", f"evals.check_set={check}"]
+    argv += [
+        "calibrate",
+        "--index",
+        str(steps.run_dir(cfg, run_id)),
+        "--questions",
+        PROMOTABLE["evals.calibration_set"],
+    ]
+    code = main(argv + ["--out", str(out), "--quiet"])
     gate = json.loads((out / "gate.json").read_text())
     check_result = next(c for c in gate["checks"] if c["name"] == "check_set")
     assert code == 1 and not gate["passed"] and not check_result["passed"]
+    assert [c["name"] for c in gate["checks"] if not c["passed"]] == ["check_set"], gate["reasons"]
     lost = check_result["data"]["wrongly_declined"][0]
     score, rank = lost["score"], lost["source_rank"]
     assert score < cfg.answer.adjacent
