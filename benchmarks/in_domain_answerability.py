@@ -26,14 +26,10 @@ from benchmarks.question_views import retriever_on
 from benchmarks.signal_candidates import judged
 from evals.evalset import load_evalset
 from evals.placement import place
-from pipelines.app import answer_training
-from pipelines.retrieval.retriever import effective_query
+from pipelines.app import answer_training, in_domain_training
+from pipelines.app.in_domain_training import EPOCHS, LR, training_pairs
 
 SCORED = 3  # the fused top passages scored, as answer_support reads them
-LABELLED_FROM = 10  # how deep the fused order is searched for a should-answer question's labelled passages
-POSITIVES = 2  # labelled passages per should-answer question, at most
-EPOCHS = 4  # one epoch left 18 of 43 training off-topic questions above the tightest threshold (scratch run)
-LR = 3e-5
 PLACEMENTS = ("tightest", "midpoint")  # not logit_midpoint: the scores are logits already
 MAX_LENGTH = 192  # the demo's chunks fit; shorter than the shipped 256 for speed on two cores
 
@@ -44,28 +40,9 @@ def fused_tops(run: Path, sets: dict[str, list[dict]], cache: Path) -> dict[str,
     missing = [name for name in sets if name not in tops]
     if missing:
         retriever = retriever_on(run)
-        for name in missing:
-            rows = []
-            for q in sets[name]:
-                query = effective_query(q["question"], q.get("context", []))
-                fused, _ = retriever.fuse(query, retriever.text_vectors([query])[0])
-                passages = [[f"{c.doc_id}#{c.section_id}", c.text] for c in fused[:LABELLED_FROM]]
-                rows.append({**q, "query": query, "passages": passages})
-            tops[name] = rows
+        tops |= {name: in_domain_training.fused_tops(retriever, sets[name]) for name in missing}
         cache.write_text(json.dumps(tops), encoding="utf-8")
     return {name: tops[name] for name in sets}
-
-
-def training_pairs(rows: list[dict]) -> list[tuple[str, str, int]]:
-    """Should-answer questions with their labelled passages (1); should-decline ones with their fused top (0)."""
-    pairs: list[tuple[str, str, int]] = []
-    for r in rows:
-        if r["label"] == "answer":
-            labelled = [text for section, text in r["passages"] if section in r["expected"]]
-            pairs += [(r["query"], text, 1) for text in labelled[:POSITIVES]]
-        else:
-            pairs += [(r["query"], text, 0) for _, text in r["passages"][:SCORED]]
-    return pairs
 
 
 def scorer(model_dir: Path):

@@ -7,6 +7,7 @@ naming the file and line, never a silently skipped question.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -57,6 +58,13 @@ def _check(obj, where: str) -> dict:
     if obj["label"] == "answer" and not obj["expected"]:
         raise EvalSetError(f"{where}: a should-answer question must name what answers it in 'expected'")
     return obj
+
+
+def question_key(item: dict) -> str:
+    """A question's identity as a model reads it (conversation and question, case and spacing aside): what a
+    trained model's recipe records, so a set holding a question it trained on is found whatever its id."""
+    text = " ".join(" ".join([*item.get("context", []), item["question"]]).lower().split())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:

@@ -230,6 +230,27 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
     )
 
 
+def _some(ids: list[str], most: int = 10) -> str:
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+def check_answer_model_unseen(calibration: Mapping) -> dict[str, Any]:
+    """The answer-support model never trained on a question of the fit or the check set: its scores on its own
+    training questions are in-sample, and the coverage figures would claim what it has only memorised."""
+    seen = calibration.get("answer_model_trained_on") or {}
+    named = {part: ids for part, ids in seen.items() if ids}
+    if not named:
+        return _check("answer_model_unseen", True, "The answer-support model trained on no fit or check question.")
+    listed = "; ".join(f"{len(ids)} of the {part} set ({_some(ids)})" for part, ids in named.items())
+    return _check(
+        "answer_model_unseen",
+        False,
+        f"The answer-support model (answerability.answer_model_path) was trained on {listed}: its scores on them "
+        "are in-sample. Train it on other labelled sets (recipe.json lists what it saw).",
+        **named,
+    )
+
+
 def _check_answer_ids(check: Mapping) -> set[str]:
     return {q["id"] for q in check.get("questions", ()) if q["label"] == "answer"}
 
@@ -357,6 +378,7 @@ def evaluate_gate(
         check_threshold_in_gap(calibration, gating_signal),
         check_answer_coverage(calibration, gating_signal),
         check_check_set(calibration, gating_signal),
+        check_answer_model_unseen(calibration),
         check_decline_set_size(calibration),
         check_precision_regression(precision, baseline, regression),
         check_decline_regression(calibration, baseline, regression),

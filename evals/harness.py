@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from artifact_io import read_json, write_json, write_jsonl
 from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
-from evals.evalset import EvalSetError, check_labels, load_evalset
+from evals.evalset import EvalSetError, check_labels, load_evalset, question_key
 from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall, with_source_rank
 from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
@@ -93,6 +93,11 @@ def evaluate(
     )
     if before_sweep:
         calibration["combiner"] = combiner
+    trained_on = getattr(getattr(retriever, "answer_scorer", None), "trained_on", frozenset())
+    calibration["answer_model_trained_on"] = {  # the gate fails a model that saw a question it is judged on
+        part: [q["id"] for q in sets[name] if question_key(q) in trained_on]
+        for part, name in (("fit", "calibration"), ("check", "check"))
+    }
     by_id = {c["chunk_id"]: c for c in chunks}
     qrels = {name: qrels_for(sets[name], chunks) for name in ("calibration", "check")}
     # per set: is the labelled article among the candidates, and where stood each lost answer's source

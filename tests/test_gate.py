@@ -86,6 +86,7 @@ def test_all_good_passes():
         "threshold_in_gap",
         "answer_coverage",
         "check_set",
+        "answer_model_unseen",
         "decline_set_size",
         "precision_regression",
         "decline_regression",
@@ -195,14 +196,14 @@ def test_junit_has_a_failure_exactly_for_failed_checks(tmp_path):
     assert set(cases) == {c["name"] for c in gate["checks"]}
     with_failure = {name for name, case in cases.items() if case.find("failure") is not None}
     assert with_failure == failed(gate) == {"threshold_gap", "threshold_in_gap", "answer_coverage", "eval_sets_valid"}
-    assert suites[0].get("failures") == "4" and suites[0].get("tests") == "8"
+    assert suites[0].get("failures") == "4" and suites[0].get("tests") == "9"
     message = cases["eval_sets_valid"].find("failure").get("message")
     assert 'bad <row> & "quote"' in message
 
 
 def test_junit_all_passing_has_no_failure():
     root = ET.fromstring(junit_xml(run_gate()).encode())
-    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 8
+    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 9
 
 
 def mixed_records():
@@ -311,3 +312,29 @@ def test_a_lost_check_question_is_named_with_where_its_source_stood():
         calibration["check"]["shipped"]["wrongly_declined"] = with_source_rank(lost, records, {"c-a-000": {"rel": 1}})
         detail = next(c for c in run_gate(calibration)["checks"] if c["name"] == "check_set")["detail"]
         assert f"c-a-000 (0.1, {where}" in detail
+
+
+def test_an_answer_model_trained_on_a_fit_or_check_question_fails_the_gate_naming_them():
+    calibration = {**GOOD_CALIBRATION, "answer_model_trained_on": {"fit": ["a-001", "d-013"], "check": []}}
+    gate = run_gate(calibration)
+    check = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
+    assert not gate["passed"] and failed(gate) == {"answer_model_unseen"}
+    assert "2 of the fit set (a-001, d-013)" in check["detail"] and "check set" not in check["detail"]
+    assert check["data"] == {"fit": ["a-001", "d-013"]}
+    many = {"fit": [], "check": [f"h-{i:03d}" for i in range(69)]}
+    detail = next(
+        c
+        for c in run_gate({**GOOD_CALIBRATION, "answer_model_trained_on": many})["checks"]
+        if c["name"] == "answer_model_unseen"
+    )["detail"]
+    assert "69 of the check set (h-000, h-001," in detail and "h-009 and 59 more)" in detail  # all in gate.json's data
+    clean = {**GOOD_CALIBRATION, "answer_model_trained_on": {"fit": [], "check": []}}
+    assert run_gate(clean)["passed"]
+
+
+def test_question_key_finds_a_question_whatever_its_id_case_or_spacing():
+    from evals.evalset import question_key
+
+    a = {"id": "r-1", "question": "Can I bring my bike  on the bus?", "context": []}
+    assert question_key(a) == question_key({"id": "x", "question": "can i bring my bike on the BUS?"})
+    assert question_key(a) != question_key({**a, "context": ["I live in Riverton."]})

@@ -423,26 +423,16 @@ def _configure_tokenizer(tk, max_length: int = MAX_LENGTH):
     return tk
 
 
-def export_int8(
-    model_dir: str | os.PathLike,
-    out_path: str | os.PathLike,
-    fp32_path: str | os.PathLike | None = None,
-    max_length: int = MAX_LENGTH,
-) -> dict:
-    """Export the HF checkpoint in ``model_dir`` to ONNX (opset 17; dynamic batch and
-    sequence axes; int64 inputs input_ids/attention_mask/token_type_ids; output logits),
-    then dynamically quantise weights to INT8 (QInt8) into ``out_path``. Writes
-    tokenizer.json (no padding, only_second truncation at ``max_length``) beside it."""
+def export_fp32(model_dir: str | os.PathLike, out_path: str | os.PathLike, max_length: int = MAX_LENGTH) -> dict:
+    """Export the HF checkpoint in ``model_dir`` to ONNX (opset 17; dynamic batch and sequence axes; int64
+    inputs input_ids/attention_mask/token_type_ids; output logits). Writes tokenizer.json (no padding,
+    only_second truncation at ``max_length``) beside it."""
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     from tokenizers import Tokenizer
     from transformers import AutoModelForSequenceClassification
 
     model_dir, out_path = Path(model_dir), Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fp32_path = Path(fp32_path) if fp32_path else out_path.with_name("model.fp32.onnx")
-    fp32_path.parent.mkdir(parents=True, exist_ok=True)
-
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager")
     model.eval()
 
@@ -462,7 +452,7 @@ def export_int8(
         torch.onnx.export(
             wrapper,
             dummy,
-            str(fp32_path),
+            str(out_path),
             dynamo=False,
             opset_version=17,
             input_names=list(INPUT_NAMES),
@@ -470,18 +460,33 @@ def export_int8(
             dynamic_axes=dyn,
             do_constant_folding=True,
         )
-    wrapper.eval()
-    quantize_dynamic(str(fp32_path), str(out_path), weight_type=QuantType.QInt8)
-
     tk = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     _configure_tokenizer(tk, max_length)
     tk.save(str(out_path.parent / TOKENIZER_NAME))
+    return {"fp32_onnx": str(out_path), "fp32_bytes": out_path.stat().st_size, "opset": 17}
+
+
+def export_int8(
+    model_dir: str | os.PathLike,
+    out_path: str | os.PathLike,
+    fp32_path: str | os.PathLike | None = None,
+    max_length: int = MAX_LENGTH,
+) -> dict:
+    """`export_fp32` to ``fp32_path``, then dynamically quantise the weights to INT8 (QInt8) into ``out_path``,
+    with tokenizer.json beside it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fp32_path = Path(fp32_path) if fp32_path else out_path.with_name("model.fp32.onnx")
+    exported = export_fp32(model_dir, fp32_path, max_length)
+    quantize_dynamic(str(fp32_path), str(out_path), weight_type=QuantType.QInt8)
+    if fp32_path.parent != out_path.parent:
+        (out_path.parent / TOKENIZER_NAME).write_bytes((fp32_path.parent / TOKENIZER_NAME).read_bytes())
     return {
-        "fp32_onnx": str(fp32_path),
-        "fp32_bytes": fp32_path.stat().st_size,
+        **exported,
         "int8_onnx": str(out_path),
         "int8_bytes": out_path.stat().st_size,
-        "opset": 17,
         "quantization": "onnxruntime.quantization.quantize_dynamic, weight_type=QInt8",
     }
 

@@ -334,6 +334,24 @@ def cmd_train_answerability(args) -> int:
     return 0
 
 
+def cmd_train_in_domain(args) -> int:
+    """Train an answer-support model on this corpus's labelled questions over one version (docs/calibration.md)."""
+    from pipelines.app.factories import retriever_for
+    from pipelines.app.in_domain_training import EPOCHS, train_in_domain
+    from pipelines.search.embedded import open_run_folder
+
+    cfg = load_config(args)
+    retriever, _ = retriever_for(cfg, open_run_folder(Path(args.index)))
+    out = Path(args.out)
+    recipe = train_in_domain(
+        retriever, args.index, args.train, out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
+        epochs=args.epochs or EPOCHS,
+    )  # fmt: skip
+    print(f"trained on {len(recipe['trained_on'])} questions ({recipe['pairs']}); {out}/recipe.json")
+    print(f"use it: --set answerability.answer_model_path={out}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -421,6 +439,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=200, help="training steps of 16 pairs")
     p.add_argument("--lr", type=float, default=2e-5, help="AdamW peak learning rate (the shipped model: 2e-5)")
     p.set_defaults(func=cmd_train_answerability)
+
+    p = sub.add_parser("train-in-domain", help="train the answer-support model on this corpus's labelled questions")
+    p.add_argument("--index", required=True, help="an embedded run folder: the version whose retrieval pairs them")
+    p.add_argument("--train", nargs="+", required=True, help="labelled sets to learn from (never the fit or check set)")
+    p.add_argument("--out", required=True, help="the model folder (answerability.answer_model_path)")
+    p.add_argument("--work", help="scratch for the torch checkpoints (default: OUT_work)")
+    p.add_argument("--epochs", type=int, help="passes over the pairs (default: the recipe's, 4)")
+    p.set_defaults(func=cmd_train_in_domain)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")
     p.add_argument(

@@ -17,6 +17,7 @@ fingerprint hashes both).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,16 +34,20 @@ SHARED = tuple(f"bert.embeddings.word_embeddings.weight{s}" for s in ("_quantize
 
 
 def assemble(model: Path, packaged: Path) -> bytes:
-    """The full ONNX model: the shipped graph plus the packaged model's shared initializers."""
+    """The full ONNX model: the shipped graph plus the packaged model's shared initializers it reads."""
     import onnx
 
     graph = onnx.load(str(model))
     have = {i.name for i in graph.graph.initializer}
+    read = {name for node in graph.graph.node for name in node.input}
+    wanted = [n for n in SHARED if n in read and n not in have]  # a whole (fp32) model reads none of them
+    if not wanted:
+        return graph.SerializeToString()
     shared = {i.name: i for i in onnx.load(str(packaged)).graph.initializer if i.name in SHARED}
-    missing = [n for n in SHARED if n not in shared]
+    missing = [n for n in wanted if n not in shared]
     if missing:
         raise FileNotFoundError(f"the packaged cross-encoder lacks {missing}: not the model this was trained from")
-    graph.graph.initializer.extend(shared[n] for n in SHARED if n not in have)
+    graph.graph.initializer.extend(shared[n] for n in wanted)
     return graph.SerializeToString()
 
 
@@ -64,6 +69,16 @@ class AnswerSupportModel(OnnxCrossEncoder):
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.folder)
+
+    @property
+    def trained_on(self) -> frozenset[str]:
+        """The keys of the labelled questions it was trained on (recipe.json; `sourcegate train-in-domain`)."""
+        recipe = self.folder / "recipe.json"
+        return (
+            frozenset(json.loads(recipe.read_text(encoding="utf-8")).get("trained_on", ()))
+            if recipe.exists()
+            else frozenset()
+        )
 
 
 def fingerprint(folder: str | Path | None = None) -> str:

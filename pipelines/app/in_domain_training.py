@@ -1,0 +1,96 @@
+"""`sourcegate train-in-domain`: an answer-support model trained on this corpus's own labelled questions.
+
+The shipped answer-support model learnt from SQuAD 2.0 and did not move past the reranker it started from
+(docs/benchmarks.md §23); the same cross-encoder fine-tuned on a corpus's own labelled questions is the
+strongest decline evidence measured here (§18, sixth round). This is that recipe as a command, its output
+a drop-in `answerability.answer_model_path`:
+  * pairs, from the version's own retrieval: each should-answer question with up to POSITIVES of its labelled
+    passages among the fused top LABELLED_FROM (1); each should-decline question, off-topic or near-topic, with
+    its fused top PASSAGES, the passages `answer_support` reads (0);
+  * start, training and export as `sourcegate train-answerability` (the packaged cross-encoder dequantised,
+    word embeddings frozen so the shipped file leaves them out; BCE, AdamW, seed 13; INT8 ONNX), EPOCHS passes;
+  * recipe.json records the training sets (path, SHA-256) and the key of every question trained on
+    (`evals.evalset.question_key`): a night whose fit or check set holds one of them fails its gate
+    (`answer_model_unseen`), since a model's scores on its own training questions are in-sample and would
+    make the coverage figures claim what the model has only memorised.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from evals.evalset import load_evalset, question_key
+from pipelines.app import answer_training as at
+from pipelines.retrieval.answer_support import PASSAGES
+from pipelines.retrieval.retriever import effective_query
+from pipelines.versions.manifest import sha256_file
+
+LABELLED_FROM = 10  # how deep the fused order is searched for a should-answer question's labelled passages
+POSITIVES = 2  # labelled passages per should-answer question, at most
+EPOCHS = 4  # §18 sixth round: one epoch left 18 of 43 training off-topic questions above the tightest threshold
+LR = 3e-5
+
+
+def fused_tops(retriever, items: list[dict], depth: int = LABELLED_FROM) -> list[dict]:
+    """Each question as searched, with its fused top `depth` passages as (doc_id#section_id, text)."""
+    rows = []
+    for q in items:
+        query = effective_query(q["question"], q.get("context", []))
+        fused, _ = retriever.fuse(query, retriever.text_vectors([query])[0])
+        rows.append({**q, "query": query, "passages": [(f"{c.doc_id}#{c.section_id}", c.text) for c in fused[:depth]]})
+    return rows
+
+
+def training_pairs(rows: list[dict]) -> list[tuple[str, str, int]]:
+    """Should-answer questions with their labelled passages (1); should-decline ones with their fused top (0)."""
+    pairs: list[tuple[str, str, int]] = []
+    for r in rows:
+        if r["label"] == "answer":
+            doc_ids = {e.split("#", 1)[0] for e in r["expected"] if "#" not in e}
+            labelled = [t for s, t in r["passages"] if s in r["expected"] or s.split("#", 1)[0] in doc_ids]
+            pairs += [(r["query"], text, 1) for text in labelled[:POSITIVES]]
+        else:
+            pairs += [(r["query"], text, 0) for _, text in r["passages"][:PASSAGES]]
+    return pairs
+
+
+def train_in_domain(
+    retriever, index: str, train_sets: list[str], out: Path, work: Path, *, epochs: int = EPOCHS, threads: int = 2
+) -> dict:
+    """Train on `train_sets` (labelled JSONL files) over `retriever`, the version at `index`; write
+    OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe."""
+    t_start = time.time()
+    out, work = Path(out), Path(work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    items = [q for path in train_sets for q in load_evalset(path)]
+    pairs = training_pairs(fused_tops(retriever, items))
+    if not any(y for *_, y in pairs) or all(y for *_, y in pairs):
+        raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
+    base = at.packaged_base(work / "base")
+    hyper = {"lr": LR, "batch_size": 16, "warmup_steps": 20, "freeze_word_embeddings": True}
+    trained = at.train(
+        pairs * epochs, work / "hf", base, log_path=out / "training.log", threads=threads, time_budget_s=6 * 3600,
+        **hyper,
+    )  # fmt: skip
+    # fp32: dynamic INT8 moved this fine-tuned model's logits by up to 15 on long questions (docs/calibration.md)
+    exported = at.export_fp32(work / "hf", out / "model.onnx")
+    recipe = {
+        "task": "answer support cross-encoder trained on this corpus's labelled questions",
+        "command": f"sourcegate train-in-domain --index {index} --train {' '.join(train_sets)} --out {out} "
+        f"--epochs {epochs}",
+        "base_model": at.base_model_info(base),
+        "data": [{"path": str(p), "sha256": sha256_file(p)} for p in train_sets],
+        "pairs": {"positive": sum(y for *_, y in pairs), "negative": sum(1 - y for *_, y in pairs), "epochs": epochs},
+        **{k: trained[k] for k in ("hyperparameters", "steps", "pairs_seen", "train_seconds")},
+        "final_loss_mean_last_50": trained["final_loss_mean_last_50"],
+        "export": {"opset": exported["opset"], "format": "fp32 ONNX", "bytes": exported["fp32_bytes"]},
+        "trained_on": sorted({question_key(q) for q in items}),
+        "onnx_sha256": sha256_file(out / "model.onnx"),
+        "tokenizer_sha256": sha256_file(out / at.TOKENIZER_NAME),
+        "versions": at.versions(),
+    }
+    recipe["wall_seconds"] = round(time.time() - t_start, 1)
+    at.write_recipe(out / "recipe.json", recipe)
+    return recipe

@@ -1,0 +1,56 @@
+"""`sourcegate train-in-domain` with the real cross-encoder: a model trained on a corpus's labelled questions
+ships like the answer-support model, records what it saw, and a night judged on a question it saw fails."""
+
+import json
+
+import pytest
+
+from evals.evalset import load_evalset, question_key
+from pipelines.versions.manifest import sha256_file
+from tests.promotable import promotable_config
+
+pytestmark = pytest.mark.models
+
+RIDERS = "config/evals/riders.jsonl"
+
+
+def lines(items: list[dict]) -> str:
+    return "".join(json.dumps(q) + "\n" for q in items)
+
+
+def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night_judged_on_one(demo_index, tmp_path):
+    from evals.harness import evaluate, gate_for_dir
+    from pipelines.app import steps
+    from pipelines.app.factories import answer_scorer_for, retriever_for
+    from pipelines.app.in_domain_training import train_in_domain
+
+    cfg, run_id, searcher = demo_index
+    riders = load_evalset(RIDERS)
+    train = [q for q in riders if q["label"] == "answer"][:3] + [q for q in riders if q["kind"] == "off_topic"][:3]
+    train_path = tmp_path / "train.jsonl"
+    train_path.write_text(lines(train))
+    index = steps.run_dir(cfg, run_id)
+    retriever, _ = retriever_for(cfg, searcher)
+    out = tmp_path / "model"
+    recipe = train_in_domain(retriever, str(index), [str(train_path)], out, tmp_path / "work", epochs=1)
+
+    assert recipe["trained_on"] == sorted(question_key(q) for q in train)
+    assert recipe["data"] == [{"path": str(train_path), "sha256": sha256_file(train_path)}]
+    assert recipe["pairs"]["negative"] == 9 and 1 <= recipe["pairs"]["positive"] <= 6  # 3 passages per decline
+    assert recipe["onnx_sha256"] == sha256_file(out / "model.onnx")
+    model = answer_scorer_for(str(out))  # the shipped loader joins the shared embedding table back
+    assert model is not None and model.trained_on == frozenset(recipe["trained_on"])
+    assert model.fingerprint != answer_scorer_for(None).fingerprint
+
+    # a fit set holding one training question, re-worded only in case and id, fails the gate naming it
+    seen = {**train[4], "id": "fit-o-1", "question": train[4]["question"].upper()}
+    fit = tmp_path / "fit.jsonl"
+    fit.write_text(lines([seen, *[q for q in riders if q["label"] == "answer"][10:13]]))
+    night = promotable_config({"artifacts": cfg.artifacts, "answerability.answer_model_path": str(out)})
+    judged, _ = retriever_for(night, searcher)
+    evaluate(judged, index / "chunks.parquet", night, tmp_path, calibration_set=str(fit), precision_set=str(fit))
+    trained_on = json.loads((tmp_path / "calibration.json").read_text())["answer_model_trained_on"]
+    assert trained_on == {"fit": ["fit-o-1"], "check": []}
+    gate = gate_for_dir(night, tmp_path, run_info={})
+    unseen = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
+    assert not unseen["passed"] and "1 of the fit set (fit-o-1)" in unseen["detail"] and not gate["passed"]
