@@ -2,14 +2,13 @@
 ships like the answer-support model, records what it saw, and a night judged on a question it saw fails."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from evals.evalset import load_evalset, question_key
 from pipelines.versions.manifest import sha256_file
 from tests.promotable import promotable_config
-
-pytestmark = pytest.mark.models
 
 RIDERS = "config/evals/riders.jsonl"
 
@@ -18,6 +17,7 @@ def lines(items: list[dict]) -> str:
     return "".join(json.dumps(q) + "\n" for q in items)
 
 
+@pytest.mark.models
 def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night_judged_on_one(demo_index, tmp_path):
     from evals.harness import evaluate, gate_for_dir
     from pipelines.app import steps
@@ -54,3 +54,16 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     gate = gate_for_dir(night, tmp_path, run_info={})
     unseen = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
     assert not unseen["passed"] and "1 of the fit set (fit-o-1)" in unseen["detail"] and not gate["passed"]
+
+
+def test_train_in_domain_refuses_the_fit_or_check_set_before_loading_a_model(tmp_path, capsys):
+    from pipelines.app.cli import main
+
+    fit = load_evalset("config/evals/calibration.jsonl")[:2]
+    train = tmp_path / "train.jsonl"
+    train.write_text(lines([{**q, "id": f"t-{i}"} for i, q in enumerate(fit)]))
+    argv = ["train-in-domain", "--index", str(tmp_path / "no-such-run"), "--train", str(train), "--out", str(tmp_path)]
+    assert main(argv) == 2  # before the (missing) index is opened or a model loads
+    err = capsys.readouterr().err
+    assert "2 questions of the fit set config/evals/calibration.jsonl (t-0, t-1)" in err and "in-sample" in err
+    assert not (tmp_path / "model.onnx").exists() and not Path(tmp_path / "no-such-run").exists()

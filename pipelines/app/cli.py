@@ -109,17 +109,22 @@ def _fmt(value, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def version_searcher(cfg: PipelineConfig, index: Path):
+    """A searcher over the version a run folder names: the folder's own index (embedded, verified against its
+    manifest) or, on a server, the index version named by the run id."""
+    from pipelines.app.factories import open_store
+    from pipelines.search.embedded import open_run_folder
+
+    return open_run_folder(index) if cfg.backend.kind == "embedded" else open_store(cfg).open(index.name)
+
+
 def cmd_calibrate(args) -> int:
     from evals.harness import evaluate, gate_for_dir
-    from pipelines.app.factories import open_store, retriever_for
-    from pipelines.search.embedded import open_run_folder
+    from pipelines.app.factories import retriever_for
 
     cfg = load_config(args)
     index = Path(args.index)
-    if cfg.backend.kind == "embedded":
-        searcher = open_run_folder(index)  # verified against its manifest
-    else:  # the run folder's index version on the server (its name is the run id)
-        searcher = open_store(cfg).open(index.name)
+    searcher = version_searcher(cfg, index)
     retriever, _ = retriever_for(cfg, searcher)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -336,12 +341,17 @@ def cmd_train_answerability(args) -> int:
 
 def cmd_train_in_domain(args) -> int:
     """Train an answer-support model on this corpus's labelled questions over one version (docs/calibration.md)."""
+    from evals.evalset import load_evalset
     from pipelines.app.factories import retriever_for
-    from pipelines.app.in_domain_training import EPOCHS, train_in_domain
-    from pipelines.search.embedded import open_run_folder
+    from pipelines.app.in_domain_training import EPOCHS, refuse_judged, train_in_domain
 
     cfg = load_config(args)
-    retriever, _ = retriever_for(cfg, open_run_folder(Path(args.index)))
+    # before any model loads: a model that saw the fit or check set fails every night's gate
+    judged = {"fit set": cfg.evals.calibration_set, "check set": cfg.evals.check_set}
+    refuse_judged([q for path in args.train for q in load_evalset(path)], judged)
+    index = Path(args.index)
+    searcher = version_searcher(cfg, index)
+    retriever, _ = retriever_for(cfg, searcher)
     out = Path(args.out)
     recipe = train_in_domain(
         retriever, args.index, args.train, out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
@@ -441,7 +451,7 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_train_answerability)
 
     p = sub.add_parser("train-in-domain", help="train the answer-support model on this corpus's labelled questions")
-    p.add_argument("--index", required=True, help="an embedded run folder: the version whose retrieval pairs them")
+    p.add_argument("--index", required=True, help="a run folder: the version whose retrieval pairs them")
     p.add_argument("--train", nargs="+", required=True, help="labelled sets to learn from (never the fit or check set)")
     p.add_argument("--out", required=True, help="the model folder (answerability.answer_model_path)")
     p.add_argument("--work", help="scratch for the torch checkpoints (default: OUT_work)")

@@ -18,6 +18,7 @@ a drop-in `answerability.answer_model_path`:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from evals.evalset import load_evalset, question_key
@@ -55,16 +56,35 @@ def training_pairs(rows: list[dict]) -> list[tuple[str, str, int]]:
     return pairs
 
 
+def refuse_judged(items: list[dict], judged: Mapping[str, str | None]) -> None:
+    """ValueError, before any training, when `items` hold a question of a set that judges nights (`judged`:
+    name -> path, e.g. the config's fit and check sets): the gate would fail every night on it."""
+    found = []
+    for name, path in judged.items():
+        keys = {question_key(q) for q in load_evalset(path)} if path else set()
+        ids = [q["id"] for q in items if question_key(q) in keys]
+        if ids:
+            found.append(
+                f"{len(ids)} questions of the {name} {path} ({', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''})"
+            )
+    if found:
+        raise ValueError(
+            f"the training sets hold {'; '.join(found)}: a model's scores on its own training questions are in-sample, "
+            "and the gate fails a night judged on them (answer_model_unseen). Train on sets that neither place nor "
+            "check a threshold."
+        )
+
+
 def train_in_domain(
     retriever, index: str, train_sets: list[str], out: Path, work: Path, *, epochs: int = EPOCHS, threads: int = 2
 ) -> dict:
     """Train on `train_sets` (labelled JSONL files) over `retriever`, the version at `index`; write
     OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe."""
     t_start = time.time()
+    items = [q for path in train_sets for q in load_evalset(path)]
     out, work = Path(out), Path(work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    items = [q for path in train_sets for q in load_evalset(path)]
     pairs = training_pairs(fused_tops(retriever, items))
     if not any(y for *_, y in pairs) or all(y for *_, y in pairs):
         raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
