@@ -7,8 +7,9 @@ a drop-in `answerability.answer_model_path`:
   * pairs, from the version's own retrieval: each should-answer question with up to POSITIVES of its labelled
     passages among the fused top LABELLED_FROM (1); each should-decline question, off-topic or near-topic, with
     its fused top PASSAGES, the passages `answer_support` reads (0);
-  * start, training and export as `sourcegate train-answerability` (the packaged cross-encoder dequantised,
-    word embeddings frozen so the shipped file leaves them out; BCE, AdamW, seed 13; INT8 ONNX), EPOCHS passes;
+  * start and training as `sourcegate train-answerability` (the packaged cross-encoder dequantised, word
+    embeddings frozen; BCE, AdamW, seed 13), EPOCHS passes; exported whole as fp32 ONNX, not INT8 (quantised,
+    this model's logits moved by up to 15 on long questions; docs/benchmarks.md §18, seventh round);
   * recipe.json records the training sets (path, SHA-256) and the key of every question trained on
     (`evals.evalset.question_key`): a night whose fit or check set holds one of them fails its gate
     (`answer_model_unseen`), since a model's scores on its own training questions are in-sample and would
@@ -94,7 +95,6 @@ def train_in_domain(
         pairs * epochs, work / "hf", base, log_path=out / "training.log", threads=threads, time_budget_s=6 * 3600,
         **hyper,
     )  # fmt: skip
-    # fp32: dynamic INT8 moved this fine-tuned model's logits by up to 15 on long questions (docs/calibration.md)
     exported = at.export_fp32(work / "hf", out / "model.onnx")
     recipe = {
         "task": "answer support cross-encoder trained on this corpus's labelled questions",
