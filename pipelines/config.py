@@ -180,7 +180,9 @@ class Answerability(Section):
         True, description="score the top passages with the answer-support cross-encoder (signal `answer_support`)"
     )
     answer_model_path: str | None = Field(
-        None, description="the answer-support model folder; null: the shipped one (models/answer_support)"
+        None,
+        description="the answer-support model folder (e.g. one `sourcegate train-in-domain` wrote); "
+        "null: the shipped one (models/answer_support)",
     )
 
     @model_validator(mode="after")
