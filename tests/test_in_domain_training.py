@@ -2,6 +2,7 @@
 ships like the answer-support model, records what it saw, and a night judged on a question it saw fails."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,8 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     from evals.harness import evaluate, gate_for_dir
     from pipelines.app import steps
     from pipelines.app.factories import answer_scorer_for, retriever_for
-    from pipelines.app.in_domain_training import train_in_domain
+    from pipelines.app.in_domain_training import export, fused_tops, train_in_domain
+    from pipelines.retrieval.answer_support import AnswerSupportModel
 
     cfg, run_id, searcher = demo_index
     riders = load_evalset(RIDERS)
@@ -41,6 +43,13 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     model = answer_scorer_for(str(out))  # the shipped loader joins the shared embedding table back
     assert model is not None and model.trained_on == frozenset(recipe["trained_on"])
     assert model.fingerprint != answer_scorer_for(None).fingerprint
+    assert recipe["export"]["bytes"] <= 30 * 2**20 and "per_channel=True" in recipe["export"]["quantization"]
+    # the whole fp32 export of the same checkpoint loads too, reading no shared table
+    whole = export(tmp_path / "work" / "hf", tmp_path / "fp32", tmp_path / "work", "fp32")
+    assert whole["format"] == "fp32 ONNX" and whole["bytes"] > 100 * 2**20
+    passages = [text for _, text in fused_tops(retriever, train[:1], 3)[0]["passages"]]
+    for m in (model, AnswerSupportModel(tmp_path / "fp32")):
+        assert len(scores := m.score(train[0]["question"], passages)) == 3 and all(math.isfinite(s) for _, s in scores)
 
     # a fit set holding one training question, re-worded only in case and id, fails the gate naming it
     seen = {**train[4], "id": "fit-o-1", "question": train[4]["question"].upper()}

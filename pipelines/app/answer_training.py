@@ -471,23 +471,24 @@ def export_int8(
     out_path: str | os.PathLike,
     fp32_path: str | os.PathLike | None = None,
     max_length: int = MAX_LENGTH,
+    per_channel: bool = False,
 ) -> dict:
-    """`export_fp32` to ``fp32_path``, then dynamically quantise the weights to INT8 (QInt8) into ``out_path``,
-    with tokenizer.json beside it."""
+    """`export_fp32` to ``fp32_path``, then dynamically quantise the weights to INT8 (QInt8; one scale per output
+    channel with ``per_channel``) into ``out_path``, with tokenizer.json beside it."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fp32_path = Path(fp32_path) if fp32_path else out_path.with_name("model.fp32.onnx")
     exported = export_fp32(model_dir, fp32_path, max_length)
-    quantize_dynamic(str(fp32_path), str(out_path), weight_type=QuantType.QInt8)
+    quantize_dynamic(str(fp32_path), str(out_path), weight_type=QuantType.QInt8, per_channel=per_channel)
     if fp32_path.parent != out_path.parent:
         (out_path.parent / TOKENIZER_NAME).write_bytes((fp32_path.parent / TOKENIZER_NAME).read_bytes())
     return {
         **exported,
         "int8_onnx": str(out_path),
         "int8_bytes": out_path.stat().st_size,
-        "quantization": "onnxruntime.quantization.quantize_dynamic, weight_type=QInt8",
+        "quantization": f"onnxruntime.quantization.quantize_dynamic, weight_type=QInt8, per_channel={per_channel}",
     }
 
 

@@ -355,7 +355,7 @@ def cmd_train_in_domain(args) -> int:
     out = Path(args.out)
     recipe = train_in_domain(
         retriever, args.index, args.train, out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
-        epochs=args.epochs or EPOCHS,
+        epochs=args.epochs or EPOCHS, export_as=args.export,
     )  # fmt: skip
     print(f"trained on {len(recipe['trained_on'])} questions ({recipe['pairs']}); {out}/recipe.json")
     print(f"use it: --set answerability.answer_model_path={out}")
@@ -456,6 +456,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="the model folder (answerability.answer_model_path)")
     p.add_argument("--work", help="scratch for the torch checkpoints (default: OUT_work)")
     p.add_argument("--epochs", type=int, help="passes over the pairs (default: the recipe's, 4)")
+    p.add_argument("--export", choices=("int8", "fp32"), default="int8", help="int8 (about 22 MB) or fp32 (134 MB)")
     p.set_defaults(func=cmd_train_in_domain)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")
