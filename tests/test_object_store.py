@@ -51,6 +51,15 @@ def test_write_once_refuses_other_bytes_and_keeps_same_bytes(tmp_path):
     assert store.get("runs/r1/index/a.bin") == b"version one"
 
 
+def test_an_object_deleted_between_look_up_and_read_is_absent_not_an_error(tmp_path, monkeypatch):
+    # a lock object released by its holder while a waiting writer reads it (CI, 2026-12-03: FileNotFoundError)
+    store = local_store(tmp_path)
+    store.put(".sourcegate.lock.json", b"{}")
+    store.delete(".sourcegate.lock.json")
+    monkeypatch.setattr(store, "exists", lambda key: True)  # the look-up saw it, the read does not
+    assert store.get(".sourcegate.lock.json") is None
+
+
 def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path):
     store = local_store(tmp_path)
     scratch = tmp_path / "scratch"

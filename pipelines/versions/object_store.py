@@ -163,11 +163,15 @@ class ObjectStore:
         return self.fs.get_file_info(self.path(key)).type == pafs.FileType.File
 
     def get(self, key: str) -> bytes | None:
-        """The object's bytes, None when it does not exist."""
+        """The object's bytes, None when it does not exist (also when another process deletes it between the
+        look-up and the read: a released lock object is exactly that)."""
         if not self.exists(key):
             return None
-        with self.fs.open_input_stream(self.path(key)) as stream:
-            return stream.read()
+        try:
+            with self.fs.open_input_stream(self.path(key)) as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
 
     def download(self, key: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
