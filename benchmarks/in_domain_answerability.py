@@ -28,8 +28,8 @@ from evals.evalset import load_evalset
 from evals.placement import place
 from pipelines.app import answer_training, in_domain_training
 from pipelines.app.in_domain_training import EPOCHS, LR, training_pairs
+from pipelines.retrieval.answer_support import PASSAGES
 
-SCORED = 3  # the fused top passages scored, as answer_support reads them
 PLACEMENTS = ("tightest", "midpoint")  # not logit_midpoint: the scores are logits already
 MAX_LENGTH = 192  # the demo's chunks fit; shorter than the shipped 256 for speed on two cores
 
@@ -46,7 +46,7 @@ def fused_tops(run: Path, sets: dict[str, list[dict]], cache: Path) -> dict[str,
 
 
 def scorer(model_dir: Path):
-    """The fine-tuned torch model's highest logit over a question's fused top `SCORED` passages."""
+    """The fine-tuned torch model's highest logit over a question's fused top `PASSAGES` passages (as answer_support reads them)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -54,7 +54,7 @@ def scorer(model_dir: Path):
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
 
     def score(row: dict) -> float:
-        texts = [text for _, text in row["passages"][:SCORED]]
+        texts = [text for _, text in row["passages"][:PASSAGES]]
         enc = tok([row["query"]] * len(texts), texts, padding=True, truncation="only_second",
                   max_length=MAX_LENGTH, return_tensors="pt")  # fmt: skip
         with torch.no_grad():
