@@ -1,6 +1,7 @@
 """`sourcegate run` end to end on the demo corpus, embedded backend, real models."""
 
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -133,6 +134,12 @@ def test_query_cli_prints_mode_and_passages(artifacts, capsys):
     assert out.startswith("mode: ") and "Night Owl" in out and "rerank" in out
 
 
+def rows_by_id(path):
+    """questions.jsonl's fit-set rows by question id."""
+    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines())
+    return {r["id"]: r for r in rows if r["set"] == "calibration"}
+
+
 def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
     out = tmp_path / "cal"
     code = main(
@@ -148,7 +155,18 @@ def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
         ]
     )
     assert (out / "calibration.json").exists() and (out / "gate.json").exists() and (out / "report.html").exists()
-    assert code in (0, 1) and ("gate: PASSED" if code == 0 else "gate: FAILED") in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert code in (0, 1) and ("gate: PASSED" if code == 0 else "gate: FAILED") in printed
+    # the night's kept vectors and pair scores are reused, and give the numbers the night computed
+    reused = dict(re.findall(r"(\w+)\.parquet (\d+)", printed.split("reused from", 1)[1].splitlines()[0]))
+    assert all(int(reused[name]) > 0 for name in ("text_vectors", "rerank_pairs", "answer_pairs")), reused
+    night_rows = rows_by_id(artifacts / "runs" / "20261102-020000" / "questions.jsonl")
+    calibrate_rows = rows_by_id(out / "questions.jsonl")
+    shared = night_rows.keys() & calibrate_rows.keys()
+    assert len(shared) == 149  # the night's fit set (tests/data/evals/calibration-pre28.jsonl) lies within this one
+    for qid in shared:
+        for signal in ("cosine_top", "rerank_top", "answer_support", "sentence_cosine"):
+            assert calibrate_rows[qid]["signals"][signal] == night_rows[qid]["signals"][signal], (qid, signal)
     # calibrate fits a candidate combiner beside its calibration and sweeps it; the accepted one is untouched
     fitted, calibration = read(out / "answerability_combiner.json"), read(out / "calibration.json")
     assert calibration["combiner"]["refit"] and calibration["combiner"]["coef"] == fitted["coef"]

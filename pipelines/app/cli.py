@@ -128,7 +128,7 @@ def cmd_calibrate(args) -> int:
     retriever, _ = retriever_for(cfg, searcher)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    evaluate(
+    evaluated = evaluate(
         retriever,
         index / "chunks.parquet",
         cfg,
@@ -137,7 +137,10 @@ def cmd_calibrate(args) -> int:
         precision_set=args.questions,
         progress=not args.quiet,
         before_sweep=combiner.before_sweep(retriever, cfg, out, refit=True),  # a candidate; `accept` adopts it
+        kept_from=index,  # the night's vectors and pair scores, under each model's fingerprint: reused, not recomputed
     )
+    reused = ", ".join(f"{name} {part['reused']}" for name, part in evaluated["kept"].items())
+    print(f"reused from {index}: {reused or 'nothing'}")
     gate = gate_for_dir(cfg, out, run_info={"index": str(index), "questions": args.questions})
     print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")
     for reason in gate["reasons"]:
