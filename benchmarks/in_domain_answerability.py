@@ -46,7 +46,7 @@ def fused_tops(run: Path, sets: dict[str, list[dict]], cache: Path) -> dict[str,
 
 
 def scorer(model_dir: Path):
-    """The fine-tuned torch model's highest logit over a question's fused top `PASSAGES` passages (as answer_support reads them)."""
+    """The fine-tuned torch model's highest logit over the fused top PASSAGES passages, as answer_support reads."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
