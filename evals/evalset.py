@@ -7,6 +7,7 @@ naming the file and line, never a silently skipped question.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -60,11 +61,33 @@ def _check(obj, where: str) -> dict:
     return obj
 
 
+def question_text(item: dict) -> str:
+    """A question as a model reads it (conversation and question), case and spacing aside."""
+    return " ".join(" ".join([*item.get("context", []), item["question"]]).lower().split())
+
+
 def question_key(item: dict) -> str:
-    """A question's identity as a model reads it (conversation and question, case and spacing aside): what a
-    trained model's recipe records, so a set holding a question it trained on is found whatever its id."""
-    text = " ".join(" ".join([*item.get("context", []), item["question"]]).lower().split())
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A question's identity: what a trained model's recipe records, so a set holding a question it trained
+    on is found whatever its id."""
+    return hashlib.sha256(question_text(item).encode()).hexdigest()[:16]
+
+
+NEAR = 0.8  # difflib ratio at which two questions are one reworded (the bar the rider sets were written to)
+
+
+def near_duplicates(items: list[dict], others: list[dict], ratio: float = NEAR) -> list[tuple[str, str, float]]:
+    """(item id, other id, ratio) for each item whose text is within `ratio` of an other's (the first such
+    other, in order): an exact copy under a new id, or the same question reworded by a word or two."""
+    texts = [(o["id"], question_text(o)) for o in others]
+    found = []
+    for item in items:
+        matcher = difflib.SequenceMatcher(None, "", question_text(item), autojunk=False)
+        for other_id, text in texts:
+            matcher.set_seq1(text)  # seq2 (the item) keeps its index across the others
+            if matcher.real_quick_ratio() >= ratio and matcher.quick_ratio() >= ratio and matcher.ratio() >= ratio:
+                found.append((item["id"], other_id, round(matcher.ratio(), 3)))
+                break
+    return found
 
 
 def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:

@@ -3,13 +3,19 @@
 Since issue #28 the shipped config's verdict on the demo is FAILED, honestly: with the ten off-topic questions
 written blind, no threshold separates the fit set (a-o-104 scores 0.63), and 0.14 declines seven should-answer
 questions of the check set (docs/calibration.md). Promotion, rollback, retention, reuse, the DAG's promote task
-and the fault suite still need versions that passed; they run the demo with the fit set the gate passed on before
-#28 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without a-o-101..110, 14 off-topic,
-hence min_per_label 14) and, as its check set, 14 of those questions under new ids
+and the fault suite still need versions that passed; they run the demo with a sample of the fit set the gate
+passed on before #28 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without
+a-o-101..110, 14 off-topic, hence min_per_label 14) and, as its check set, 14 of those questions under new ids
 (tests/data/evals/check-pre28.jsonl): a gate without a check set fails ("coverage is unchecked"). Since issue #30
 the shipped decision declines on `cosine_top`; the fixture keeps the decision the accepted baseline was accepted
 with (`rerank_top` >= 0.14), whose per-question declines the gate pairs. This claims nothing about quality: it is
 a fixture of a passing gate, not a check.
+
+The sample keeps a night's evaluation to about a third of the full sets' (the cross-encoder, one pair per run,
+is most of a first night): promotable-fit.jsonl is every should-decline question of calibration-pre28.jsonl and
+every fourth should-answer one (63 of 149), promotable-precision.jsonl every second question of
+config/evals/precision.jsonl (30 of 60); the accepted baseline pairs them by id and lists the rest as missing.
+`sample` is that rule, and tests/test_promotable.py holds the files to it.
 """
 
 from __future__ import annotations
@@ -22,14 +28,24 @@ from pipelines import config
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMOTABLE = {
-    "evals.calibration_set": "tests/data/evals/calibration-pre28.jsonl",
+    "evals.calibration_set": "tests/data/evals/promotable-fit.jsonl",
     "evals.check_set": "tests/data/evals/check-pre28.jsonl",
+    "evals.precision_set": "tests/data/evals/promotable-precision.jsonl",
     "calibration.min_per_label": 14,
     # the decision the accepted baseline (config/baselines/precision.json) was accepted with
     "answer.signal": "rerank_top",
     "answer.adjacent": 0.14,
     "answer.strong_signal": None,
 }
+
+
+def sample(rows: list[dict], answer_every: int, decline_every: int) -> list[dict]:
+    """Every `answer_every`-th should-answer and every `decline_every`-th should-decline question, in file order."""
+    by_label = {label: [r for r in rows if r["label"] == label] for label in ("answer", "decline")}
+    keep = {r["id"] for r in by_label["answer"][::answer_every]} | {
+        r["id"] for r in by_label["decline"][::decline_every]
+    }
+    return [r for r in rows if r["id"] in keep]
 
 
 def promotable_config(overrides: Mapping[str, Any] | None = None) -> config.PipelineConfig:

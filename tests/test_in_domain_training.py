@@ -69,10 +69,35 @@ def test_train_in_domain_refuses_the_fit_or_check_set_before_loading_a_model(tmp
     from pipelines.app.cli import main
 
     fit = load_evalset("config/evals/calibration.jsonl")[:2]
+    reworded = {**fit[1], "question": "Can I get a 31-day pass as a paper ticket please?"}  # a word away
     train = tmp_path / "train.jsonl"
-    train.write_text(lines([{**q, "id": f"t-{i}"} for i, q in enumerate(fit)]))
+    train.write_text(lines([{**q, "id": f"t-{i}"} for i, q in enumerate([fit[0], reworded])]))
     argv = ["train-in-domain", "--index", str(tmp_path / "no-such-run"), "--train", str(train), "--out", str(tmp_path)]
     assert main(argv) == 2  # before the (missing) index is opened or a model loads
     err = capsys.readouterr().err
-    assert "2 questions of the fit set config/evals/calibration.jsonl (t-0, t-1)" in err and "in-sample" in err
+    assert (
+        "2 questions of the fit set config/evals/calibration.jsonl or near copies (t-0 ~ a-001 (1.00), t-1 ~ a-002"
+        in err
+    )
+    assert "in-sample" in err
     assert not (tmp_path / "model.onnx").exists() and not Path(tmp_path / "no-such-run").exists()
+
+
+def test_near_duplicates_are_copies_or_a_word_or_two_away_and_nothing_else():
+    from evals.evalset import near_duplicates
+
+    shift = "I finish my shift at the hospital downtown after midnight."
+    others = [
+        {"id": "o-1", "question": "Are dogs allowed on the bus?"},
+        {"id": "o-2", "question": "How late does the Night Owl run?", "context": [shift]},
+    ]
+    items = [
+        {"id": "copy", "question": "  ARE dogs allowed on the   bus?"},  # case and spacing aside, the same
+        {"id": "near", "question": "Are dogs allowed on the buses?"},
+        {"id": "turns", "question": "How late does the Night Owl run?", "context": [shift]},
+        {"id": "alone", "question": "How late does the Night Owl run?"},  # without its conversation: another
+        {"id": "other", "question": "Can I bring my bike on the train?"},
+    ]
+    found = near_duplicates(items, others)
+    assert [(a, b) for a, b, _ in found] == [("copy", "o-1"), ("near", "o-1"), ("turns", "o-2")]
+    assert found[0][2] == 1.0 and 0.8 <= found[1][2] < 1.0

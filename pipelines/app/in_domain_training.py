@@ -16,7 +16,8 @@ a drop-in `answerability.answer_model_path`:
   * recipe.json records the training sets (path, SHA-256) and the key of every question trained on
     (`evals.evalset.question_key`): a night whose fit or check set holds one of them fails its gate
     (`answer_model_unseen`), since a model's scores on its own training questions are in-sample and would
-    make the coverage figures claim what the model has only memorised.
+    make the coverage figures claim what the model has only memorised; the command refuses, before training,
+    sets holding a judged question verbatim or a word or two away (`evals.evalset.near_duplicates`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from evals.evalset import load_evalset, question_key
+from evals.evalset import NEAR, load_evalset, near_duplicates, question_key
 from pipelines.app import answer_training as at
 from pipelines.retrieval.answer_support import PASSAGES
 from pipelines.retrieval.retriever import effective_query
@@ -62,20 +63,24 @@ def training_pairs(rows: list[dict]) -> list[tuple[str, str, int]]:
 
 def refuse_judged(items: list[dict], judged: Mapping[str, str | None]) -> None:
     """ValueError, before any training, when `items` hold a question of a set that judges nights (`judged`:
-    name -> path, e.g. the config's fit and check sets): the gate would fail every night on it."""
+    name -> path, e.g. the config's fit and check sets), verbatim or reworded by a word or two
+    (`near_duplicates`): the gate fails a night judged on a question trained on, and one a word away is the
+    same question to the model, whose score on it would be in-sample all the same."""
     found = []
     for name, path in judged.items():
-        keys = {question_key(q) for q in load_evalset(path)} if path else set()
-        ids = [q["id"] for q in items if question_key(q) in keys]
-        if ids:
+        if not path:
+            continue
+        close = near_duplicates(items, load_evalset(path))
+        if close:
+            shown = ", ".join(f"{a} ~ {b} ({r:.2f})" for a, b, r in close[:10])
             found.append(
-                f"{len(ids)} questions of the {name} {path} ({', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''})"
+                f"{len(close)} questions of the {name} {path} or near copies ({shown}{' ...' * (len(close) > 10)})"
             )
     if found:
         raise ValueError(
             f"the training sets hold {'; '.join(found)}: a model's scores on its own training questions are in-sample, "
             "and the gate fails a night judged on them (answer_model_unseen). Train on sets that neither place nor "
-            "check a threshold."
+            f"check a threshold, with no question within a difflib ratio of {NEAR} of theirs."
         )
 
 
