@@ -14,6 +14,7 @@ from pipelines.retrieval.answer_support import answer_support
 from pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
 from pipelines.retrieval.retriever import Retriever, effective_query
 from pipelines.search.analyzer import STOPWORDS
+from tests.promotable import ROOT
 from tests.test_answerability import POOL, BagOfWords, bag_of_words_index
 
 TEN = Retrieval(bm25_top_n=10, knn_top_n=10)  # ten-deep lists over the small bag-of-words index
@@ -127,9 +128,10 @@ def test_text_vectors_are_kept_across_nights_under_their_fingerprint(tmp_path, c
     assert TextVectors(FingerprintedBag()).load_kept(tmp_path / "missing.parquet") == 0
 
 
-def demo_questions(cfg, every: int = 5) -> list[tuple[str, list[str]]]:
-    """Every `every`-th calibration question (both labels, the multi-turn ones too): fixed inputs."""
-    items = load_evalset(cfg.evals.calibration_set)
+def demo_questions(every: int = 5) -> list[tuple[str, list[str]]]:
+    """Every `every`-th question of the passing fixture's whole fit set (both labels, the multi-turn ones too;
+    the night fixtures read a sample of it): fixed inputs."""
+    items = load_evalset(ROOT / "tests/data/evals/calibration-pre28.jsonl")
     return [(it["question"], it.get("context", [])) for it in items[::every]]
 
 
@@ -138,7 +140,7 @@ def test_batched_signals_equal_one_at_a_time_on_the_demo_with_the_real_models(de
     """The shipped models (bf16 bi-encoder, INT8 cross-encoder) on the demo: the batched, memoised
     evaluation gives every question the signals and order of the old per-question path."""
     cfg, _, searcher = demo_index
-    questions = demo_questions(cfg)
+    questions = demo_questions()
     assert any(context for _, context in questions)
     retriever = Retriever.from_config(searcher, embedder, cross_encoder, cfg)
     batched = retriever.retrieve_many(questions)
