@@ -84,9 +84,11 @@ def near_duplicates(items: list[dict], others: list[dict], ratio: float = NEAR) 
         matcher = difflib.SequenceMatcher(None, "", question_text(item), autojunk=False)
         for other_id, text in texts:
             matcher.set_seq1(text)  # seq2 (the item) keeps its index across the others
-            if matcher.real_quick_ratio() >= ratio and matcher.quick_ratio() >= ratio and matcher.ratio() >= ratio:
-                found.append((item["id"], other_id, round(matcher.ratio(), 3)))
-                break
+            if matcher.real_quick_ratio() >= ratio and matcher.quick_ratio() >= ratio:  # cheap upper bounds first
+                score = matcher.ratio()
+                if score >= ratio:
+                    found.append((item["id"], other_id, round(score, 3)))
+                    break
     return found
 
 

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.app.cli import main
-from tests.promotable import promotable_args
+from tests.promotable import WHOLE_FIT, promotable_args
 
 pytestmark = pytest.mark.models
 
@@ -149,7 +149,7 @@ def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
             "--index",
             str(artifacts / "runs" / "20261102-020000"),
             "--questions",
-            "tests/data/evals/calibration-pre28.jsonl",
+            WHOLE_FIT,
             "--out",
             str(out),
             "--quiet",

@@ -2,7 +2,7 @@
 
 import json
 
-from tests.promotable import PROMOTABLE, ROOT, sample
+from tests.promotable import PROMOTABLE, ROOT, WHOLE_FIT, sample
 
 
 def read(path) -> list[dict]:
@@ -11,7 +11,7 @@ def read(path) -> list[dict]:
 
 def test_the_fixture_sets_are_the_stated_samples_of_the_full_sets():
     fit, precision = read(PROMOTABLE["evals.calibration_set"]), read(PROMOTABLE["evals.precision_set"])
-    assert fit == sample(read("tests/data/evals/calibration-pre28.jsonl"), answer_every=4, decline_every=1)
+    assert fit == sample(read(WHOLE_FIT), answer_every=4, decline_every=1)
     assert precision == sample(read("config/evals/precision.jsonl"), answer_every=2, decline_every=1)
     labels = [q["label"] for q in fit]
     assert (len(fit), labels.count("answer"), len(precision)) == (63, 29, 30)

@@ -14,7 +14,7 @@ from pipelines.retrieval.answer_support import answer_support
 from pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
 from pipelines.retrieval.retriever import Retriever, effective_query
 from pipelines.search.analyzer import STOPWORDS
-from tests.promotable import ROOT
+from tests.promotable import ROOT, WHOLE_FIT
 from tests.test_answerability import POOL, BagOfWords, bag_of_words_index
 
 TEN = Retrieval(bm25_top_n=10, knn_top_n=10)  # ten-deep lists over the small bag-of-words index
@@ -131,7 +131,7 @@ def test_text_vectors_are_kept_across_nights_under_their_fingerprint(tmp_path, c
 def demo_questions(every: int = 5) -> list[tuple[str, list[str]]]:
     """Every `every`-th question of the passing fixture's whole fit set (both labels, the multi-turn ones too;
     the night fixtures read a sample of it): fixed inputs."""
-    items = load_evalset(ROOT / "tests/data/evals/calibration-pre28.jsonl")
+    items = load_evalset(ROOT / WHOLE_FIT)
     return [(it["question"], it.get("context", [])) for it in items[::every]]
 
 
