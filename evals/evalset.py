@@ -12,6 +12,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
+
 LABELS = {"answer", "decline"}
 
 
@@ -90,6 +92,30 @@ def near_duplicates(items: list[dict], others: list[dict], ratio: float = NEAR) 
                     found.append((item["id"], other_id, round(score, 3)))
                     break
     return found
+
+
+PARAPHRASE = 0.8  # bi-encoder cosine at which two questions are one ask in other words (docs/calibration.md)
+
+
+def paraphrases(
+    items: list[dict], others: list[dict], vectors, cosine: float = PARAPHRASE
+) -> list[tuple[str, str, float]]:
+    """(item id, other id, cosine) for each item within `cosine` of its nearest other, both read as a model reads
+    them and embedded by `vectors` (texts -> vectors, e.g. a version's bi-encoder): the same ask in other words,
+    which a difflib ratio misses ("Do bus operators sell single-ride tickets?" ~ "Can a bus driver sell me a
+    single-ride ticket?": ratio 0.5, MiniLM cosine 0.85)."""
+    if not items or not others:
+        return []
+    a, b = (np.asarray(vectors([question_text(q) for q in qs]), dtype=np.float64) for qs in (items, others))
+    a /= np.linalg.norm(a, axis=1, keepdims=True)
+    b /= np.linalg.norm(b, axis=1, keepdims=True)
+    sims = a @ b.T
+    nearest = sims.argmax(axis=1)
+    return [
+        (q["id"], others[j]["id"], round(float(sims[i, j]), 3))
+        for i, (q, j) in enumerate(zip(items, nearest))
+        if sims[i, j] >= cosine
+    ]
 
 
 def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:

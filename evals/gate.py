@@ -245,8 +245,9 @@ def check_answer_model_unseen(calibration: Mapping) -> dict[str, Any]:
     return _check(
         "answer_model_unseen",
         False,
-        f"The answer-support model (answerability.answer_model_path) was trained on {listed}: its scores on them "
-        "are in-sample. Train it on other labelled sets (recipe.json lists what it saw).",
+        f"The answer-support model (answerability.answer_model_path) was trained on {listed}, or on the same ask "
+        "in other words: its scores on them are in-sample. Train it on other labelled sets (recipe.json lists "
+        "what it saw; sourcegate train-in-domain --drop-judged leaves such questions out).",
         **named,
     )
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from artifact_io import read_json, write_json, write_jsonl
 from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
-from evals.evalset import EvalSetError, check_labels, load_evalset, question_key
+from evals.evalset import EvalSetError, check_labels, load_evalset, paraphrases, question_key
 from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall, with_source_rank
 from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
@@ -38,6 +38,18 @@ def calibration_config(cfg) -> dict:
         **cfg.calibration.model_dump(),
         "gating": answer.model_dump(include={"signal", "adjacent", "strong", "strong_signal", "below"}),
     }
+
+
+def answer_model_saw(retriever, items: list[dict]) -> list[str]:
+    """Ids of `items` the answer-support model trained on: the same question (`question_key`) or the same ask
+    in other words (`paraphrases` of its recipe's questions, by the night's bi-encoder)."""
+    scorer = getattr(retriever, "answer_scorer", None)
+    keys = getattr(scorer, "trained_on", frozenset())
+    taught = [{"id": str(i), "question": t} for i, t in enumerate(getattr(scorer, "trained_on_questions", ()))]
+    seen = {q["id"] for q in items if question_key(q) in keys}
+    vectors = getattr(retriever, "text_vectors", None)
+    seen |= {a for a, _, _ in paraphrases([q for q in items if q["id"] not in seen], taught, vectors)}
+    return [q["id"] for q in items if q["id"] in seen]
 
 
 def evaluate(
@@ -93,10 +105,8 @@ def evaluate(
     )
     if before_sweep:
         calibration["combiner"] = combiner
-    trained_on = getattr(getattr(retriever, "answer_scorer", None), "trained_on", frozenset())
     calibration["answer_model_trained_on"] = {  # the gate fails a model that saw a question it is judged on
-        part: [q["id"] for q in sets[name] if question_key(q) in trained_on]
-        for part, name in (("fit", "calibration"), ("check", "check"))
+        part: answer_model_saw(retriever, sets[name]) for part, name in (("fit", "calibration"), ("check", "check"))
     }
     by_id = {c["chunk_id"]: c for c in chunks}
     qrels = {name: qrels_for(sets[name], chunks) for name in ("calibration", "check")}

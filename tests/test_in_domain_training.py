@@ -30,13 +30,16 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     riders = load_evalset(RIDERS)
     train = [q for q in riders if q["label"] == "answer"][:3] + [q for q in riders if q["kind"] == "off_topic"][:3]
     train_path = tmp_path / "train.jsonl"
-    train_path.write_text(lines(train))
+    left_out = {[q for q in riders if q["label"] == "answer"][3]["id"]: "~ a fit question (0.90)"}
+    train_path.write_text(lines(train + [q for q in riders if q["id"] in left_out]))
     index = steps.run_dir(cfg, run_id)
     retriever, _ = retriever_for(cfg, searcher)
     out = tmp_path / "model"
-    recipe = train_in_domain(retriever, str(index), [str(train_path)], out, tmp_path / "work", epochs=1)
+    recipe = train_in_domain(
+        retriever, str(index), [str(train_path)], out, tmp_path / "work", epochs=1, left_out=left_out
+    )
 
-    assert recipe["trained_on"] == sorted(question_key(q) for q in train)
+    assert recipe["trained_on"] == sorted(question_key(q) for q in train) and recipe["left_out"] == left_out
     assert recipe["data"] == [{"path": str(train_path), "sha256": sha256_file(train_path)}]
     assert recipe["pairs"]["negative"] == 9 and 1 <= recipe["pairs"]["positive"] <= 6  # 3 passages per decline
     assert recipe["onnx_sha256"] == sha256_file(out / "model.onnx")
@@ -51,18 +54,22 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     for m in (model, AnswerSupportModel(tmp_path / "fp32")):
         assert len(scores := m.score(train[0]["question"], passages)) == 3 and all(math.isfinite(s) for _, s in scores)
 
-    # a fit set holding one training question, re-worded only in case and id, fails the gate naming it
+    # a fit set holding one training question, re-worded only in case and id, and another asked in other words
+    # (cosine 0.93 to "best tacos near foundry district station??"), fails the gate naming both
+    assert train[3]["question"] == "best tacos near foundry district station??"
+    assert recipe["trained_on_questions"][0] == "best tacos near foundry district station??"  # sorted texts
     seen = {**train[4], "id": "fit-o-1", "question": train[4]["question"].upper()}
+    asked = {**train[3], "id": "fit-o-2", "question": "where can i get good tacos close to foundry district station?"}
     fit = tmp_path / "fit.jsonl"
-    fit.write_text(lines([seen, *[q for q in riders if q["label"] == "answer"][10:13]]))
+    fit.write_text(lines([seen, asked, *[q for q in riders if q["label"] == "answer"][10:13]]))
     night = promotable_config({"artifacts": cfg.artifacts, "answerability.answer_model_path": str(out)})
     judged, _ = retriever_for(night, searcher)
     evaluate(judged, index / "chunks.parquet", night, tmp_path, calibration_set=str(fit), precision_set=str(fit))
     trained_on = json.loads((tmp_path / "calibration.json").read_text())["answer_model_trained_on"]
-    assert trained_on == {"fit": ["fit-o-1"], "check": []}
+    assert trained_on == {"fit": ["fit-o-1", "fit-o-2"], "check": []}
     gate = gate_for_dir(night, tmp_path, run_info={})
     unseen = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
-    assert not unseen["passed"] and "1 of the fit set (fit-o-1)" in unseen["detail"] and not gate["passed"]
+    assert not unseen["passed"] and "2 of the fit set (fit-o-1, fit-o-2)" in unseen["detail"] and not gate["passed"]
 
 
 def test_train_in_domain_refuses_the_fit_or_check_set_before_loading_a_model(tmp_path, capsys):
@@ -101,3 +108,39 @@ def test_near_duplicates_are_copies_or_a_word_or_two_away_and_nothing_else():
     found = near_duplicates(items, others)
     assert [(a, b) for a, b, _ in found] == [("copy", "o-1"), ("near", "o-1"), ("turns", "o-2")]
     assert found[0][2] == 1.0 and 0.8 <= found[1][2] < 1.0
+
+
+def test_paraphrases_are_the_nearest_other_at_or_over_the_bar_and_read_the_conversation():
+    from evals.evalset import paraphrases
+
+    # a unit test of the rule alone: each text's vector is given, unnormalised (the function normalises)
+    table = {"a": [1, 0, 0], "b": [0, 3, 0], "c": [0.9, 0.1, 0], "d": [0, 0, 1], "ctx a": [0, 0, 2]}
+    others = [{"id": "o-1", "question": "A"}, {"id": "o-2", "question": "B"}]
+    items = [
+        {"id": "close", "question": "c"},  # cosine 0.994 with o-1
+        {"id": "far", "question": "d"},
+        {"id": "turns", "question": "a", "context": ["ctx"]},  # read with its conversation: another text
+    ]
+    found = paraphrases(items, others, lambda texts: [table[t] for t in texts])
+    assert found == [("close", "o-1", 0.994)]
+    assert paraphrases(items, others, lambda texts: [table[t] for t in texts], cosine=0.995) == []
+    assert paraphrases([], others, None) == [] and paraphrases(items, [], None) == []
+
+
+@pytest.mark.models
+def test_the_bi_encoder_finds_a_fit_question_asked_in_other_words_and_drop_judged_records_it(embedder, tmp_path):
+    from pipelines.app.in_domain_training import leave_out_judged, refuse_judged
+
+    fit = tmp_path / "fit.jsonl"
+    asked = {"id": "u-a-020", "question": "Can a bus driver sell me a single-ride ticket?", "label": "answer"}
+    fit.write_text(lines([{**asked, "expected": ["buying-tickets"], "context": [], "kind": "single"}]))
+    items = [
+        {"id": "same-ask", "question": "Do bus operators sell single-ride tickets?"},  # difflib ratio 0.5
+        {"id": "other-ask", "question": "Can I bring a folding bike on the bus?"},
+    ]
+    vectors = embedder.encode
+    with pytest.raises(ValueError, match=r"1 questions of the fit set .* or near copies \(same-ask ~ u-a-020 \(0\.8"):
+        refuse_judged(items, {"fit set": str(fit), "check set": None}, vectors)
+    refuse_judged(items, {"fit set": str(fit)})  # without the bi-encoder, words alone: no copy
+    left_out = leave_out_judged(items, {"fit set": str(fit)}, vectors, drop=True)
+    assert list(left_out) == ["same-ask"] and left_out["same-ask"].startswith(f"~ u-a-020 of the fit set {fit} (0.8")

@@ -17,7 +17,9 @@ a drop-in `answerability.answer_model_path`:
     (`evals.evalset.question_key`): a night whose fit or check set holds one of them fails its gate
     (`answer_model_unseen`), since a model's scores on its own training questions are in-sample and would
     make the coverage figures claim what the model has only memorised; the command refuses, before training,
-    sets holding a judged question verbatim or a word or two away (`evals.evalset.near_duplicates`).
+    sets holding a judged question verbatim, a word or two away (`evals.evalset.near_duplicates`) or in other
+    words (`evals.evalset.paraphrases`, the version's bi-encoder), or with `--drop-judged` leaves them out and
+    records which (`left_out`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from evals.evalset import NEAR, load_evalset, near_duplicates, question_key
+from evals.evalset import (
+    NEAR,
+    PARAPHRASE,
+    load_evalset,
+    near_duplicates,
+    paraphrases,
+    question_key,
+    question_text,
+)
 from pipelines.app import answer_training as at
 from pipelines.retrieval.answer_support import PASSAGES
 from pipelines.retrieval.retriever import effective_query
@@ -61,27 +71,52 @@ def training_pairs(rows: list[dict]) -> list[tuple[str, str, int]]:
     return pairs
 
 
-def refuse_judged(items: list[dict], judged: Mapping[str, str | None]) -> None:
-    """ValueError, before any training, when `items` hold a question of a set that judges nights (`judged`:
-    name -> path, e.g. the config's fit and check sets), verbatim or reworded by a word or two
-    (`near_duplicates`): the gate fails a night judged on a question trained on, and one a word away is the
-    same question to the model, whose score on it would be in-sample all the same."""
-    found = []
+def judged_copies(items: list[dict], judged: Mapping[str, str | None], vectors=None) -> dict[str, list]:
+    """Name of each set that judges nights (`judged`: name -> path, e.g. the config's fit and check sets) ->
+    (item id, its id, score) for the items of `items` that are its questions verbatim or reworded: by a word
+    or two (`near_duplicates`, difflib ratio) or, given `vectors` (a bi-encoder), in other words
+    (`paraphrases`, cosine). Either is the same question to a model, whose score on it would be in-sample."""
+    found = {}
     for name, path in judged.items():
         if not path:
             continue
-        close = near_duplicates(items, load_evalset(path))
+        others = load_evalset(path)
+        close = near_duplicates(items, others)
+        if vectors is not None:
+            near = {a for a, _, _ in close}
+            close += paraphrases([q for q in items if q["id"] not in near], others, vectors)
         if close:
-            shown = ", ".join(f"{a} ~ {b} ({r:.2f})" for a, b, r in close[:10])
-            found.append(
-                f"{len(close)} questions of the {name} {path} or near copies ({shown}{' ...' * (len(close) > 10)})"
-            )
+            found[f"{name} {path}"] = close
+    return found
+
+
+def refuse_judged(items: list[dict], judged: Mapping[str, str | None], vectors=None) -> None:
+    """ValueError, before any training, when `items` hold a question of a set that judges nights, or a copy of
+    one (`judged_copies`): the gate fails a night judged on a question trained on (answer_model_unseen), and a
+    reworded one is the same question to the model."""
+    found = judged_copies(items, judged, vectors)
     if found:
-        raise ValueError(
-            f"the training sets hold {'; '.join(found)}: a model's scores on its own training questions are in-sample, "
-            "and the gate fails a night judged on them (answer_model_unseen). Train on sets that neither place nor "
-            f"check a threshold, with no question within a difflib ratio of {NEAR} of theirs."
+        shown = "; ".join(
+            f"{len(close)} questions of the {name} or near copies "
+            f"({', '.join(f'{a} ~ {b} ({r:.2f})' for a, b, r in close[:10])}{' ...' * (len(close) > 10)})"
+            for name, close in found.items()
         )
+        raise ValueError(
+            f"the training sets hold {shown}: a model's scores on its own training questions are in-sample, "
+            "and the gate fails a night judged on them (answer_model_unseen). Train on sets that neither place nor "
+            f"check a threshold, with no question within a difflib ratio of {NEAR} or a bi-encoder cosine of "
+            f"{PARAPHRASE} of theirs (--drop-judged leaves those questions out and records them)."
+        )
+
+
+def leave_out_judged(items: list[dict], judged: Mapping[str, str | None], vectors=None, drop: bool = False) -> dict:
+    """Refuse copies of a judged set's questions (`refuse_judged`), or with `drop` return them as id -> why,
+    for `train_in_domain(left_out=...)` to leave out and record."""
+    if not drop:
+        refuse_judged(items, judged, vectors)
+        return {}
+    found = judged_copies(items, judged, vectors).items()
+    return {a: f"~ {b} of the {name} ({r:.2f})" for name, close in found for a, b, r in close}
 
 
 EXPORTS = ("int8", "fp32")
@@ -113,13 +148,16 @@ def train_in_domain(
     epochs: int = EPOCHS,
     export_as: str = "int8",
     threads: int = 2,
+    left_out: Mapping[str, str] | None = None,
 ) -> dict:
     """Train on `train_sets` (labelled JSONL files) over `retriever`, the version at `index`; write
-    OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe."""
+    OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe. `left_out`: id -> why, the
+    training questions not trained on (copies of a judged set's, `judged_copies`)."""
     t_start = time.time()
     if export_as not in EXPORTS:
         raise ValueError(f"export {export_as!r}: one of {EXPORTS}")
-    items = [q for path in train_sets for q in load_evalset(path)]
+    left_out = dict(left_out or {})
+    items = [q for path in train_sets for q in load_evalset(path) if q["id"] not in left_out]
     out, work = Path(out), Path(work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -144,6 +182,8 @@ def train_in_domain(
         "final_loss_mean_last_50": trained["final_loss_mean_last_50"],
         "export": exported,
         "trained_on": sorted({question_key(q) for q in items}),
+        "trained_on_questions": sorted({question_text(q) for q in items}),  # for the gate's paraphrase check
+        "left_out": left_out,
         "onnx_sha256": sha256_file(out / "model.onnx"),
         "tokenizer_sha256": sha256_file(out / at.TOKENIZER_NAME),
         "versions": at.versions(),

@@ -71,14 +71,21 @@ class AnswerSupportModel(OnnxCrossEncoder):
         return fingerprint(self.folder)
 
     @property
+    def recipe(self) -> dict:
+        """recipe.json of a model trained by `sourcegate train-in-domain` ({} for one without)."""
+        path = self.folder / "recipe.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+    @property
     def trained_on(self) -> frozenset[str]:
-        """The keys of the labelled questions it was trained on (recipe.json; `sourcegate train-in-domain`)."""
-        recipe = self.folder / "recipe.json"
-        return (
-            frozenset(json.loads(recipe.read_text(encoding="utf-8")).get("trained_on", ()))
-            if recipe.exists()
-            else frozenset()
-        )
+        """The keys of the labelled questions it was trained on (`evals.evalset.question_key`)."""
+        return frozenset(self.recipe.get("trained_on", ()))
+
+    @property
+    def trained_on_questions(self) -> tuple[str, ...]:
+        """Their texts as the model read them, for finding the same asks in other words (recipes since
+        session 16; older ones name keys only)."""
+        return tuple(self.recipe.get("trained_on_questions", ()))
 
 
 def fingerprint(folder: str | Path | None = None) -> str:
