@@ -418,9 +418,12 @@ def calibrate(
     config: Mapping[str, Any],
     check: Sequence[Mapping] = (),
     check_path: str | None = None,
+    check_repeats: Sequence[tuple[str, str, float]] = (),
 ) -> dict[str, Any]:
     """The whole calibration.json for the fit set's records, and the check set's (`check`: questions
-    that chose nothing) at the shipped threshold, with the three coverage figures."""
+    that chose nothing) at the shipped threshold, with the three coverage figures. `check_repeats`:
+    (check id, fit id, score) for check questions that ask a fit question again (`evals.evalset.copies`):
+    still held to the check, but not unseen, so the check's figure leaves them out."""
     options = {
         "placement": config.get("placement", "tightest"),
         "min_per_label": config.get("min_per_label", 20),
@@ -477,7 +480,13 @@ def calibrate(
         "pair": pair,
         "shipped": shipped,
         "gating": gated,
-        "check": {"path": check_path, **calibrate_check(check, config)} if check and config.get("gating") else None,
+        "check": {
+            "path": check_path,
+            **calibrate_check(check, config),
+            "repeats_fit": [{"id": a, "fit_id": b, "score": r} for a, b, r in check_repeats],
+        }
+        if check and config.get("gating")
+        else None,
         "modes": _modes(records, check, config.get("gating")),
         "questions": _questions(records, names, matrix),
     }

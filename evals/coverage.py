@@ -5,7 +5,8 @@
 - cross-fitted: the placement rule's threshold placed without each fold of the fit set, judged on
   that fold (evals/placement.cross_fitted); still the fit set's kind of questions.
 - check: the check set's kept share at the shipped threshold, with its exact (Clopper-Pearson)
-  lower bound; questions that chose nothing, and so the nearest to what users will ask.
+  lower bound; questions that chose nothing, and so the nearest to what users will ask (a check
+  question that asks a fit question again placed the threshold in its other wording: left out).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ ASSUMES = {
     "that placed the threshold)",
     "cross_fitted": "new should-answer questions are like the fit set's; the rule, not one threshold, "
     "is judged on questions it did not see",
-    "check": "new should-answer questions are like the check set's, which never chose anything",
+    "check": "new should-answer questions are like the check set's, which never chose anything (its questions "
+    "that ask a fit question again left out)",
 }
 
 
@@ -33,10 +35,12 @@ def coverage_figures(calibration: Mapping, confidence: float) -> dict[str, Any]:
     gating = calibration.get("gating") or {}
     promised = (gating.get("result") or {}).get("promise") or {}
     crossed = gating.get("cross_fitted")
-    check = ((calibration.get("check") or {}).get("shipped")) or {}
-    n_check = (check.get("n") or {}).get("answer") or 0
-    missed = len(check.get("wrongly_declined") or ()) + (check.get("unscored_by_label") or {}).get("answer", 0)
-    kept = n_check - missed
+    part = calibration.get("check") or {}
+    check = part.get("shipped") or {}
+    repeats = {r["id"] for r in part.get("repeats_fit") or ()}
+    unseen = {q["id"] for q in part.get("questions") or () if q["label"] == "answer"} - repeats
+    missed = {q["id"] for q in check.get("wrongly_declined") or ()} | set(check.get("unscored") or ())
+    n_check, kept = len(unseen), len(unseen - missed)
     figures = [
         _figure("in_sample", promised.get("keep_new_answer"), n=promised.get("n_answer")),
         _figure(
@@ -54,6 +58,7 @@ def coverage_figures(calibration: Mapping, confidence: float) -> dict[str, Any]:
             kept=kept,
             n=n_check,
             observed=check.get("coverage"),
+            repeats_left_out=len(repeats),
             confidence=confidence,
             bound="lower end of the exact (Clopper-Pearson) two-sided interval",
         ),

@@ -118,6 +118,16 @@ def paraphrases(
     ]
 
 
+def copies(items: list[dict], others: list[dict], vectors=None) -> list[tuple[str, str, float]]:
+    """(item id, other id, score) for each item that asks an other's question again: verbatim or a word or two
+    away (`near_duplicates`), or, given `vectors`, in other words (`paraphrases`)."""
+    found = near_duplicates(items, others)
+    if vectors is not None:
+        near = {a for a, _, _ in found}
+        found += paraphrases([q for q in items if q["id"] not in near], others, vectors)
+    return found
+
+
 def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:
     """A bare doc id labels the whole article; doc_id#section labels one section."""
     return doc_id in expected or f"{doc_id}#{section_id}" in expected

@@ -203,7 +203,15 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
     ]
     answered = shipped["wrongly_answered"]
     n, threshold = shipped["n"], _n(shipped["threshold"])
+    repeats = [r["id"] for r in check.get("repeats_fit") or ()]
     data = {"path": check.get("path"), "n": n, "wrongly_declined": missed, "wrongly_answered": answered}
+    data["repeats_fit"] = repeats
+    again = (
+        f" {len(repeats)} of its questions ask a fit question again ({_some(repeats)}): held to the check, but not "
+        "counted as unseen in its coverage figure."
+        if repeats
+        else ""
+    )
     kinds = check.get("decline_kinds", "all")
     declines = f"should-decline ({', '.join(kinds)})" if kinds != "all" else "should-decline"
     if not missed and not answered:
@@ -211,7 +219,7 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
             "check_set",
             True,
             f"The shipped {signal} threshold {threshold} keeps all {n['answer']} should-answer questions of the "
-            f"check set {check.get('path')} and declines all {n['decline']} of its gated {declines} questions.",
+            f"check set {check.get('path')} and declines all {n['decline']} of its gated {declines} questions." + again,
             **data,
         )
     parts = []
@@ -225,7 +233,7 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
         "check_set",
         False,
         f"On the check set {check.get('path')} (questions that chose nothing), the shipped {signal} threshold "
-        f"{threshold} {'; and '.join(parts)}.",
+        f"{threshold} {'; and '.join(parts)}." + again,
         **data,
     )
 
@@ -250,6 +258,15 @@ def check_answer_model_unseen(calibration: Mapping) -> dict[str, Any]:
         "what it saw; sourcegate train-in-domain --drop-judged leaves such questions out).",
         **named,
     )
+
+
+def unseen_check_questions(check: Mapping | None) -> dict[str, int] | None:
+    """Per label, the check questions that chose nothing: all of them but those asking a fit question again."""
+    if not check:
+        return None
+    repeats = {r["id"] for r in check.get("repeats_fit") or ()}
+    labels = [q["label"] for q in check.get("questions") or () if q["id"] not in repeats]
+    return {label: labels.count(label) for label in ("answer", "decline")}
 
 
 def _check_answer_ids(check: Mapping) -> set[str]:
@@ -398,7 +415,7 @@ def evaluate_gate(
             "gap_deciding_questions": fragile.get("deciding"),
             "coverage": calibration.get("coverage"),
             "promise": headline_text(calibration["coverage"]) if calibration.get("coverage") else None,
-            "unseen_check_questions": (calibration.get("check") or {}).get("n"),
+            "unseen_check_questions": unseen_check_questions(calibration.get("check")),
             "reasons": [c["detail"] for c in checks if not c["passed"]],
             "checks": checks,
             "gating_signal": gating_signal,

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from artifact_io import read_json, write_json, write_jsonl
 from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
-from evals.evalset import EvalSetError, check_labels, load_evalset, paraphrases, question_key
+from evals.evalset import EvalSetError, check_labels, copies, load_evalset, question_key
 from evals.evaluate import qrels_for, question_rows, run_questions, shortlist_recall, with_source_rank
 from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
@@ -41,14 +41,14 @@ def calibration_config(cfg) -> dict:
 
 
 def answer_model_saw(retriever, items: list[dict]) -> list[str]:
-    """Ids of `items` the answer-support model trained on: the same question (`question_key`) or the same ask
-    in other words (`paraphrases` of its recipe's questions, by the night's bi-encoder)."""
+    """Ids of `items` the answer-support model trained on: the same question (`question_key`), or one asking a
+    question of its recipe again (`copies`: a word or two away, or in other words by the night's bi-encoder)."""
     scorer = getattr(retriever, "answer_scorer", None)
     keys = getattr(scorer, "trained_on", frozenset())
     taught = [{"id": str(i), "question": t} for i, t in enumerate(getattr(scorer, "trained_on_questions", ()))]
     seen = {q["id"] for q in items if question_key(q) in keys}
-    vectors = getattr(retriever, "text_vectors", None)
-    seen |= {a for a, _, _ in paraphrases([q for q in items if q["id"] not in seen], taught, vectors)}
+    if taught:
+        seen |= {a for a, _, _ in copies(items, taught, getattr(retriever, "text_vectors", None))}
     return [q["id"] for q in items if q["id"] in seen]
 
 
@@ -98,8 +98,10 @@ def evaluate(
     combiner = before_sweep(records) if before_sweep else None
     # after before_sweep: the check set is scored with the combiner the fit set was swept with
     c_records = run_questions(retriever, sets["check"], progress=progress)
+    # a check question asking a fit question again placed the threshold in its other wording: not unseen
+    repeats = copies(sets["check"], sets["calibration"], getattr(retriever, "text_vectors", None))
     calibration = (
-        calibrate(records, calibration_config(cfg), c_records, cfg.evals.check_set)
+        calibrate(records, calibration_config(cfg), c_records, cfg.evals.check_set, repeats)
         if records
         else {"signals": {}, "error": "no questions"}
     )

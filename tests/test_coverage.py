@@ -243,3 +243,23 @@ def test_the_report_shows_the_three_figures_and_the_unseen_check_questions():
     for name in ("in-sample", "cross-fitted", "check"):
         assert f"<td>{name}</td>" in html
     assert "40 should-answer and 5 should-decline questions remain unseen" in html
+
+
+def test_check_questions_that_ask_a_fit_question_again_are_held_to_the_check_but_not_counted_unseen():
+    from evals.report import render_report
+
+    # 40 kept check answers, one of them (c-a-0) a repeat of fit question a-3; one declined answer, a repeat too
+    check = records([0.5] * 40 + [0.05], [0.0] * 5, prefix="c-")
+    repeats = [("c-a-0", "a-3", 0.93), ("c-a-40", "a-4", 0.88)]
+    cal = calibrate(FIT, config(0.1), check, "check.jsonl", repeats)
+    figure = next(f for f in cal["coverage"]["figures"] if f["name"] == "check")
+    assert (figure["kept"], figure["n"], figure["repeats_left_out"]) == (39, 39, 2)
+    assert figure["value"] == pytest.approx(binomtest(39, 39).proportion_ci(0.95, method="exact").low)
+    gate = evaluate_gate(cal, None, None, gating_signal=SIGNAL)
+    assert gate["unseen_check_questions"] == {"answer": 39, "decline": 5}
+    held = next(c for c in gate["checks"] if c["name"] == "check_set")
+    assert not held["passed"] and "c-a-40 (0.05" in held["detail"]  # a repeat still fails the check
+    assert "2 of its questions ask a fit question again (c-a-0, c-a-40)" in held["detail"]
+    html = render_report(cal, None, gate, {})
+    assert "39 should-answer and 5 should-decline questions remain unseen" in html
+    assert "2 more ask a fit question again (c-a-0 ~ a-3, c-a-40 ~ a-4)" in html

@@ -28,15 +28,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from evals.evalset import (
-    NEAR,
-    PARAPHRASE,
-    load_evalset,
-    near_duplicates,
-    paraphrases,
-    question_key,
-    question_text,
-)
+from evals.evalset import NEAR, PARAPHRASE, copies, load_evalset, question_key, question_text
 from pipelines.app import answer_training as at
 from pipelines.retrieval.answer_support import PASSAGES
 from pipelines.retrieval.retriever import effective_query
@@ -80,11 +72,7 @@ def judged_copies(items: list[dict], judged: Mapping[str, str | None], vectors=N
     for name, path in judged.items():
         if not path:
             continue
-        others = load_evalset(path)
-        close = near_duplicates(items, others)
-        if vectors is not None:
-            near = {a for a, _, _ in close}
-            close += paraphrases([q for q in items if q["id"] not in near], others, vectors)
+        close = copies(items, load_evalset(path), vectors)
         if close:
             found[f"{name} {path}"] = close
     return found
