@@ -5,7 +5,7 @@ A check question is unseen while no accepted threshold was chosen after its scor
 accepted with adopts a threshold that may have been moved by those scores (reusing a holdout until
 it passes is tuning to it), so every check question that run scored moves into the fit set, and the
 move is logged. Fresh check questions are then written from the articles, in users' words, before
-any of their scores is looked at (README, "Adding check questions").
+any of their scores is looked at (docs/calibration.md, "Adding fresh check questions").
 """
 
 from __future__ import annotations
