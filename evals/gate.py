@@ -205,7 +205,7 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
     n, threshold = shipped["n"], _n(shipped["threshold"])
     repeats = [r["id"] for r in check.get("repeats_fit") or ()]
     data = {"path": check.get("path"), "n": n, "wrongly_declined": missed, "wrongly_answered": answered}
-    data["repeats_fit"] = repeats
+    data["repeats_fit"] = repeats  # fit questions asked again: held to the check, not counted as unseen
     again = (
         f" {len(repeats)} of its questions ask a fit question again ({_some(repeats)}): held to the check, but not "
         "counted as unseen in its coverage figure."
