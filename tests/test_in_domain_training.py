@@ -40,6 +40,7 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     )
 
     assert recipe["trained_on"] == sorted(question_key(q) for q in train) and recipe["left_out"] == left_out
+    assert recipe["hyperparameters"]["seed"] == 13 and recipe["command"].endswith("--seed 13")
     assert recipe["data"] == [{"path": str(train_path), "sha256": sha256_file(train_path)}]
     assert recipe["pairs"]["negative"] == 9 and 1 <= recipe["pairs"]["positive"] <= 6  # 3 passages per decline
     assert recipe["onnx_sha256"] == sha256_file(out / "model.onnx")

@@ -364,7 +364,7 @@ def cmd_train_in_domain(args) -> int:
     out = Path(args.out)
     recipe = train_in_domain(
         retriever, args.index, args.train, out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
-        epochs=args.epochs or EPOCHS, export_as=args.export, left_out=left_out,
+        epochs=args.epochs or EPOCHS, export_as=args.export, left_out=left_out, seed=args.seed,
     )  # fmt: skip
     print(f"trained on {len(recipe['trained_on'])} questions ({recipe['pairs']}); {out}/recipe.json")
     print(f"use it: --set answerability.answer_model_path={out}")
@@ -469,6 +469,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--drop-judged", action="store_true", help="leave out (and record) copies of fit or check questions, not refuse"
     )
+    p.add_argument("--seed", type=int, default=13, help="training seed (the recipe's: 13)")
     p.set_defaults(func=cmd_train_in_domain)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")
