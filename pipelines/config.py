@@ -184,6 +184,13 @@ class Answerability(Section):
         description="the answer-support model folder (e.g. one `sourcegate train-in-domain` wrote); "
         "null: the shipped one (models/answer_support)",
     )
+    answer_passages: int = Field(
+        3,
+        ge=1,
+        le=50,
+        description="how many of the fused top passages `answer_support` reads (its highest probability over them); "
+        "`train-in-domain` draws should-decline pairs from the same window",
+    )
 
     @model_validator(mode="after")
     def _known_features(self) -> Answerability:

@@ -42,6 +42,14 @@ def test_answer_support_is_missing_not_invented_without_a_model_or_passages():
     assert answer_support(Logits({}), "q", []) is None
 
 
+def test_an_ensemble_scores_the_mean_of_its_members_best_logits():
+    class Ensemble:
+        members = [Logits({"a": -2.0, "b": 1.0}), Logits({"a": 3.0, "b": -5.0})]
+
+    # member bests 1.0 (b) and 3.0 (a): mean 2.0, not the best of the passages' mean logits (0.5, for a)
+    assert answer_support(Ensemble(), "q", ["a", "b"]) == pytest.approx(1 / (1 + math.exp(-2.0)))
+
+
 def test_the_same_passages_in_any_order_give_the_same_value():
     scorer = Logits({"a": -2.0, "b": 1.0, "c": 0.0})
     assert answer_support(scorer, "q", ["c", "b", "a"]) == answer_support(scorer, "q", ["a", "b", "c"])
@@ -115,3 +123,4 @@ def test_the_trainable_base_reproduces_the_packaged_cross_encoder(tmp_path):
         for q, p in pairs:
             torch_logit = float(model(**tokenizer(q, p, return_tensors="pt")).logits[0, 0])
             assert torch_logit == pytest.approx(onnx.logit(q, p), abs=0.2)  # INT8 activations vs float
+

@@ -34,6 +34,7 @@ def test_defaults_fill_missing_keys(tmp_path):
         ("backend: opensearch\n", "backend: expected a mapping"),
         ("backend:\n  kind: elastic\n", "backend.kind: 'elastic' is not one of"),
         ("answer:\n  strong: 0.1\n  adjacent: 0.5\n", "answer.adjacent must be <= answer.strong"),
+        ("answerability:\n  answer_passages: 0\n", "answerability.answer_passages: 0 is not within [1, 50]"),
         ("colour: blue\n", "unknown key colour"),
         ("evals:\n  ks: [1, a]\n", "evals.ks[1]: expected int, got str 'a'"),
         ("evals:\n  regression:\n    alpha: 1\n", "evals.regression.alpha: 1 is not strictly within (0, 1)"),

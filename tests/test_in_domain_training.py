@@ -43,6 +43,7 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     assert recipe["hyperparameters"]["seed"] == 13 and recipe["command"].endswith("--seed 13")
     assert recipe["data"] == [{"path": str(train_path), "sha256": sha256_file(train_path)}]
     assert recipe["pairs"]["negative"] == 9 and 1 <= recipe["pairs"]["positive"] <= 6  # 3 passages per decline
+    assert recipe["answer_passages"] == retriever.answer_passages == cfg.answerability.answer_passages == 3
     assert recipe["onnx_sha256"] == sha256_file(out / "model.onnx")
     model = answer_scorer_for(str(out))  # the shipped loader joins the shared embedding table back
     assert model is not None and model.trained_on == frozenset(recipe["trained_on"])

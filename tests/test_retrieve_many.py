@@ -73,6 +73,28 @@ def test_batched_signals_equal_one_question_at_a_time(bag_index):
     assert any(0 < r.signals["concept_coverage"] < 1 for r in batched)  # the signals are not trivial here
 
 
+class ReadPassages:
+    """Records the passages an answer scorer is given; scores each by its length (a unit test of the wiring:
+    the real model's scores are tested in test_answer_support.py)."""
+
+    def __init__(self):
+        self.read: list[list[str]] = []
+
+    def score(self, query: str, passages: list[str]) -> list[tuple[int, float]]:
+        self.read.append(passages)
+        return [(i, len(p) / 100) for i, p in enumerate(passages)]
+
+
+@pytest.mark.parametrize("window", [1, 3, 7])
+def test_answer_support_reads_the_configured_window_of_the_fused_top(bag_index, window):
+    searcher, encoder = bag_index
+    scorer = ReadPassages()
+    retriever = Retriever(searcher, encoder, None, TEN, answer_scorer=scorer, answer_passages=window)
+    (got,) = retriever.retrieve_many(QUESTIONS[:1])
+    assert scorer.read == [[c.text for c in got.fused[:window]]]
+    assert got.signals["answer_support"] == max(answer_support(scorer, "", [t]) for t in scorer.read[0])
+
+
 def signals_by_question(retriever: Retriever, questions, batch: int) -> dict:
     out = {}
     for start in range(0, len(questions), batch):
@@ -126,6 +148,19 @@ def test_text_vectors_are_kept_across_nights_under_their_fingerprint(tmp_path, c
         assert TextVectors(FingerprintedBag()).load_kept(tmp_path / "bad.parquet") == 0
     assert "unreadable" in caplog.text
     assert TextVectors(FingerprintedBag()).load_kept(tmp_path / "missing.parquet") == 0
+
+
+def test_another_models_kept_rows_are_skipped_whatever_their_width_and_a_wrong_width_is_logged(tmp_path, caplog):
+    from pipelines.retrieval import kept
+
+    path = tmp_path / "pairs.parquet"
+    kept.save(path, "sha256:one-model", {"k": np.array([0.5])}, 1, np.float64)
+    with caplog.at_level(logging.WARNING):
+        assert kept.load(path, "sha256:an-ensemble", 3, np.float64) == {}  # not its rows: nothing to say
+        assert not caplog.text
+        assert kept.load(path, "sha256:one-model", 3, np.float64) == {}  # its rows, another width: said
+    assert "holds rows of 1 values, not 3" in caplog.text
+    assert kept.load(path, "sha256:one-model", 1, np.float64)["k"].tolist() == [0.5]
 
 
 def demo_questions(every: int = 5) -> list[tuple[str, list[str]]]:

@@ -86,6 +86,7 @@ def test_in_domain_pairs_are_labelled_passages_for_answers_and_the_fused_top_for
         ("c?", "text 1", 0),
         ("c?", "text 2", 0),
     ]
+    assert [p for p in training_pairs(rows, window=5) if p[2] == 0] == [("c?", f"text {i}", 0) for i in range(5)]
 
 
 def test_a_supervised_probe_judges_each_set_by_the_others_tightest_threshold():

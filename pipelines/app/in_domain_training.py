@@ -6,7 +6,7 @@ strongest decline evidence measured here (§18, sixth round). This is that recip
 a drop-in `answerability.answer_model_path`:
   * pairs, from the version's own retrieval: each should-answer question with up to POSITIVES of its labelled
     passages among the fused top LABELLED_FROM (1); each should-decline question, off-topic or near-topic, with
-    its fused top PASSAGES, the passages `answer_support` reads (0);
+    its fused top `answerability.answer_passages` (default PASSAGES), the passages `answer_support` reads (0);
   * start and training as `sourcegate train-answerability` (the packaged cross-encoder dequantised, word
     embeddings frozen; BCE, AdamW, seed 13), EPOCHS passes; exported as `int8` (default: dynamic INT8 with one
     scale per output channel, the shared embedding table left out as the shipped model does: about 22 MB, small
@@ -51,8 +51,9 @@ def fused_tops(retriever, items: list[dict], depth: int = LABELLED_FROM) -> list
     return rows
 
 
-def training_pairs(rows: list[dict]) -> list[tuple[str, str, int]]:
-    """Should-answer questions with their labelled passages (1); should-decline ones with their fused top (0)."""
+def training_pairs(rows: list[dict], window: int = PASSAGES) -> list[tuple[str, str, int]]:
+    """Should-answer questions with their labelled passages (1); should-decline ones with their fused top
+    `window`, the passages `answer_support` reads (0)."""
     pairs: list[tuple[str, str, int]] = []
     for r in rows:
         if r["label"] == "answer":
@@ -60,7 +61,7 @@ def training_pairs(rows: list[dict]) -> list[tuple[str, str, int]]:
             labelled = [t for s, t in r["passages"] if s in r["expected"] or s.split("#", 1)[0] in doc_ids]
             pairs += [(r["query"], text, 1) for text in labelled[:POSITIVES]]
         else:
-            pairs += [(r["query"], text, 0) for _, text in r["passages"][:PASSAGES]]
+            pairs += [(r["query"], text, 0) for _, text in r["passages"][:window]]
     return pairs
 
 
@@ -151,7 +152,8 @@ def train_in_domain(
     out, work = Path(out), Path(work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    pairs = training_pairs(fused_tops(retriever, items))
+    window = retriever.answer_passages
+    pairs = training_pairs(fused_tops(retriever, items, max(LABELLED_FROM, window)), window)
     if not any(y for *_, y in pairs) or all(y for *_, y in pairs):
         raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
     base = at.packaged_base(work / "base")
@@ -168,6 +170,7 @@ def train_in_domain(
         "base_model": at.base_model_info(base),
         "data": [{"path": str(p), "sha256": sha256_file(p)} for p in train_sets],
         "pairs": {"positive": sum(y for *_, y in pairs), "negative": sum(1 - y for *_, y in pairs), "epochs": epochs},
+        "answer_passages": window,  # the window a night must read the model with (answerability.answer_passages)
         **{k: trained[k] for k in ("hyperparameters", "steps", "pairs_seen", "train_seconds")},
         "final_loss_mean_last_50": trained["final_loss_mean_last_50"],
         "export": exported,

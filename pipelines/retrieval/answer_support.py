@@ -12,6 +12,10 @@ The shipped model (models/answer_support/) leaves out its word-embedding table: 
 so it is byte for byte the packaged cross-encoder's, and it is joined back on load. That keeps the
 file under the repository's 30 MB and binds the model to the package it was trained from (the
 fingerprint hashes both).
+
+A folder holding `ensemble.json` is several such models read as one (`AnswerEnsemble`): a question's score
+is the mean over the members of each one's highest logit, the seed-averaged model of docs/benchmarks.md §18
+(thirteenth round), so one training draw's luck does not decide the gate.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from pipelines import models
+from pipelines.retrieval import kept
 from pipelines.retrieval.rerank import OnnxCrossEncoder, sigmoid
 
 log = logging.getLogger(__name__)
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "answer_support"
-PASSAGES = 3  # the top passages one of which may hold the answer (as for the other answerability signals)
+PASSAGES = 3  # default window: the fused top passages one of which may hold the answer (config answer_passages)
 MAX_LENGTH = 256  # the length the model was trained at
+ENSEMBLE = "ensemble.json"  # {"members": [subfolder, ...]}: several trained models read as one
 # The packaged cross-encoder's word-embedding initializers: shared, not shipped.
 SHARED = tuple(f"bert.embeddings.word_embeddings.weight{s}" for s in ("_quantized", "_scale", "_zero_point"))
 
@@ -88,6 +96,47 @@ class AnswerSupportModel(OnnxCrossEncoder):
         return tuple(self.recipe.get("trained_on_questions", ()))
 
 
+class AnswerEnsemble:
+    """Several answer-support models (the subfolders `ensemble.json` names) read as one: the mean over them
+    of each one's best logit. It trained on every question any member trained on; its fingerprint hashes
+    every member's files; its kept logits are one row per pair with a value per member."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        spec = json.loads((self.folder / ENSEMBLE).read_text(encoding="utf-8"))
+        if not spec.get("members"):
+            raise ValueError(f"{self.folder / ENSEMBLE}: no members")
+        self.members = [AnswerSupportModel(self.folder / name) for name in spec["members"]]
+        self.model_id = f"mean of {len(self.members)}: {AnswerSupportModel.model_id}"
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.folder)
+
+    @property
+    def trained_on(self) -> frozenset[str]:
+        return frozenset().union(*(m.trained_on for m in self.members))
+
+    @property
+    def trained_on_questions(self) -> tuple[str, ...]:
+        return tuple(sorted(set().union(*(m.trained_on_questions for m in self.members))))
+
+    @property
+    def computed(self) -> int:
+        return sum(m.computed for m in self.members)
+
+    def load_kept(self, path: Path | None) -> int:
+        found = kept.load(path, self.fingerprint, len(self.members), np.float64)
+        for i, member in enumerate(self.members):
+            member.take_kept({k: float(v[i]) for k, v in found.items()})
+        return len(found)
+
+    def save_kept(self, path: Path) -> int:
+        each = [m.logits_by_key() for m in self.members]
+        rows = {k: [logits[k] for logits in each] for k in set(each[0]).intersection(*each[1:])}
+        return kept.save(path, self.fingerprint, rows, len(self.members), np.float64)
+
+
 def fingerprint(folder: str | Path | None = None) -> str:
     """The shipped files' fingerprint joined with the packaged cross-encoder's (the shared embeddings)."""
     own = models.fingerprint(Path(folder) if folder else SHIPPED)
@@ -95,17 +144,21 @@ def fingerprint(folder: str | Path | None = None) -> str:
     return "sha256:" + hashlib.sha256(f"{own}\n{packaged}".encode()).hexdigest()
 
 
-def load_answer_model(model_dir: str | Path | None = None) -> AnswerSupportModel | None:
-    """The answer-support model, or None (logged) when it cannot load: the signal is then missing, never faked."""
+def load_answer_model(model_dir: str | Path | None = None) -> AnswerSupportModel | AnswerEnsemble | None:
+    """The answer-support model (an ensemble if its folder holds ENSEMBLE), or None (logged) when it cannot
+    load: the signal is then missing, never faked."""
     try:
-        return AnswerSupportModel(model_dir)
+        folder = AnswerSupportModel.folder_of(model_dir)
+        return AnswerEnsemble(folder) if (folder / ENSEMBLE).exists() else AnswerSupportModel(model_dir)
     except Exception as exc:
         log.warning("answer support: could not load (%s: %s); signal answer_support is None", type(exc).__name__, exc)
         return None
 
 
 def answer_support(scorer, query: str, passages: Sequence[str]) -> float | None:
-    """The highest P(answers) over `passages` (the top PASSAGES); None without a scorer or passages."""
+    """P(one of `passages` answers): the sigmoid of the scorer's highest logit over them (of an ensemble, the
+    mean over its members of each one's highest); None without a scorer or passages."""
     if scorer is None or not passages:
         return None
-    return max(sigmoid(logit) for _, logit in scorer.score(query, list(passages)))
+    members = getattr(scorer, "members", [scorer])
+    return sigmoid(float(np.mean([max(logit for _, logit in m.score(query, list(passages))) for m in members])))

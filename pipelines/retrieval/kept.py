@@ -54,6 +54,8 @@ def load(path: Path | None, fingerprint: str | None, width: int, dtype=np.float3
     try:
         table = pq.read_table(path, columns=["key", "model_fingerprint", "values"])
         table = table.filter(pc.equal(table["model_fingerprint"], fingerprint))
+        if table.num_rows == 0:  # another model's values: nothing of this one's kept (whatever their width)
+            return {}
         col = table["values"].combine_chunks()
         if col.type.list_size != width:
             log.warning("%s holds rows of %d values, not %d: not reused", path, col.type.list_size, width)

@@ -105,13 +105,20 @@ class OnnxCrossEncoder:
         """Take the logits an earlier night kept under this model's fingerprint (exact: one pair
         per run); returns how many."""
         found = kept.load(path, self.fingerprint, 1, np.float64)
-        self._kept.update((k, float(v[0])) for k, v in found.items())
+        self.take_kept({k: float(v[0]) for k, v in found.items()})
         return len(found)
 
     def save_kept(self, path: Path) -> int:
         """Write the logits of the pairs scored in this process, for the next night; returns how many."""
-        pairs = {kept.text_key(q, p): logit for (q, p), logit in self._memo.items()}
-        return kept.save(path, self.fingerprint, pairs, 1, np.float64)
+        return kept.save(path, self.fingerprint, self.logits_by_key(), 1, np.float64)
+
+    def take_kept(self, logits: dict[str, float]) -> None:
+        """Logits of pairs by `kept.text_key`, computed earlier by this same model."""
+        self._kept.update(logits)
+
+    def logits_by_key(self) -> dict[str, float]:
+        """The logits of the pairs scored in this process, by `kept.text_key`."""
+        return {kept.text_key(q, p): logit for (q, p), logit in self._memo.items()}
 
     def _run(self, query: str, passage: str) -> float:
         enc = self.tokenizer.encode(query, passage)

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipelines import config as config_models
 from pipelines.retrieval import combiner as combiner_mod
+from pipelines.retrieval.answer_support import PASSAGES as ANSWER_PASSAGES
 from pipelines.retrieval.answer_support import answer_support
 from pipelines.retrieval.answerability import (
     TOP_PASSAGES,
@@ -165,9 +166,11 @@ class Retriever:
         reranker: config_models.Reranker = _DEFAULTS.reranker,
         combiner: dict | None = None,
         answer_scorer=None,
+        answer_passages: int = ANSWER_PASSAGES,
     ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
         self.answer_scorer = answer_scorer  # the answer-support cross-encoder (answer_support.py), or None
+        self.answer_passages = answer_passages  # how many of the fused top it reads
         self.combiner = combiner  # the accepted answerability combiner (pipelines/retrieval/combiner.py), or None
         self.settings, self.rerank_timeout_s = retrieval, reranker.timeout_s
         self.text_vectors = TextVectors(embedder)  # questions, their words, passage sentences: by text hash
@@ -179,7 +182,16 @@ class Retriever:
         """The config's retrieval settings; `overrides` of the `retrieval` section (e.g. deeper lists for
         `sourcegate beir`) win."""
         retrieval = config_models.replace(cfg.retrieval, overrides)
-        return cls(searcher, embedder, scorer, retrieval, cfg.reranker, combiner_for(cfg), answer_scorer)
+        return cls(
+            searcher,
+            embedder,
+            scorer,
+            retrieval,
+            cfg.reranker,
+            combiner_for(cfg),
+            answer_scorer,
+            cfg.answerability.answer_passages,
+        )
 
     def fuse(self, query: str, vector, terms: Sequence[str] = ()) -> tuple[list[Candidate], HybridResult]:
         """Both lists fused into candidates, and the search result they came from (the signals read it,
@@ -271,7 +283,8 @@ class Retriever:
                 self.text_vectors,
             )
         )
-        signals["answer_support"] = answer_support(self.answer_scorer, query, s.top)
+        window = [c.text for c in s.retrieval.fused[: self.answer_passages]]  # fused: independent of the rerank (G7)
+        signals["answer_support"] = answer_support(self.answer_scorer, query, window)
         # the accepted coefficients over the signals above; None without a combiner or a feature
         signals[combiner_mod.SIGNAL] = combiner_mod.score(self.combiner, signals) if self.combiner else None
         return signals
