@@ -124,3 +124,34 @@ def test_the_trainable_base_reproduces_the_packaged_cross_encoder(tmp_path):
             torch_logit = float(model(**tokenizer(q, p, return_tensors="pt")).logits[0, 0])
             assert torch_logit == pytest.approx(onnx.logit(q, p), abs=0.2)  # INT8 activations vs float
 
+
+IN_DOMAIN = SHIPPED.parent / "answer_in_domain"
+
+
+def test_the_in_domain_ensemble_members_are_the_files_their_recipes_recorded():
+    spec = json.loads((IN_DOMAIN / "ensemble.json").read_text(encoding="utf-8"))
+    assert spec["members"] == ["seed-13", "seed-14", "seed-15"]
+    for name, seed in zip(spec["members"], (13, 14, 15)):
+        recipe = json.loads((IN_DOMAIN / name / "recipe.json").read_text(encoding="utf-8"))
+        assert sha256_file(IN_DOMAIN / name / "model.onnx") == recipe["onnx_sha256"]
+        assert recipe["hyperparameters"]["seed"] == seed and recipe["command"].endswith(f"--seed {seed}")
+
+
+@pytest.mark.models
+def test_the_in_domain_ensemble_is_its_members_mean_and_keeps_its_logits_across_nights(tmp_path):
+    from pipelines.retrieval.answer_support import AnswerEnsemble, AnswerSupportModel, load_answer_model
+
+    ensemble = load_answer_model(IN_DOMAIN)
+    assert isinstance(ensemble, AnswerEnsemble) and len(ensemble.members) == 3
+    members = [AnswerSupportModel(IN_DOMAIN / f"seed-{s}") for s in (13, 14, 15)]
+    assert ensemble.trained_on == frozenset().union(*(m.trained_on for m in members)) and ensemble.trained_on
+    assert ensemble.fingerprint != members[0].fingerprint
+    question = "Can the driver ask for my service dog's papers?"
+    passages = ["Staff may not ask for medical documents or identification for the animal.", "Buses run hourly."]
+    got = answer_support(ensemble, question, passages)
+    logits = [math.log(p / (1 - p)) for p in (answer_support(m, question, passages) for m in members)]
+    assert math.log(got / (1 - got)) == pytest.approx(sum(logits) / 3, abs=1e-9)
+    assert ensemble.save_kept(tmp_path / "answer_pairs.parquet") == 2  # both pairs, a logit per member
+    again = load_answer_model(IN_DOMAIN)
+    assert again.load_kept(tmp_path / "answer_pairs.parquet") == 2
+    assert answer_support(again, question, passages) == got and again.computed == 0  # read, not run again
