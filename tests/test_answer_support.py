@@ -143,6 +143,8 @@ def test_the_in_domain_ensemble_is_its_members_mean_and_keeps_its_logits_across_
 
     ensemble = load_answer_model(IN_DOMAIN)
     assert isinstance(ensemble, AnswerEnsemble) and len(ensemble.members) == 3
+    assert ensemble.model_id.startswith("mean of 3: answer support cross-encoder trained on this corpus")
+    assert str(IN_DOMAIN / "seed-15") in ensemble.model_id
     members = [AnswerSupportModel(IN_DOMAIN / f"seed-{s}") for s in (13, 14, 15)]
     assert ensemble.trained_on == frozenset().union(*(m.trained_on for m in members)) and ensemble.trained_on
     assert ensemble.fingerprint != members[0].fingerprint

@@ -475,7 +475,13 @@ def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, 
                 "kind": cfg.reranker.kind,
                 "id": getattr(scorer, "model_id", None),
                 "fingerprint": verdict.reranker_fingerprint(cfg),
-            }
+            },
+            "answer_support": {
+                "id": getattr(retriever.answer_scorer, "model_id", None),  # None: off, or it could not load
+                "path": cfg.answerability.answer_model_path,  # None: the shipped one
+                "passages": cfg.answerability.answer_passages,
+                "fingerprint": verdict.answer_model_fingerprint(cfg),
+            },
         },
     )
     return out

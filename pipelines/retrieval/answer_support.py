@@ -66,6 +66,8 @@ class AnswerSupportModel(OnnxCrossEncoder):
 
     def __init__(self, model_dir: str | Path | None = None):
         super().__init__(model_dir, max_length=MAX_LENGTH)
+        if self.folder != SHIPPED:  # one trained elsewhere says what it is in its recipe
+            self.model_id = f"{self.recipe.get('task', 'answer-support cross-encoder')} ({self.folder}, int8 onnx)"
 
     @staticmethod
     def folder_of(model_dir: str | Path | None) -> Path:
@@ -107,7 +109,7 @@ class AnswerEnsemble:
         if not spec.get("members"):
             raise ValueError(f"{self.folder / ENSEMBLE}: no members")
         self.members = [AnswerSupportModel(self.folder / name) for name in spec["members"]]
-        self.model_id = f"mean of {len(self.members)}: {AnswerSupportModel.model_id}"
+        self.model_id = f"mean of {len(self.members)}: " + "; ".join(m.model_id for m in self.members)
 
     @property
     def fingerprint(self) -> str:
