@@ -74,6 +74,45 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     assert not unseen["passed"] and "2 of the fit set (fit-o-1, fit-o-2)" in unseen["detail"] and not gate["passed"]
 
 
+@pytest.mark.models
+def test_several_seeds_train_one_model_each_read_as_their_mean(demo_index, tmp_path):
+    from pipelines.app import steps
+    from pipelines.app.factories import retriever_for
+    from pipelines.app.in_domain_training import train_seeds
+    from pipelines.retrieval.answer_support import AnswerEnsemble, answer_support, load_answer_model
+
+    cfg, run_id, searcher = demo_index
+    riders = load_evalset(RIDERS)
+    train = [q for q in riders if q["label"] == "answer"][:2] + [q for q in riders if q["kind"] == "off_topic"][:2]
+    train_path = tmp_path / "train.jsonl"
+    train_path.write_text(lines(train))
+    retriever, _ = retriever_for(cfg, searcher)
+    out = tmp_path / "model"
+    index = str(steps.run_dir(cfg, run_id))
+    recipes = train_seeds(retriever, index, [str(train_path)], out, tmp_path / "work", [13, 14], epochs=1)
+
+    assert [r["hyperparameters"]["seed"] for r in recipes] == [13, 14]
+    assert [r["command"].split("--out ")[1].split()[0] for r in recipes] == [str(out / "seed-13"), str(out / "seed-14")]
+    assert json.loads((out / "ensemble.json").read_text())["members"] == ["seed-13", "seed-14"]
+    assert recipes[0]["onnx_sha256"] != recipes[1]["onnx_sha256"]  # two draws, not one model twice
+    ensemble = load_answer_model(out)
+    assert isinstance(ensemble, AnswerEnsemble) and [m.folder.name for m in ensemble.members] == ["seed-13", "seed-14"]
+    passages = ["Staff may not ask for medical documents for the animal.", "Buses run hourly."]
+    logits = [
+        math.log(p / (1 - p)) for p in (answer_support(m, train[0]["question"], passages) for m in ensemble.members)
+    ]
+    mean = answer_support(ensemble, train[0]["question"], passages)
+    assert math.log(mean / (1 - mean)) == pytest.approx(sum(logits) / 2, abs=1e-9)
+
+
+def test_seeds_must_be_distinct_before_anything_trains(tmp_path):
+    from pipelines.app.in_domain_training import train_seeds
+
+    with pytest.raises(ValueError, match="one or more distinct seeds"):
+        train_seeds(None, "index", ["train.jsonl"], tmp_path / "out", tmp_path / "work", [13, 13])
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_in_domain_refuses_the_fit_or_check_set_before_loading_a_model(tmp_path, capsys):
     from pipelines.app.cli import main
 

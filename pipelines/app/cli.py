@@ -346,7 +346,7 @@ def cmd_train_in_domain(args) -> int:
     """Train an answer-support model on this corpus's labelled questions over one version (docs/calibration.md)."""
     from evals.evalset import load_evalset
     from pipelines.app.factories import retriever_for
-    from pipelines.app.in_domain_training import EPOCHS, SEED, leave_out_judged, train_in_domain
+    from pipelines.app.in_domain_training import EPOCHS, SEED, leave_out_judged, train_seeds
 
     cfg = load_config(args)
     # a model that saw a question of the fit or check set fails every night's gate: copies are refused (or left
@@ -362,11 +362,12 @@ def cmd_train_in_domain(args) -> int:
     for qid, why in left_out.items():
         print(f"left out {qid} {why}")
     out = Path(args.out)
-    recipe = train_in_domain(
+    recipes = train_seeds(
         retriever, args.index, args.train, out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
-        epochs=args.epochs or EPOCHS, export_as=args.export, left_out=left_out, seed=SEED if args.seed is None else args.seed,
+        args.seed or [SEED], epochs=args.epochs or EPOCHS, export_as=args.export, left_out=left_out,
     )  # fmt: skip
-    print(f"trained on {len(recipe['trained_on'])} questions ({recipe['pairs']}); {out}/recipe.json")
+    recipe = recipes[0]
+    print(f"trained {len(recipes)} model(s) on {len(recipe['trained_on'])} questions ({recipe['pairs']}) in {out}")
     print(f"use it: --set answerability.answer_model_path={out}")
     return 0
 
@@ -469,7 +470,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--drop-judged", action="store_true", help="leave out (and record) copies of fit or check questions, not refuse"
     )
-    p.add_argument("--seed", type=int, help="training seed (default: the recipe's, 13)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        help="training seed (default: the recipe's, 13); several: one model each in OUT/seed-N, read as their mean",
+    )
     p.set_defaults(func=cmd_train_in_domain)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from evals.evalset import NEAR, PARAPHRASE, copies, load_evalset, question_key, question_text
 from pipelines.app import answer_training as at
-from pipelines.retrieval.answer_support import PASSAGES
+from pipelines.retrieval.answer_support import PASSAGES, write_ensemble
 from pipelines.retrieval.retriever import effective_query
 from pipelines.versions.manifest import sha256_file
 
@@ -184,3 +184,23 @@ def train_in_domain(
     recipe["wall_seconds"] = round(time.time() - t_start, 1)
     at.write_recipe(out / "recipe.json", recipe)
     return recipe
+
+
+def train_seeds(
+    retriever, index: str, train_sets: list[str], out: Path, work: Path, seeds: list[int], **kw
+) -> list[dict]:
+    """`train_in_domain` once per seed. One seed: the model in OUT. Several: one in OUT/seed-N each, and OUT read as
+    their mean logit (answer_support.ENSEMBLE), so one training draw's luck does not decide the gate (docs/benchmarks.md
+    §18: one seed to the next moved the off-topic questions declined by three; the shipped model is such a mean)."""
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise ValueError(f"--seed {' '.join(map(str, seeds))}: one or more distinct seeds")
+    if len(seeds) == 1:
+        return [train_in_domain(retriever, index, train_sets, out, work, seed=seeds[0], **kw)]
+    out, work = Path(out), Path(work)
+    names = [f"seed-{s}" for s in seeds]
+    recipes = [
+        train_in_domain(retriever, index, train_sets, out / name, work / name, seed=seed, **kw)
+        for seed, name in zip(seeds, names)
+    ]
+    write_ensemble(out, names, trained_by="sourcegate train-in-domain, one model per seed (each member's recipe.json)")
+    return recipes

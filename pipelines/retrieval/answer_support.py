@@ -139,6 +139,16 @@ class AnswerEnsemble:
         return kept.save(path, self.fingerprint, rows, len(self.members), np.float64)
 
 
+def write_ensemble(folder: str | Path, members: Sequence[str], **about) -> Path:
+    """FOLDER/ENSEMBLE naming `members` (its subfolders, each a trained model) and `about` them."""
+    path = Path(folder) / ENSEMBLE
+    read_as = "mean over members of each member's highest answer-support logit over the fused top answerability.answer_passages"
+    path.write_text(
+        json.dumps({"members": list(members), "read_as": read_as, **about}, indent=2) + "\n", encoding="utf-8"
+    )
+    return path
+
+
 def fingerprint(folder: str | Path | None = None) -> str:
     """The shipped files' fingerprint joined with the packaged cross-encoder's (the shared embeddings)."""
     own = models.fingerprint(Path(folder) if folder else SHIPPED)
