@@ -18,6 +18,12 @@ def lines(items: list[dict]) -> str:
     return "".join(json.dumps(q) + "\n" for q in items)
 
 
+def first_of_riders(n: int) -> list[dict]:
+    """The first `n` should-answer and first `n` off-topic questions of riders.jsonl: a tiny training set."""
+    riders = load_evalset(RIDERS)
+    return [q for q in riders if q["label"] == "answer"][:n] + [q for q in riders if q["kind"] == "off_topic"][:n]
+
+
 @pytest.mark.models
 def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night_judged_on_one(demo_index, tmp_path):
     from evals.harness import evaluate, gate_for_dir
@@ -28,7 +34,7 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
 
     cfg, run_id, searcher = demo_index
     riders = load_evalset(RIDERS)
-    train = [q for q in riders if q["label"] == "answer"][:3] + [q for q in riders if q["kind"] == "off_topic"][:3]
+    train = first_of_riders(3)
     train_path = tmp_path / "train.jsonl"
     left_out = {[q for q in riders if q["label"] == "answer"][3]["id"]: "~ a fit question (0.90)"}
     train_path.write_text(lines(train + [q for q in riders if q["id"] in left_out]))
@@ -82,8 +88,7 @@ def test_several_seeds_train_one_model_each_read_as_their_mean(demo_index, tmp_p
     from pipelines.retrieval.answer_support import AnswerEnsemble, answer_support, load_answer_model
 
     cfg, run_id, searcher = demo_index
-    riders = load_evalset(RIDERS)
-    train = [q for q in riders if q["label"] == "answer"][:2] + [q for q in riders if q["kind"] == "off_topic"][:2]
+    train = first_of_riders(2)
     train_path = tmp_path / "train.jsonl"
     train_path.write_text(lines(train))
     retriever, _ = retriever_for(cfg, searcher)
