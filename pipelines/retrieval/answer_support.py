@@ -28,13 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import models
+from pipelines import config, models
 from pipelines.retrieval import kept
 from pipelines.retrieval.rerank import OnnxCrossEncoder, sigmoid
 
 log = logging.getLogger(__name__)
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "answer_support"
-PASSAGES = 3  # default window: the fused top passages one of which may hold the answer (config answer_passages)
+# the default window, the fused top passages one of which may hold the answer: the config's (its one source)
+PASSAGES = config.Answerability.model_fields["answer_passages"].default
 MAX_LENGTH = 256  # the length the model was trained at
 ENSEMBLE = "ensemble.json"  # {"members": [subfolder, ...]}: several trained models read as one
 # The packaged cross-encoder's word-embedding initializers: shared, not shipped.

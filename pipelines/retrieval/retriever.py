@@ -15,7 +15,6 @@ import numpy as np
 
 from pipelines import config as config_models
 from pipelines.retrieval import combiner as combiner_mod
-from pipelines.retrieval.answer_support import PASSAGES as ANSWER_PASSAGES
 from pipelines.retrieval.answer_support import answer_support
 from pipelines.retrieval.answerability import (
     TOP_PASSAGES,
@@ -166,7 +165,7 @@ class Retriever:
         reranker: config_models.Reranker = _DEFAULTS.reranker,
         combiner: dict | None = None,
         answer_scorer=None,
-        answer_passages: int = ANSWER_PASSAGES,
+        answer_passages: int = _DEFAULTS.answerability.answer_passages,
     ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
         self.answer_scorer = answer_scorer  # the answer-support cross-encoder (answer_support.py), or None
