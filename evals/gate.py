@@ -273,6 +273,40 @@ def _check_answer_ids(check: Mapping) -> set[str]:
     return {q["id"] for q in check.get("questions", ()) if q["label"] == "answer"}
 
 
+def _pct_share(share: Mapping) -> str:
+    new = f", {share['new_sections']} new and {share['changed_sections']} changed section(s)"
+    return (
+        f"{share['sections']:.0%} of today's {share['n_sections']} sections and {share['chunks']:.0%} of its "
+        f"{share['n_chunks']} chunks{new if share['new_sections'] or share['changed_sections'] else ''}"
+    )
+
+
+def check_answer_model_corpus(calibration: Mapping, gating_signal: str) -> dict[str, Any]:
+    """A corpus-specific answer model gates only the corpus it learned, and only while it has seen enough of it
+    (`answerability.min_corpus_share` of today's sections): never another corpus, silently."""
+    corpus = calibration.get("answer_model_corpus") or {}
+    if corpus.get("scope") != "corpus":
+        what = "is generic (it learned no corpus of ours)" if corpus.get("scope") == "generic" else "is not used"
+        return _check("answer_model_corpus", True, f"The answer-support model {what}.", **corpus)
+    share, minimum = corpus.get("share"), corpus["min_share"]
+    learned = "records no corpus it learned" if share is None else f"learned {_pct_share(share)}"
+    detail = f"The answer-support model {corpus.get('path')} {learned} (answerability.min_corpus_share {minimum:.0%})"
+    if corpus["enough"]:
+        return _check("answer_model_corpus", True, detail + ".", **corpus)
+    if calibration.get("signal_choice"):
+        left_out = ": left out of the choice of the gating signal (answer.signal: auto)."
+        return _check("answer_model_corpus", True, detail + left_out, **corpus)
+    if gating_signal != "answer_support":
+        return _check("answer_model_corpus", True, detail + f": it does not gate ({gating_signal} does).", **corpus)
+    return _check(
+        "answer_model_corpus",
+        False,
+        detail + ": it does not gate this corpus. Set answer.signal: auto (the gating signal is then chosen by rule "
+        "from the fit set among the others) or retrain it on this corpus (sourcegate train-in-domain).",
+        **corpus,
+    )
+
+
 def check_decline_set_size(calibration: Mapping) -> dict[str, Any]:
     """The gated should-decline set must hold at least `min_per_label` questions: a gap over fewer
     claims more than its n supports (G6)."""
@@ -397,6 +431,7 @@ def evaluate_gate(
         check_answer_coverage(calibration, gating_signal),
         check_check_set(calibration, gating_signal),
         check_answer_model_unseen(calibration),
+        check_answer_model_corpus(calibration, gating_signal),
         check_decline_set_size(calibration),
         check_precision_regression(precision, baseline, regression),
         check_decline_regression(calibration, baseline, regression),
@@ -419,6 +454,8 @@ def evaluate_gate(
             "reasons": [c["detail"] for c in checks if not c["passed"]],
             "checks": checks,
             "gating_signal": gating_signal,
+            "signal_choice": calibration.get("signal_choice"),  # the rule's table when answer.signal is auto
+            "answer_model_corpus": calibration.get("answer_model_corpus"),
             "regression": {**DEFAULT_REGRESSION, **(regression or {})},
             "flipped": {
                 c["name"]: {"lost": c["data"]["overall"]["losses"], "won": c["data"]["overall"]["wins"]}

@@ -23,6 +23,7 @@ from evals.gate import evaluate_gate, write_gate
 from evals.precision import precision_eval
 from evals.regression import check_baseline
 from evals.report import write_report
+from evals.signal_choice import resolve
 
 # What a night's evaluation keeps for the next one: values that depend on texts alone
 TEXT_VECTORS = "text_vectors.parquet"  # question, word and sentence vectors, under the bi-encoder's fingerprint
@@ -30,14 +31,28 @@ RERANK_PAIRS = "rerank_pairs.parquet"  # question-passage logits, under the cros
 ANSWER_PAIRS = "answer_pairs.parquet"  # question-passage logits of the answer-support model, under its fingerprint
 
 
-def calibration_config(cfg) -> dict:
-    """The sweep's settings as plain data (evals/calibration.py): the config's `calibration` section and the
-    gating thresholds of its `answer` section."""
+def calibration_config(cfg, answer_model_corpus: dict | None = None) -> dict:
+    """The sweep's settings as plain data (evals/calibration.py): the config's `calibration` section, the
+    gating thresholds of its `answer` section, and for `answer.signal: auto` the candidates, less an answer model
+    that has not learned enough of this corpus (evals/signal_choice.py)."""
     answer = cfg.answer
+    corpus = answer_model_corpus or {}
+    excluded = {}
+    if corpus.get("scope") == "corpus" and not corpus.get("enough"):
+        excluded["answer_support"] = corpus.get("why") or "its model did not learn enough of this corpus"
     return {
         **cfg.calibration.model_dump(),
         "gating": answer.model_dump(include={"signal", "adjacent", "strong", "strong_signal", "below"}),
+        "candidates": list(answer.candidates),
+        "excluded": excluded,
     }
+
+
+def resolved_answer(answer, choice: dict | None):
+    """The `answer` section with the signal and threshold the rule chose (as is when nothing was chosen)."""
+    if not choice or choice.get("signal") is None:
+        return answer
+    return answer.model_copy(update={"signal": choice["signal"], "adjacent": choice["threshold"]})
 
 
 def answer_model_saw(retriever, items: list[dict]) -> list[str]:
@@ -52,6 +67,22 @@ def answer_model_saw(retriever, items: list[dict]) -> list[str]:
     return [q["id"] for q in items if q["id"] in seen]
 
 
+def calibrate_records(
+    records: list[dict],
+    cfg,
+    check: list[dict] = (),
+    repeats=(),
+    answer_model_corpus: dict | None = None,
+) -> dict:
+    """calibration.json from the fit set's (and the check set's) records: for `answer.signal: auto` the signal and
+    threshold the rule picks on the fit set (evals/signal_choice.py), recorded with every candidate's row."""
+    if not records:
+        return {"signals": {}, "error": "no questions", "answer_model_corpus": answer_model_corpus}
+    config, choice = resolve(records, calibration_config(cfg, answer_model_corpus))
+    calibration = calibrate(records, config, check, cfg.evals.check_set, repeats)
+    return {**calibration, "signal_choice": choice, "answer_model_corpus": answer_model_corpus}
+
+
 def evaluate(
     retriever,
     chunks_parquet: Path,
@@ -63,6 +94,7 @@ def evaluate(
     progress: bool = False,
     before_sweep: Callable[[list[dict]], dict | None] | None = None,
     kept_from: Path | None = None,
+    answer_model_corpus: dict | None = None,
 ) -> dict:
     """Calibration sweep + precision evals of one index; writes calibration.json, precision.json.
 
@@ -70,7 +102,8 @@ def evaluate(
     calibrate` refits the answerability combiner there and rescores its signal); what it
     returns is recorded under calibration.json's `combiner`. `kept_from` is an earlier night's
     folder: the text vectors and pair logits it kept (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS) are not
-    computed again, and this night's are written to `out_dir` for the next.
+    computed again, and this night's are written to `out_dir` for the next. `answer_model_corpus`: how much of
+    this corpus the answer model learned (pipelines/retrieval/learned_corpus.py), recorded and held by the gate.
     """
     out_dir = Path(out_dir)
     start = keep_from(retriever, kept_from)
@@ -100,11 +133,8 @@ def evaluate(
     c_records = run_questions(retriever, sets["check"], progress=progress)
     # a check question asking a fit question again placed the threshold in its other wording: not unseen
     repeats = copies(sets["check"], sets["calibration"], getattr(retriever, "text_vectors", None))
-    calibration = (
-        calibrate(records, calibration_config(cfg), c_records, cfg.evals.check_set, repeats)
-        if records
-        else {"signals": {}, "error": "no questions"}
-    )
+    calibration = calibrate_records(records, cfg, c_records, repeats, answer_model_corpus)
+    choice = calibration.get("signal_choice")
     if before_sweep:
         calibration["combiner"] = combiner
     calibration["answer_model_trained_on"] = {  # the gate fails a model that saw a question it is judged on
@@ -135,9 +165,10 @@ def evaluate(
     )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
     write_json(precision, out_dir / "precision.json")
-    rows = question_rows("calibration", records, qrels["calibration"], cfg.answer)
-    rows += question_rows("check", c_records, qrels["check"], cfg.answer)
-    rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), cfg.answer)
+    answer = resolved_answer(cfg.answer, choice)
+    rows = question_rows("calibration", records, qrels["calibration"], answer)
+    rows += question_rows("check", c_records, qrels["check"], answer)
+    rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), answer)
     write_jsonl(rows, out_dir / "questions.jsonl")
     return {
         "questions": len(records) + len(c_records) + len(p_records),
@@ -198,15 +229,14 @@ def gate_for_dir(
     calibration = read_json(folder / "calibration.json")
     precision = read_json(folder / "precision.json")
     errors = read_json(folder / "eval_errors.json")["errors"]
-    baseline_path = Path(cfg.evals.baseline)
-    baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path.exists() else {}
-    if not baseline_path.exists():
-        errors = errors + [f"{baseline_path}: accepted precision baseline not found"]
+    baseline_path = Path(cfg.evals.baseline) if cfg.evals.baseline else None  # None: none accepted yet
+    baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path else {}
+    chosen = (calibration.get("signal_choice") or {}).get("signal")  # answer.signal: auto
     gate = evaluate_gate(
         calibration,
         precision,
         baseline,
-        gating_signal=cfg.answer.signal,
+        gating_signal=chosen or cfg.answer.signal,
         regression=cfg.evals.regression.model_dump(),
         eval_errors=errors,
     )

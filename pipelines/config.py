@@ -144,11 +144,19 @@ Feature = Literal[
     "answer_support",
 ]
 GatingSignal = Literal[Feature, "answerability"]  # nested Literals flatten: the features, and the combiner
+AnswerSignal = Literal[GatingSignal, "auto"]  # auto: chosen per corpus by rule (evals/signal_choice.py)
 
 
 class Answer(Section):
-    signal: GatingSignal = Field(
-        "rerank_top", description="the signal `decline` rests on: the gate holds it to every set (coverage)"
+    signal: AnswerSignal = Field(
+        "rerank_top",
+        description="the signal `decline` rests on: the gate holds it to every set (coverage); auto: chosen each "
+        "night from `candidates` by the rule of evals/signal_choice.py on the fit set, its threshold placed there",
+    )
+    candidates: list[Feature] = Field(
+        ["rerank_top", "cosine_top", "answer_support", "bm25_top"],
+        description="what `signal: auto` chooses from; the order breaks ties (untrained signals first: they hold "
+        "on any corpus)",
     )
     strong_signal: GatingSignal | None = Field(
         None, description="the signal `sourced` rests on (null: `signal`); on its own scale"
@@ -161,7 +169,7 @@ class Answer(Section):
     @model_validator(mode="after")
     def _adjacent_below_strong(self) -> Answer:
         same_scale = self.strong_signal in (None, self.signal)
-        if same_scale and self.adjacent > self.strong:
+        if same_scale and self.signal != "auto" and self.adjacent > self.strong:
             raise ValueError("answer.adjacent must be <= answer.strong")
         return self
 
@@ -183,6 +191,13 @@ class Answerability(Section):
         None,
         description="the answer-support model folder (e.g. one `sourcegate train-in-domain` wrote); "
         "null: the shipped one (models/answer_support)",
+    )
+    min_corpus_share: Number = number(
+        0.9,
+        "an answer model trained on a corpus gates only while it learned at least this share of today's sections "
+        "(pipelines/retrieval/learned_corpus.py); below it, `auto` leaves it out and an explicit answer_support fails",
+        ge=0,
+        le=1,
     )
     answer_passages: int = Field(
         3,
@@ -237,7 +252,10 @@ class Evals(Section):
         "config/evals/check_moves.jsonl", description="the log of check questions `accept` moved into the fit set"
     )
     ks: list[int] = Field([1, 3, 5], description="the k of precision@k")
-    baseline: str = Field("config/baselines/precision.json", description="per-question outcomes of `accept`")
+    baseline: str | None = Field(
+        "config/baselines/precision.json",
+        description="per-question outcomes of `accept`; null: none accepted yet (a corpus's first nights)",
+    )
     regression: Regression = Field(default_factory=Regression)
 
 

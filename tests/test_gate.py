@@ -87,6 +87,7 @@ def test_all_good_passes():
         "answer_coverage",
         "check_set",
         "answer_model_unseen",
+        "answer_model_corpus",
         "decline_set_size",
         "precision_regression",
         "decline_regression",
@@ -196,14 +197,14 @@ def test_junit_has_a_failure_exactly_for_failed_checks(tmp_path):
     assert set(cases) == {c["name"] for c in gate["checks"]}
     with_failure = {name for name, case in cases.items() if case.find("failure") is not None}
     assert with_failure == failed(gate) == {"threshold_gap", "threshold_in_gap", "answer_coverage", "eval_sets_valid"}
-    assert suites[0].get("failures") == "4" and suites[0].get("tests") == "9"
+    assert suites[0].get("failures") == "4" and suites[0].get("tests") == "10"
     message = cases["eval_sets_valid"].find("failure").get("message")
     assert 'bad <row> & "quote"' in message
 
 
 def test_junit_all_passing_has_no_failure():
     root = ET.fromstring(junit_xml(run_gate()).encode())
-    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 9
+    assert root.find(".//failure") is None and len(root.findall(".//testcase")) == 10
 
 
 def mixed_records():

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json
-from evals.harness import calibration_config
+from evals.harness import calibrate_records
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from pipelines import config
 from pipelines.app import factories, steps
@@ -191,7 +191,6 @@ def run_beir(
 
 def calibrate_beir(cfg: PipelineConfig, retriever, queries: dict[str, str], decline: str, out: Path) -> Path:
     """Dataset queries as should-answer, the file's questions as should-decline."""
-    from evals.calibration import calibrate
     from evals.evalset import load_evalset
     from evals.evaluate import run_questions
     from pipelines.retrieval.combiner import describe
@@ -201,7 +200,7 @@ def calibrate_beir(cfg: PipelineConfig, retriever, queries: dict[str, str], decl
         for qid, text in queries.items()
     ]
     items += [{**it, "label": "decline"} for it in load_evalset(decline)]
-    calibration = calibrate(run_questions(retriever, items), calibration_config(cfg))
+    calibration = calibrate_records(run_questions(retriever, items), cfg)
     # the accepted combiner, applied as is (fitted on the demo's questions: never refitted here)
     calibration["combiner"] = describe(retriever.combiner, cfg.answerability.combiner, refit=False)
     return write_json(calibration, out / "calibration.json")

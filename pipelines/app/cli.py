@@ -121,6 +121,7 @@ def version_searcher(cfg: PipelineConfig, index: Path):
 def cmd_calibrate(args) -> int:
     from evals.harness import evaluate, gate_for_dir
     from pipelines.app.factories import retriever_for
+    from pipelines.app.steps import answer_model_corpus
 
     cfg = load_config(args)
     index = Path(args.index)
@@ -138,6 +139,7 @@ def cmd_calibrate(args) -> int:
         progress=not args.quiet,
         before_sweep=combiner.before_sweep(retriever, cfg, out, refit=True),  # a candidate; `accept` adopts it
         kept_from=index,  # the night's vectors and pair scores, under each model's fingerprint: reused, not recomputed
+        answer_model_corpus=answer_model_corpus(cfg, index / "chunks.parquet"),
     )
     reused = ", ".join(f"{name} {part['reused']}" for name, part in evaluated["kept"].items())
     print(f"reused from {index}: {reused or 'nothing'}")
@@ -188,6 +190,8 @@ def cmd_accept(args) -> int:
         source = args.run if remote else str(run)
         calibration = read_json(run / "calibration.json")
         baseline = baseline_from(read_json(run / "precision.json"), calibration, source)
+        if not (args.out or cfg.evals.baseline):
+            raise ValueError("evals.baseline is null (none accepted yet): say where to write it with --out PATH")
         out = Path(args.out or cfg.evals.baseline)
         fitted = accepted_combiner(cfg, calibration)
         with writer_lock(local, f"sourcegate accept {source}"):

@@ -15,6 +15,7 @@ from pipelines.versions.lock import writer_lock
 def build(cfg: PipelineConfig, run_id: str, progress: bool = False, shards: int = 1) -> dict:
     counts = steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)
+    steps.check_eval_sets(cfg, steps.run_dir(cfg, run_id) / "chunks.text.parquet")  # stop before embedding
     stats = [steps.embed_step(cfg, run_id, s, shards, progress=progress) for s in range(shards)]
     encoded = steps.merge_step(cfg, run_id, stats)
     steps.validate_step(cfg, run_id)

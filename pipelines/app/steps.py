@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json
 from evals.harness import TEXT_VECTORS, evaluate, gate_for_dir
+from evals.preflight import preflight
 from pipelines import faults, models
 from pipelines.app import staging
 from pipelines.app.factories import get_embedder, open_store, retriever_for
@@ -27,7 +28,8 @@ from pipelines.build.embed import embed_shard, merge_shards
 from pipelines.build.ingest import ingest
 from pipelines.build.validate import loadable_chunks, validate_chunks
 from pipelines.config import PipelineConfig
-from pipelines.retrieval import combiner
+from pipelines.retrieval import combiner, learned_corpus
+from pipelines.retrieval.answer_support import AnswerSupportModel
 from pipelines.versions import code, promotions, runs, verdict
 from pipelines.versions import manifest as mf
 from pipelines.versions.lock import held_since, locked
@@ -444,28 +446,49 @@ def cleanup_step(cfg: PipelineConfig) -> dict:
 # --- evaluation and the gate -----------------------------------------------------------
 
 
+def check_eval_sets(cfg: PipelineConfig, chunks_parquet: Path) -> None:
+    """The eval sets fit the corpus in `chunks_parquet` and the baseline is there, or PreflightError (exit 2)
+    before anything is scored (evals/preflight.py)."""
+    sections = pq.read_table(chunks_parquet, columns=["doc_id", "section_id"]).to_pylist()
+    preflight(cfg.evals, cfg.calibration, sections)
+
+
+def answer_model_corpus(cfg: PipelineConfig, chunks_parquet: Path) -> dict | None:
+    """How much of this version's corpus the configured answer model learned (None: answer_support is off)."""
+    a = cfg.answerability
+    if not a.answer_support:
+        return None
+    folder = AnswerSupportModel.folder_of(a.answer_model_path)
+    return learned_corpus.measure(folder, chunks_parquet, a.min_corpus_share)
+
+
 @locked("evaluate")
 def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, progress: bool = False) -> dict:
     """Evaluate index `version` (default: this run's own) into this run's folder."""
     folder = run_dir(cfg, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     version = version or run_id
+    check_eval_sets(cfg, loadable_chunks(run_dir(cfg, version)))  # before any model loads or question is scored
     searcher = open_store(cfg).open(version)  # verified: a corrupt or incomplete version is never evaluated
     retriever, scorer = retriever_for(cfg, searcher)
     facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))
+    chunks = loadable_chunks(run_dir(cfg, version))
+    corpus = answer_model_corpus(cfg, chunks)
     faults.reached("evaluate:searching")
     with timed(folder, "evaluate"):
         out = evaluate(
             retriever,
-            loadable_chunks(run_dir(cfg, version)),
+            chunks,
             cfg,
             folder,
             progress=progress,
             before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
             kept_from=earlier_evaluation(cfg, run_id),
+            answer_model_corpus=corpus,
         )
     update_run_info(
         folder,
+        answer_model_corpus=corpus,
         evaluated_version=version,
         evaluated=facts,
         counts={"eval_questions": out["questions"]},
@@ -494,7 +517,7 @@ def gate_step(cfg: PipelineConfig, run_id: str) -> dict:
     info = read_json(folder / "run.json") if (folder / "run.json").exists() else {}
     live = open_store(cfg).live()
     evaluated = info.get("evaluated")  # what evaluate_step judged, bound to the baseline the gate compares against
-    bound = verdict.binding(evaluated, Path(cfg.evals.baseline)) if evaluated is not None else None
+    bound = verdict.binding(evaluated, cfg.evals.baseline) if evaluated is not None else None
     gate = gate_for_dir(cfg, folder, info, evaluated=bound, live_folder=run_dir(cfg, live) if live else None)
     update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

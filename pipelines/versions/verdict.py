@@ -94,9 +94,11 @@ def evaluated(cfg: PipelineConfig, manifest: Mapping | None, eval_sets: list[str
     }
 
 
-def binding(evaluated_facts: Mapping, baseline_path: str | Path) -> dict:
-    """gate.json's `evaluated`: the evaluation's facts plus the baseline the gate compared against."""
-    return {**evaluated_facts, "baseline": {"path": str(baseline_path), "sha256": file_hash(baseline_path)}}
+def binding(evaluated_facts: Mapping, baseline_path: str | Path | None) -> dict:
+    """gate.json's `evaluated`: the evaluation's facts plus the baseline the gate compared against (None: none
+    accepted yet)."""
+    baseline = {"path": str(baseline_path), "sha256": file_hash(baseline_path)} if baseline_path else None
+    return {**evaluated_facts, "baseline": baseline}
 
 
 def current_binding(cfg: PipelineConfig, manifest: Mapping, recorded: Mapping) -> dict:
@@ -124,8 +126,8 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
             f"the answerability combiner {(current.get('combiner') or {}).get('path')} changed since the evaluation"
         )
     if recorded.get("baseline") != current["baseline"]:
-        base = current["baseline"]
-        found.append(f"the baseline {base['path']} differs from the one the gate compared against")
+        base = (current["baseline"] or {}).get("path")
+        found.append(f"the baseline {base} differs from the one the gate compared against")
     for field, what in BOUND_MODELS_AND_CODE.items():
         if recorded.get(field) != current.get(field):
             found.append(

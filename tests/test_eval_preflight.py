@@ -1,0 +1,61 @@
+"""Before anything is scored, the eval sets must fit the corpus and the baseline must be there (evals/preflight.py):
+otherwise the night stops with exit 2 saying which set, how many questions of each label are missing and how to
+write them."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from evals.preflight import PreflightError, preflight
+
+CHUNKS = [{"doc_id": "fares", "section_id": "night"}, {"doc_id": "bikes", "section_id": ""}]
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def answers(n, expected="fares#night"):
+    return [{"id": f"a-{i}", "question": f"q {i}?", "label": "answer", "expected": [expected]} for i in range(n)]
+
+
+def declines(n, kind="off_topic"):
+    return [{"id": f"{kind}-{i}", "question": f"o {i}?", "label": "decline", "kind": kind} for i in range(n)]
+
+
+def sections(fit, check=None, precision=None, baseline=None, need=3):
+    evals = SimpleNamespace(calibration_set=fit, check_set=check, precision_set=precision or fit, baseline=baseline)
+    return evals, SimpleNamespace(min_per_label=need, gate_decline_kinds=["off_topic"])
+
+
+def test_sets_that_fit_pass(tmp_path):
+    fit = write(tmp_path / "fit.jsonl", answers(3) + declines(3))
+    preflight(*sections(fit, check=write(tmp_path / "check.jsonl", answers(1) + declines(1))), CHUNKS)
+
+
+def test_labels_of_another_corpus_and_missing_questions_are_named_with_counts(tmp_path):
+    fit = write(tmp_path / "fit.jsonl", answers(2, "stops#ferry") + declines(1) + declines(5, "near_topic"))
+    with pytest.raises(PreflightError) as err:
+        preflight(*sections(fit), CHUNKS)
+    text = str(err.value)
+    assert "nothing was scored" in text
+    assert f"the fit set {fit}: 2 label(s) name nothing in this corpus (a-0 expects 'stops#ferry'" in text
+    assert "2 should-answer question(s), 3 needed (calibration.min_per_label): write 1 more" in text
+    assert "1 should-decline (off_topic) question(s), 3 needed" in text  # near-topic ones are not gated
+    assert "sourcegate init" in text and '"label": "answer"' in text
+
+
+def test_a_malformed_or_missing_set_and_a_missing_baseline_are_named(tmp_path):
+    fit = write(tmp_path / "fit.jsonl", answers(3) + declines(3))
+    (tmp_path / "check.jsonl").write_text('{"id": "x", "question": "q"\n')
+    missing = tmp_path / "baseline.json"
+    with pytest.raises(PreflightError) as err:
+        preflight(*sections(fit, check=str(tmp_path / "check.jsonl"), baseline=str(missing)), CHUNKS)
+    text = str(err.value)
+    assert "the check set: " in text and "not valid JSON" in text
+    assert f"evals.baseline {missing} not found" in text and "evals.baseline: null" in text
+    missing.write_text("{}")
+    with pytest.raises(PreflightError, match="the accepted baseline is empty"):
+        preflight(*sections(fit, baseline=str(missing)), CHUNKS)
