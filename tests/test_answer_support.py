@@ -3,11 +3,14 @@
 import json
 import math
 
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.app import answer_training
 from pipelines.retrieval.answer_support import SHIPPED, answer_support
 from pipelines.versions.manifest import sha256_file
+
+ROOT = SHIPPED.parents[1]
 
 RECIPE = json.loads((SHIPPED / "recipe.json").read_text(encoding="utf-8"))
 
@@ -157,3 +160,13 @@ def test_the_in_domain_ensemble_is_its_members_mean_and_keeps_its_logits_across_
     again = load_answer_model(IN_DOMAIN)
     assert again.load_kept(tmp_path / "answer_pairs.parquet") == 2
     assert answer_support(again, question, passages) == got and again.computed == 0  # read, not run again
+
+
+def test_the_in_domain_ensemble_records_the_demo_corpus_it_learned(tmp_path):
+    from pipelines.build.ingest import ingest
+    from pipelines.retrieval import learned_corpus
+
+    learned = learned_corpus.read(IN_DOMAIN)
+    docs = pq.read_table(ingest(ROOT / "corpus" / "demo", tmp_path).documents, columns=["doc_id"])["doc_id"]
+    assert {key.split("#", 1)[0] for key in learned["sections"]} == set(docs.to_pylist())
+    assert len(learned["chunks"]) == len(learned["sections"]) and "written after training" in learned["note"]

@@ -376,6 +376,18 @@ def cmd_train_in_domain(args) -> int:
     return 0
 
 
+def cmd_record_corpus(args) -> int:
+    """Write what a model trained before models recorded it learned, from the version it trained against."""
+    from pipelines.build.validate import loadable_chunks
+    from pipelines.retrieval import learned_corpus
+
+    index = Path(args.index)
+    path = learned_corpus.write(args.model, learned_corpus.record(loadable_chunks(index), index.name, args.note))
+    learned = learned_corpus.read(args.model)
+    print(f"{path}: {len(learned['sections'])} sections, {len(learned['chunks'])} chunks of version {index.name}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
@@ -481,6 +493,14 @@ def main(argv=None) -> int:
         help="training seed (default: the recipe's, 13); several: one model each in OUT/seed-N, read as their mean",
     )
     p.set_defaults(func=cmd_train_in_domain)
+
+    p = sub.add_parser(
+        "record-corpus", help="record which corpus a trained answer model learned (train-in-domain does it itself)"
+    )
+    p.add_argument("model", help="the model folder (answerability.answer_model_path)")
+    p.add_argument("--index", required=True, help="the run folder of the version it trained against")
+    p.add_argument("--note", help="how the record was made, kept in it (e.g. that it was written after training)")
+    p.set_defaults(func=cmd_record_corpus)
 
     p = sub.add_parser("config-schema", help="print the JSON schema of the pipeline config (for editors)")
     p.add_argument(

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from evals.evalset import NEAR, PARAPHRASE, copies, load_evalset, question_key, question_text
 from pipelines.app import answer_training as at
+from pipelines.build.validate import loadable_chunks
+from pipelines.retrieval import learned_corpus
 from pipelines.retrieval.answer_support import PASSAGES, write_ensemble
 from pipelines.retrieval.retriever import effective_query
 from pipelines.versions.manifest import sha256_file
@@ -194,13 +196,18 @@ def train_seeds(
     §18: one seed to the next moved the off-topic questions declined by three; the shipped model is such a mean)."""
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"--seed {' '.join(map(str, seeds))}: one or more distinct seeds")
-    if len(seeds) == 1:
-        return [train_in_domain(retriever, index, train_sets, out, work, seed=seeds[0], **kw)]
     out, work = Path(out), Path(work)
-    names = [f"seed-{s}" for s in seeds]
-    recipes = [
-        train_in_domain(retriever, index, train_sets, out / name, work / name, seed=seed, **kw)
-        for seed, name in zip(seeds, names)
-    ]
-    write_ensemble(out, names, trained_by="sourcegate train-in-domain, one model per seed (each member's recipe.json)")
+    if len(seeds) == 1:
+        recipes = [train_in_domain(retriever, index, train_sets, out, work, seed=seeds[0], **kw)]
+    else:
+        names = [f"seed-{s}" for s in seeds]
+        recipes = [
+            train_in_domain(retriever, index, train_sets, out / name, work / name, seed=seed, **kw)
+            for seed, name in zip(seeds, names)
+        ]
+        write_ensemble(
+            out, names, trained_by="sourcegate train-in-domain, one model per seed (each member's recipe.json)"
+        )
+    # what it learned of the corpus: a night measures today's corpus against it and gates on it only if enough
+    learned_corpus.write(out, learned_corpus.record(loadable_chunks(Path(index)), Path(index).name))
     return recipes
