@@ -332,7 +332,9 @@ def cmd_config_schema(args) -> int:
 
 
 def cmd_train_answerability(args) -> int:
-    """Train, export and evaluate the answer-support model (docs/benchmarks.md §23); prints the held-out result."""
+    """Train, export and evaluate the answer-support model; prints the held-out result.
+
+    docs/benchmarks/23-answer-model-squad.md measured it."""
     from pipelines.app.answer_training import train_answerability
 
     result = train_answerability(

@@ -164,7 +164,7 @@ def bf16_kernel(cpuinfo: str | None = None, environ=None) -> str:
     """Which kernel does this CPU's bf16 matrix maths: `amx`, `avx512_bf16` or `emulated`, plus any ISA cap.
 
     They round differently: the same 120 questions encoded here under oneDNN's default and capped
-    at AVX512_CORE or AVX2 differ by up to 1.0e-3 per vector component (docs/benchmarks.md §15),
+    at AVX512_CORE or AVX2 differ by up to 1.0e-3 per vector component (docs/benchmarks/15-embed-backends.md),
     enough to move a question across a threshold placed at its neighbour's score.
     """
     if cpuinfo is None:
