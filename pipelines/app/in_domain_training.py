@@ -36,9 +36,9 @@ from pipelines.versions.manifest import sha256_file
 
 LABELLED_FROM = 10  # how deep the fused order is searched for a should-answer question's labelled passages
 POSITIVES = 2  # labelled passages per should-answer question, at most
-EPOCHS = 4  # §18 sixth round: one epoch left 18 of 43 training off-topic questions above the tightest threshold
+EPOCHS = 4  # one epoch left 18 of 43 training off-topic questions above the tightest threshold; four epochs, 2
 LR = 3e-5
-SEED = 13  # the recipe's; another seed measures how much of a result is the draw (§18, ninth round)
+SEED = 13  # the recipe's; another seed measures how much of a result is the draw (up to three off-topic questions)
 
 
 def fused_tops(retriever, items: list[dict], depth: int = LABELLED_FROM) -> list[dict]:

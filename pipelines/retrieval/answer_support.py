@@ -94,8 +94,8 @@ class AnswerSupportModel(OnnxCrossEncoder):
 
     @property
     def trained_on_questions(self) -> tuple[str, ...]:
-        """Their texts as the model read them, for finding the same asks in other words (recipes since
-        session 16; older ones name keys only)."""
+        """Their texts as the model read them, for finding the same asks in other words (newer recipes
+        record them; older ones name keys only)."""
         return tuple(self.recipe.get("trained_on_questions", ()))
 
 
