@@ -27,6 +27,15 @@ def test_the_readme_is_at_most_10000_characters():
     assert chars <= 10_000, f"README.md has {chars} characters: move the detail under docs/"
 
 
+def test_the_readme_states_the_commands_what_they_need_and_the_exit_codes():
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    for needed in ("make run", "make test", "make check", "Python 3.11", "Java 17", "Maven"):
+        assert needed in text, f"README.md no longer says {needed!r}"
+    assert re.search(r"\*\*0\*\* the gate passed, \*\*1\*\* the gate failed, \*\*2\*\* anything else", text), (
+        "README.md must state the exit codes: 0 passed, 1 the gate failed, 2 anything else"
+    )
+
+
 def test_every_relative_link_in_the_readme_and_docs_resolves():
     pages = [ROOT / "README.md", EVALS / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     broken = [
