@@ -181,7 +181,7 @@ def collect_demo(index: Path, question_files: Sequence[str], config: str) -> lis
 
 
 def markdown(table_: Mapping, kind: str) -> str:
-    """One kind's rows as a Markdown table (docs/benchmarks.md)."""
+    """One kind's rows as a Markdown table (docs/benchmarks/12-answerability.md)."""
     head = "| signal | AUC | recall@100% | @99% | @95% | CV recall@100% (held-out coverage) | CV @99% | CV @95% |"
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for name, row in table_["signals"].items():

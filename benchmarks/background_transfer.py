@@ -1,4 +1,4 @@
-"""docs/benchmarks.md §18, fourth round: do the demo's decline thresholds transfer to SciFact and NFCorpus?
+"""docs/benchmarks/18-users-words.md, fourth round: do the demo's decline thresholds transfer to SciFact and NFCorpus?
 
     SOURCEGATE_SHARED=../shared python -m benchmarks.background_transfer --out /tmp/transfer \
         --candidates benchmarks/results/signal_candidates.json --background ../shared/datasets/squad2/dev-v2.0.json.gz

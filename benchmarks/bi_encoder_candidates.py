@@ -1,4 +1,4 @@
-"""docs/benchmarks.md §18, fifth round: would another bi-encoder give the decline signal a gap?
+"""docs/benchmarks/18-users-words.md, fifth round: would another bi-encoder give the decline signal a gap?
 
     python -m benchmarks.bi_encoder_candidates --index artifacts/runs/RUN --model DIR [--model DIR ...] \
         --fit config/evals/calibration.jsonl --questions config/evals/riders.jsonl config/evals/riders-final.jsonl \

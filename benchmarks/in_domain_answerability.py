@@ -1,4 +1,4 @@
-"""docs/benchmarks.md §18, sixth round: the cross-encoder fine-tuned on this corpus's own labelled questions.
+"""docs/benchmarks/18-users-words.md, sixth round: the cross-encoder fine-tuned on this corpus's own labelled questions.
 
     python -m benchmarks.in_domain_answerability --index artifacts/runs/RUN \
         --train config/evals/riders.jsonl config/evals/riders-final.jsonl config/evals/riders-final-3.jsonl \

@@ -1,4 +1,4 @@
-"""docs/benchmarks.md §18, fifth round: can a question's wording alone say it is not for this corpus?
+"""docs/benchmarks/18-users-words.md, fifth round: can a question's wording alone say it is not for this corpus?
 
     python -m benchmarks.intent_probe --fit config/evals/calibration.jsonl \
         --questions config/evals/riders.jsonl config/evals/riders-final.jsonl \

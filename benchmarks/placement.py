@@ -1,4 +1,4 @@
-"""docs/benchmarks.md §19: which threshold placement keeps unseen should-answer questions (issue #28).
+"""docs/benchmarks/19-placement.md: which threshold placement keeps unseen should-answer questions (issue #28).
 
 Each rule (evals/placement.py: tightest, linear midpoint, logit midpoint of the gap) is placed
 on data and judged on data it was not placed on, never on the check set:
@@ -13,7 +13,7 @@ Two stages:
 
 `scores` indexes each dataset like `sourcegate beir` (cached under --out) and scores its test
 queries as should-answer and the demo fit set's off-topic questions as should-decline
-(calibration.json per dataset). `table` prints the Markdown table of docs/benchmarks.md §19 and
+(calibration.json per dataset). `table` prints the Markdown table of docs/benchmarks/19-placement.md and
 writes benchmarks/results/placement.json (or --result).
 """
 

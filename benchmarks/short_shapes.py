@@ -1,5 +1,5 @@
-"""Benchmark 19: would shorter fixed shapes make torch-bf16's short texts cheaper without moving
-their vectors? (issue #24; docs/benchmarks.md §15 found words and questions 2.3x dearer at length 32).
+"""Benchmark 22: would shorter fixed shapes make torch-bf16's short texts cheaper without moving
+their vectors? (issue #24; docs/benchmarks/15-embed-backends.md found words and questions 2.3x dearer at length 32).
 
 Encodes a seeded sample of a demo index's words, and its sentences of at most 16 tokens, through
 `Bf16Embedder._forward` at the shipped shortest length (32) and at 8 and 16; reports the largest

@@ -1,4 +1,4 @@
-"""Print the headline numbers of every result file as Markdown tables (for docs/benchmarks.md).
+"""Print the headline numbers of every result file as Markdown tables (for docs/benchmarks/).
 
 .venv/bin/python -m benchmarks.summarize
 """

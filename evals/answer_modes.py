@@ -1,6 +1,6 @@
 """The answer mode a question's signals get under the thresholds in config (`answer.*`).
 
-Each state rests on its own signal (issue #30): `decline` on `answer.signal` (the gating signal: coverage
+Each state rests on its own signal (docs/decisions/0004): `decline` on `answer.signal` (the gating signal: coverage
 means "not declined", and the gate holds it to every set), `sourced` on `answer.strong_signal` (the
 signal that is surest a passage answers; the gating signal when unset). One rule for both sides: the
 evaluation records each question's mode with it (questions.jsonl, `sourcegate diff`, the report's

@@ -1,10 +1,10 @@
 """A demo night whose gate passes, for the tests of what follows a pass.
 
 Promotion, rollback, retention, reuse, the DAG's promote task and the fault suite need versions that passed, at a
-test's cost. The shipped decision passes on the demo since issue #28's thirteenth round (`answer_support` of the
-in-domain ensemble, docs/benchmarks.md §18), but a night of it on the full sets scores ten times the answer-support
-pairs of a test night; from #28 until then the shipped verdict was FAILED, honestly (docs/calibration.md). So the
-test nights run the demo with a sample of the fit set the gate passed on before #28
+test's cost. The shipped decision passes on the demo (`answer_support` of the in-domain ensemble,
+docs/decisions/0006-answer-support-in-domain-ensemble.md), but a night of it on the full sets scores ten times the
+answer-support pairs of a test night; before it the shipped verdict was FAILED, honestly (docs/calibration.md).
+So the test nights run the demo with a sample of the fit set the gate passed on before #28
 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without a-o-101..110, 14 off-topic, hence
 min_per_label 14) and, as its check set, 14 of those questions under new ids (tests/data/evals/check-pre28.jsonl): a
 gate without a check set fails ("coverage is unchecked"). They keep the decision the accepted baseline was accepted

@@ -21,7 +21,7 @@ TEXTS = [
     "BM25 ranks documents by term frequency, inverse document frequency and document length normalisation.",
     " ".join(f"Sentence {i} repeats the word mitochondria and the number {i * 7}." for i in range(60)),
 ]
-# Measured on 1,000 SciFact chunks (docs/benchmarks.md, benchmark 15): fp32 cosine to torch >= 0.9999998;
+# Measured on 1,000 SciFact chunks (docs/benchmarks/15-embed-backends.md): fp32 cosine to torch >= 0.9999998;
 # INT8 (dynamic, per-channel weights) min 0.9898; torch bf16 (fixed shapes) min 0.99998 on 200 of them.
 # The bounds leave room, not a different model.
 FP32_MIN_COSINE = 0.9999

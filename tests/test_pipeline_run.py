@@ -183,7 +183,7 @@ def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
 
 
 def test_the_shipped_decision_separates_the_questions_that_decide_it(artifacts):
-    """The demo's gate passes on the shipped decision by narrow margins (docs/benchmarks.md §18, thirteenth round):
+    """The demo's gate passes on the shipped decision by narrow margins (docs/benchmarks/18-users-words.md):
     the lowest should-answer and highest off-topic questions of the fit and check sets, scored with the shipped
     config on a test night's index (same corpus, same index settings), fall on their sides of the threshold. A
     change to retrieval or the answer model that closes the gap fails here, at seven questions' cost."""

@@ -1,4 +1,4 @@
-"""`sourcegate train-answerability`: the recipe of the answer-support model (issue #25).
+"""`sourcegate train-answerability`: the recipe of the answer-support model (docs/benchmarks/23-answer-model-squad.md).
 
 The model scores (question, passage) -> P(the passage answers the question); the signal that reads
 it is `pipelines/retrieval/answer_support.py`. Recipe, every choice fixed before the held-out

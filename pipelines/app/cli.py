@@ -197,7 +197,7 @@ def cmd_accept(args) -> int:
         with writer_lock(local, f"sourcegate accept {source}"):
             previous = read_json(out) if out.exists() else None
             seen = seen_check_questions(calibration, previous)
-            if seen:  # a new threshold has seen these check questions: fit data from now on (issue #28)
+            if seen:  # a threshold chosen after these check questions were scored is tuned to them: now fit data
                 moved = move_to_fit(cfg.evals.check_set, cfg.evals.calibration_set, seen)
                 record = {"accepted_from": source, "threshold": baseline["threshold"], **moved}
                 log_move(record | {"previous_threshold": (previous or {}).get("threshold")}, cfg.evals.check_moves)
@@ -336,7 +336,9 @@ def cmd_config_schema(args) -> int:
 
 
 def cmd_train_answerability(args) -> int:
-    """Train, export and evaluate the answer-support model (docs/benchmarks.md §23); prints the held-out result."""
+    """Train, export and evaluate the answer-support model; prints the held-out result.
+
+    docs/benchmarks/23-answer-model-squad.md measured it."""
     from pipelines.app.answer_training import train_answerability
 
     result = train_answerability(

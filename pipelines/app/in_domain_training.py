@@ -1,9 +1,9 @@
 """`sourcegate train-in-domain`: an answer-support model trained on this corpus's own labelled questions.
 
 The shipped answer-support model learnt from SQuAD 2.0 and did not move past the reranker it started from
-(docs/benchmarks.md §23); the same cross-encoder fine-tuned on a corpus's own labelled questions is the
-strongest decline evidence measured here (§18, sixth round). This is that recipe as a command, its output
-a drop-in `answerability.answer_model_path`:
+(docs/benchmarks/23-answer-model-squad.md); the same cross-encoder fine-tuned on a corpus's own labelled
+questions is the strongest decline evidence measured here (docs/benchmarks/18-users-words.md). This is that recipe
+as a command, its output a drop-in `answerability.answer_model_path`:
   * pairs, from the version's own retrieval: each should-answer question with up to POSITIVES of its labelled
     passages among the fused top LABELLED_FROM (1); each should-decline question, off-topic or near-topic, with
     its fused top `answerability.answer_passages` (default PASSAGES), the passages `answer_support` reads (0);
@@ -11,7 +11,7 @@ a drop-in `answerability.answer_model_path`:
     embeddings frozen; BCE, AdamW, seed 13), EPOCHS passes; exported as `int8` (default: dynamic INT8 with one
     scale per output channel, the shared embedding table left out as the shipped model does: about 22 MB, small
     enough to commit) or `fp32` (whole, 134 MB, the trained model's own scores). Per-tensor INT8, as the SQuAD
-    model is shipped, moved this model's logits by up to 15 (docs/benchmarks.md §18, seventh round); the gate
+    model is shipped, moved this model's logits by up to 15 (docs/benchmarks/18-users-words.md); the gate
     judges whichever file is configured;
   * recipe.json records the training sets (path, SHA-256) and the key of every question trained on
     (`evals.evalset.question_key`): a night whose fit or check set holds one of them fails its gate
@@ -38,9 +38,9 @@ from pipelines.versions.manifest import sha256_file
 
 LABELLED_FROM = 10  # how deep the fused order is searched for a should-answer question's labelled passages
 POSITIVES = 2  # labelled passages per should-answer question, at most
-EPOCHS = 4  # §18 sixth round: one epoch left 18 of 43 training off-topic questions above the tightest threshold
+EPOCHS = 4  # one epoch left 18 of 43 training off-topic questions above the tightest threshold; four epochs, 2
 LR = 3e-5
-SEED = 13  # the recipe's; another seed measures how much of a result is the draw (§18, ninth round)
+SEED = 13  # the recipe's; another seed measures how much of a result is the draw (up to three off-topic questions)
 
 
 def fused_tops(retriever, items: list[dict], depth: int = LABELLED_FROM) -> list[dict]:
@@ -192,8 +192,9 @@ def train_seeds(
     retriever, index: str, train_sets: list[str], out: Path, work: Path, seeds: list[int], **kw
 ) -> list[dict]:
     """`train_in_domain` once per seed. One seed: the model in OUT. Several: one in OUT/seed-N each, and OUT read as
-    their mean logit (answer_support.ENSEMBLE), so one training draw's luck does not decide the gate (docs/benchmarks.md
-    §18: one seed to the next moved the off-topic questions declined by three; the shipped model is such a mean)."""
+    their mean logit (answer_support.ENSEMBLE), so one training draw's luck does not decide the gate
+    (docs/benchmarks/18-users-words.md: one seed to the next moved the off-topic questions declined by three;
+    the shipped model is such a mean)."""
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"--seed {' '.join(map(str, seeds))}: one or more distinct seeds")
     out, work = Path(out), Path(work)

@@ -38,7 +38,7 @@ BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
 RECIPE = {"exporter": "torch.onnx.export(dynamo=False)", "opset": 17, "version": 1}
 INT8 = {"weight_type": "QInt8", "per_channel": True}
 # torch-bf16's fixed shapes: rows per forward pass and the padded lengths (the last is the model's limit).
-# 8 rows: the fastest of 2/4/8/16/32 on SciFact chunks here (benchmarks.embed_backends, docs §15).
+# 8 rows: the fastest of 2/4/8/16/32 on SciFact chunks here (docs/benchmarks/15-embed-backends.md).
 BF16 = {"autocast": "bfloat16", "rows": 8, "lengths": [32, 64, 128, 256], "version": 1}
 CACHE_ENV = "SOURCEGATE_MODEL_CACHE"  # where exports are kept; default ~/.cache/sourcegate/onnx
 
@@ -164,7 +164,7 @@ def bf16_kernel(cpuinfo: str | None = None, environ=None) -> str:
     """Which kernel does this CPU's bf16 matrix maths: `amx`, `avx512_bf16` or `emulated`, plus any ISA cap.
 
     They round differently: the same 120 questions encoded here under oneDNN's default and capped
-    at AVX512_CORE or AVX2 differ by up to 1.0e-3 per vector component (docs/benchmarks.md §15),
+    at AVX512_CORE or AVX2 differ by up to 1.0e-3 per vector component (docs/benchmarks/15-embed-backends.md),
     enough to move a question across a threshold placed at its neighbour's score.
     """
     if cpuinfo is None:

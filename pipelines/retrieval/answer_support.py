@@ -6,7 +6,7 @@ stop list that names the library). This one comes from a cross-encoder trained t
 apart: the packaged ms-marco-MiniLM-L-12-v2 fine-tuned on SQuAD 2.0, where a question's own
 paragraph answers it, another paragraph of the same article does not, and an unanswerable question
 is not answered by the paragraph it was written against (`sourcegate train-answerability`,
-pipelines/app/answer_training.py; docs/benchmarks.md §23).
+pipelines/app/answer_training.py; docs/benchmarks/23-answer-model-squad.md).
 
 The shipped model (models/answer_support/) leaves out its word-embedding table: training froze it,
 so it is byte for byte the packaged cross-encoder's, and it is joined back on load. That keeps the
@@ -14,8 +14,8 @@ file under the repository's 30 MB and binds the model to the package it was trai
 fingerprint hashes both).
 
 A folder holding `ensemble.json` is several such models read as one (`AnswerEnsemble`): a question's score
-is the mean over the members of each one's highest logit, the seed-averaged model of docs/benchmarks.md §18
-(thirteenth round), so one training draw's luck does not decide the gate.
+is the mean over the members of each one's highest logit, the seed-averaged model of
+docs/decisions/0006-answer-support-in-domain-ensemble.md, so one training draw's luck does not decide the gate.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ class AnswerSupportModel(OnnxCrossEncoder):
 
     @property
     def trained_on_questions(self) -> tuple[str, ...]:
-        """Their texts as the model read them, for finding the same asks in other words (recipes since
-        session 16; older ones name keys only)."""
+        """Their texts as the model read them, for finding the same asks in other words (newer recipes
+        record them; older ones name keys only)."""
         return tuple(self.recipe.get("trained_on_questions", ()))
 
 

@@ -1,4 +1,4 @@
-"""The answerability combiner: one calibrated score from several signals (issue #14).
+"""The answerability combiner: one calibrated score from several signals.
 
 A logistic regression over standardised signals (scikit-learn's, L2, solved by Newton-Cholesky to a tight
 tolerance: the same rows give the same coefficients on the same machine). It is fitted only by

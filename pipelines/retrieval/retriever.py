@@ -104,7 +104,7 @@ def blend(logits: Sequence[float], fused_scores: Sequence[float], weight: float)
     Both are min-max scaled within the head, so neither scale dominates; weight 1 is the
     cross-encoder's order, weight 0 the fused order; ties keep the fused rank. The
     cross-encoder alone overrides the fusion's agreement between BM25 and kNN, which on
-    SciFact costs nDCG (docs/benchmarks.md, benchmark 7).
+    SciFact costs nDCG (docs/benchmarks/07-quality-scifact.md).
     """
     combined = [weight * a + (1 - weight) * b for a, b in zip(minmax(logits), minmax(fused_scores))]
     return sorted(range(len(combined)), key=lambda i: (-combined[i], i))

@@ -1,4 +1,4 @@
-"""A cheap proof that an embedded version's files are still the ones last hashed (issue 22 item 7).
+"""A cheap proof that an embedded version's files are still the ones last hashed (docs/benchmarks/17-open-verified.md).
 
 Hashing every file on every open costs a full read (about 1.5 GB a query at 1M chunks). A full SHA-256
 check (at write, promote, `verify`) leaves ``.verified`` beside the manifest: the manifest's hash and each

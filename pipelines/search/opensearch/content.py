@@ -1,4 +1,4 @@
-"""What a complete OpenSearch version holds, as digests the node cannot change alone (G2, issue 31).
+"""What a complete OpenSearch version holds, as digests the node cannot change alone (G2).
 
 Per chunk: the SHA-256 of its ``_source`` as loaded (the fields canonical JSON, the embedding as float32
 bytes). Per version: ``content_sha256`` over the sorted (chunk_id, digest) pairs, computed from the Parquet
