@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import check_guard
 from tests.promotable import promotable_config
 from tests.tier_guard import pytest_runtest_call, pytest_runtest_setup  # noqa: F401  (hooks: the tier guard)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pipelines  # noqa: E402,F401  (its OMP_WAIT_POLICY default must be set before any test loads torch)
+
+check_guard.install()  # every test after this line: opening a check set's file raises
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -152,10 +155,19 @@ def s3_env(s3_server, monkeypatch):
 GUARDED = ("config", "tests/data/evals")
 
 
-def _guarded_files() -> dict[str, bytes]:
+def _guarded_files() -> dict[str, bytes | tuple[int, int]]:
+    """Each file's bytes; a check set's size and modification time (tests never open it: tests/check_guard.py)."""
     return {
-        str(p.relative_to(ROOT)): p.read_bytes() for d in GUARDED for p in sorted((ROOT / d).rglob("*")) if p.is_file()
+        str(p.relative_to(ROOT)): _stamp(p) if str(p.resolve()) in check_guard.GUARDED else p.read_bytes()
+        for d in GUARDED
+        for p in sorted((ROOT / d).rglob("*"))
+        if p.is_file()
     }
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipelines import config
@@ -97,3 +98,12 @@ def test_no_shipped_answer_model_trained_on_a_set_that_places_or_checks_a_thresh
     assert trained_on, "the recipes name training sets under config/evals"
     misplaced = sorted(f"{name}: {roles.get(name)}" for name in trained_on if roles.get(name) != "training")
     assert not misplaced, f"answer models trained on sets whose role is not training: {misplaced}"
+
+
+def test_no_test_can_open_a_check_set():
+    from tests.check_guard import GUARDED
+
+    assert len(GUARDED) == 2  # the check set and the next one
+    for path in GUARDED:
+        with pytest.raises(PermissionError, match="tests never read check-set questions"):
+            Path(path).read_text(encoding="utf-8")

@@ -125,7 +125,8 @@ def test_train_in_domain_refuses_the_fit_or_check_set_before_loading_a_model(tmp
     reworded = {**fit[1], "question": "Can I get a 31-day pass as a paper ticket please?"}  # a word away
     train = tmp_path / "train.jsonl"
     train.write_text(lines([{**q, "id": f"t-{i}"} for i, q in enumerate([fit[0], reworded])]))
-    argv = ["train-in-domain", "--index", str(tmp_path / "no-such-run"), "--train", str(train), "--out", str(tmp_path)]
+    argv = ["--set", "evals.check_set=tests/data/evals/check-pre28.jsonl"]  # tests never open the live check set
+    argv += ["train-in-domain", "--index", str(tmp_path / "no-such-run"), "--train", str(train), "--out", str(tmp_path)]
     assert main(argv) == 2  # before the (missing) index is opened or a model loads
     err = capsys.readouterr().err
     assert (

@@ -184,9 +184,10 @@ def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
 
 def test_the_shipped_decision_separates_the_questions_that_decide_it(artifacts):
     """The demo's gate passes on the shipped decision by narrow margins (docs/benchmarks/18-users-words.md):
-    the lowest should-answer and highest off-topic questions of the fit and check sets, scored with the shipped
-    config on a test night's index (same corpus, same index settings), fall on their sides of the threshold. A
-    change to retrieval or the answer model that closes the gap fails here, at seven questions' cost."""
+    the lowest should-answer and highest off-topic questions of the fit set, scored with the shipped config on a
+    test night's index (same corpus, same index settings), fall on their sides of the threshold. A change to
+    retrieval or the answer model that closes the gap fails here, at five questions' cost. The check set is never
+    read here: a test that held its questions would make every CI run a look at it."""
     from evals.evaluate import run_questions
     from pipelines import config
     from pipelines.app.factories import retriever_for
@@ -194,15 +195,10 @@ def test_the_shipped_decision_separates_the_questions_that_decide_it(artifacts):
 
     root = Path(__file__).resolve().parents[1]
     cfg = config.load(root / "config" / "pipeline.yaml")
-    deciding = {cfg.evals.calibration_set: {"u-a-053", "g-a-010", "g-a-029", "d-013", "g-o-006"}}
-    deciding[cfg.evals.check_set] = {"k-a-009", "k-o-002"}
-    items = [
-        q
-        for path, ids in deciding.items()
-        for q in map(json.loads, (root / path).read_text(encoding="utf-8").splitlines())
-        if q["id"] in ids
-    ]
-    assert len(items) == 7
+    deciding = {"u-a-053", "g-a-010", "g-a-029", "d-013", "g-o-006"}
+    lines = (root / cfg.evals.calibration_set).read_text(encoding="utf-8").splitlines()
+    items = [q for q in map(json.loads, lines) if q["id"] in deciding]
+    assert len(items) == 5
     retriever, _ = retriever_for(cfg, open_run_folder(artifacts / "runs" / "20261101-020000"))
     scores = {r["id"]: r["signals"][cfg.answer.signal] for r in run_questions(retriever, items)}
     threshold = cfg.answer.adjacent
