@@ -378,6 +378,15 @@ def cmd_train_in_domain(args) -> int:
     return 0
 
 
+def cmd_init(args) -> int:
+    """Scaffold a new corpus's config and eval sets, and say what to write next."""
+    from pipelines.app.scaffold import next_steps, scaffold
+
+    made = scaffold(load_config(args), args.corpus_dir, args.out, fmt=args.format or "markdown")
+    print(next_steps(made))
+    return 0
+
+
 def cmd_record_corpus(args) -> int:
     """Write what a model trained before models recorded it learned, from the version it trained against."""
     from pipelines.build.validate import loadable_chunks
@@ -495,6 +504,12 @@ def main(argv=None) -> int:
         help="training seed (default: the recipe's, 13); several: one model each in OUT/seed-N, read as their mean",
     )
     p.set_defaults(func=cmd_train_in_domain)
+
+    p = sub.add_parser("init", help="scaffold a config and eval sets for your own corpus, and say what to write next")
+    p.add_argument("corpus_dir", help="a folder of Markdown/HTML articles, or a BEIR dataset folder (--format beir)")
+    p.add_argument("--out", required=True, help="where pipeline.yaml, evals/ and sections.tsv are written")
+    p.add_argument("--format", choices=["markdown", "beir"])
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser(
         "record-corpus", help="record which corpus a trained answer model learned (train-in-domain does it itself)"
