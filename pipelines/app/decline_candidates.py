@@ -52,10 +52,11 @@ STOP_STARTS = frozenset(_COMMON.split())
 MAX_NAME_WORDS = 6
 MIN_NAME_CHARS = 3
 # a capitalised run of words (Title Case or ACRONYMS, digits allowed after the first), optionally joined by
-# "of"/"and"/"&" as names often are ("Customer Information Center", "Office of Civil Rights")
+# "of"/"and"/"&" as names often are ("Lost and Found", "Office of Civil Rights"); not by "the", which joins a
+# verb to a name ("Ride the Night Owl")
 _NAME = re.compile(
     r"\b(?:[A-Z][A-Za-z0-9'’.-]*[A-Za-z0-9]|[A-Z]{2,})"
-    r"(?:[ \t]+(?:(?:of|and|&|de|the)[ \t]+)?(?:[A-Z][A-Za-z0-9'’.-]*[A-Za-z0-9]|[A-Z]{2,}|\d+[A-Za-z]?))*"
+    r"(?:[ \t]+(?:(?:of|and|&)[ \t]+)?(?:[A-Z][A-Za-z0-9'’.-]*[A-Za-z0-9]|[A-Z]{2,}|\d+[A-Za-z]?))*"
 )
 _SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s+|\n\s*)$")
 
