@@ -390,6 +390,11 @@ def cmd_train_in_domain(args) -> int:
     )  # fmt: skip
     recipe = recipes[0]
     print(f"trained {len(recipes)} model(s) on {len(recipe['trained_on'])} questions ({recipe['pairs']}) in {out}")
+    if made := recipe.get("synthetic"):
+        print(
+            f"made from the corpus: {made['pseudo_queries']} inverse-cloze questions from {made['sections']} sections, "
+            f"{made['borrowing']} asks borrowing its names, {len(made['left_out'])} left out as copies of judged ones"
+        )
     print(f"use it: --set answerability.answer_model_path={out}")
     return 0
 
