@@ -1,8 +1,8 @@
 """Should-decline candidates that borrow a corpus's own names: the ask no article covers, worded with the
 corpus's vocabulary.
 
-On the demo, the questions that beat every relevance signal were of this kind ("history of the Valley Line",
-"is the Night Owl better than the subway in Paris"): the corpus's names make them look answerable to a
+On the demo, the off-topic questions that beat every relevance signal were of this kind, a corpus place or
+service with an everyday ask (docs/calibration.md): the corpus's names make them look answerable to a
 bi-encoder, BM25 and a cross-encoder alike. A maintainer of any corpus can get such candidates without writing
 them: the corpus's titles, headings and capitalised names, each put in an ask that a handbook-like article does
 not answer (a price in a foreign currency, who founded it, an opinion, someone's personal data, a comparison with
