@@ -373,10 +373,11 @@ def cmd_train_in_domain(args) -> int:
     if args.synthetic:
         import pyarrow.parquet as pq
 
-        # generated questions that copy a judged one are dropped, never refused: the generator cannot be reworded
-        chunks = pq.read_table(
-            index / "chunks.parquet", columns=["doc_id", "title", "section", "section_id", "body", "text"]
-        )
+        from pipelines.build.validate import loadable_chunks
+
+        # the chunks the version searches; generated questions that copy a judged one are dropped, never refused
+        columns = ["doc_id", "title", "section", "section_id", "body", "text"]
+        chunks = pq.read_table(loadable_chunks(index), columns=columns)
         synthetic = {
             "n": args.synthetic,
             "chunks": chunks.to_pylist(),
