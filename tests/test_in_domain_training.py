@@ -191,3 +191,49 @@ def test_the_bi_encoder_finds_a_fit_question_asked_in_other_words_and_drop_judge
     refuse_judged(items, {"fit set": str(fit)})  # without the bi-encoder, words alone: no copy
     left_out = leave_out_judged(items, {"fit set": str(fit)}, vectors, drop=True)
     assert list(left_out) == ["same-ask"] and left_out["same-ask"].startswith(f"~ u-a-020 of the fit set {fit} (0.8")
+
+
+@pytest.mark.models
+def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_they_were_made(demo_index, tmp_path):
+    import pyarrow.parquet as pq
+
+    from pipelines.app import steps
+    from pipelines.app.factories import answer_scorer_for, retriever_for
+    from pipelines.app.in_domain_training import leave_out_judged, train_in_domain
+    from pipelines.app.synthetic_pairs import pseudo_queries
+
+    cfg, run_id, searcher = demo_index
+    index = steps.run_dir(cfg, run_id)
+    retriever, _ = retriever_for(cfg, searcher)
+    chunks = pq.read_table(index / "chunks.parquet").to_pylist()
+    fit = tmp_path / "fit.jsonl"  # a judged set holding one of the sentences the pair maker would ask
+    asked = pseudo_queries(chunks, 4, seed=13)[1]
+    fit.write_text(lines([{"id": "fit-1", "question": asked["question"], "label": "decline"}]))
+    synthetic = {
+        "n": 4,
+        "chunks": chunks,
+        "leave_out": lambda made: leave_out_judged(made, {"fit": str(fit)}, drop=True),
+    }
+    out = tmp_path / "model"
+    recipe = train_in_domain(
+        retriever, str(index), [], out, tmp_path / "work", epochs=1, synthetic=synthetic, time_budget_s=60
+    )
+
+    made = recipe["synthetic"]
+    assert made["seed"] == 13 and made["pseudo_queries_asked"] == 4 and made["window"] == 3
+    assert made["left_out"] == {asked["id"]: f"~ fit-1 of the fit {fit} (1.00)"}  # never trained on a judged one
+    assert made["pseudo_queries"] == 3 and made["borrowing"] == 1 and made["negatives_per_query"] == 2
+    assert recipe["pairs"] == {"positive": 3, "negative": 3 * 2 + 1 * 3, "epochs": 1}
+    assert recipe["data"] == [] and "--train" not in recipe["command"]
+    assert "--synthetic 4 " in recipe["command"] and recipe["command"].endswith("--seed 13 --time-budget 60")
+    assert len(recipe["trained_on"]) == 4 and asked["question"].lower() not in recipe["trained_on_questions"]
+    model = answer_scorer_for(str(out))
+    assert model.trained_on == frozenset(recipe["trained_on"]) and recipe["steps"] == 1
+
+
+def test_train_in_domain_wants_labelled_sets_or_synthetic_questions(tmp_path, capsys):
+    from pipelines.app.cli import main
+
+    assert main(["train-in-domain", "--index", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 2
+    assert "give --train sets, --synthetic N" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

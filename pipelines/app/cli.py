@@ -352,13 +352,15 @@ def cmd_train_in_domain(args) -> int:
     """Train an answer-support model on this corpus's labelled questions over one version (docs/calibration.md)."""
     from evals.evalset import load_evalset
     from pipelines.app.factories import retriever_for
-    from pipelines.app.in_domain_training import EPOCHS, SEED, leave_out_judged, train_seeds
+    from pipelines.app.in_domain_training import EPOCHS, SEED, TIME_BUDGET_S, leave_out_judged, train_seeds
 
     cfg = load_config(args)
+    if not args.train and not args.synthetic:
+        raise ValueError("train-in-domain: give --train sets, --synthetic N (questions made from the corpus), or both")
     # a model that saw a question of the fit or check set fails every night's gate: copies are refused (or left
     # out), verbatim or reworded before any model loads, in other words once the version's bi-encoder is up
     judged = {"fit set": cfg.evals.calibration_set, "check set": cfg.evals.check_set}
-    items = [q for path in args.train for q in load_evalset(path)]
+    items = [q for path in args.train or [] for q in load_evalset(path)]
     left_out = leave_out_judged(items, judged, drop=args.drop_judged)
     index = Path(args.index)
     searcher = version_searcher(cfg, index)
@@ -367,13 +369,33 @@ def cmd_train_in_domain(args) -> int:
     left_out |= leave_out_judged(rest, judged, retriever.text_vectors, drop=args.drop_judged)
     for qid, why in left_out.items():
         print(f"left out {qid} {why}")
+    synthetic = None
+    if args.synthetic:
+        import pyarrow.parquet as pq
+
+        from pipelines.build.validate import loadable_chunks
+
+        # the chunks the version searches; generated questions that copy a judged one are dropped, never refused
+        columns = ["doc_id", "title", "section", "section_id", "body", "text"]
+        chunks = pq.read_table(loadable_chunks(index), columns=columns)
+        synthetic = {
+            "n": args.synthetic,
+            "chunks": chunks.to_pylist(),
+            "leave_out": lambda made: leave_out_judged(made, judged, retriever.text_vectors, drop=True),
+        }
     out = Path(args.out)
     recipes = train_seeds(
-        retriever, args.index, args.train, out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
+        retriever, args.index, args.train or [], out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
         args.seed or [SEED], epochs=args.epochs or EPOCHS, export_as=args.export, left_out=left_out,
+        synthetic=synthetic, time_budget_s=args.time_budget or TIME_BUDGET_S,
     )  # fmt: skip
     recipe = recipes[0]
     print(f"trained {len(recipes)} model(s) on {len(recipe['trained_on'])} questions ({recipe['pairs']}) in {out}")
+    if made := recipe.get("synthetic"):
+        print(
+            f"made from the corpus: {made['pseudo_queries']} inverse-cloze questions from {made['sections']} sections, "
+            f"{made['borrowing']} asks borrowing its names, {len(made['left_out'])} left out as copies of judged ones"
+        )
     print(f"use it: --set answerability.answer_model_path={out}")
     return 0
 
@@ -489,7 +511,17 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("train-in-domain", help="train the answer-support model on this corpus's labelled questions")
     p.add_argument("--index", required=True, help="a run folder: the version whose retrieval pairs them")
-    p.add_argument("--train", nargs="+", required=True, help="labelled sets to learn from (never the fit or check set)")
+    p.add_argument("--train", nargs="+", help="labelled sets to learn from (never the fit or check set)")
+    p.add_argument(
+        "--synthetic",
+        type=int,
+        metavar="N",
+        help="also (or only) learn from N questions made from the corpus: inverse-cloze sentences and asks borrowing "
+        "its names (pipelines/app/synthetic_pairs.py)",
+    )
+    p.add_argument(
+        "--time-budget", type=float, metavar="SECONDS", help="train only the steps that fit (default: 6 hours)"
+    )
     p.add_argument("--out", required=True, help="the model folder (answerability.answer_model_path)")
     p.add_argument("--work", help="scratch for the torch checkpoints (default: OUT_work)")
     p.add_argument("--epochs", type=int, help="passes over the pairs (default: the recipe's, 4)")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from evals.evalset import NEAR, PARAPHRASE, copies, load_evalset, question_key, question_text
 from pipelines.app import answer_training as at
+from pipelines.app.synthetic_pairs import synthetic_source
 from pipelines.build.validate import loadable_chunks
 from pipelines.retrieval import learned_corpus
 from pipelines.retrieval.answer_support import PASSAGES, write_ensemble
@@ -41,6 +42,7 @@ POSITIVES = 2  # labelled passages per should-answer question, at most
 EPOCHS = 4  # one epoch left 18 of 43 training off-topic questions above the tightest threshold; four epochs, 2
 LR = 3e-5
 SEED = 13  # the recipe's; another seed measures how much of a result is the draw (up to three off-topic questions)
+TIME_BUDGET_S = 6 * 3600
 
 
 def fused_tops(retriever, items: list[dict], depth: int = LABELLED_FROM) -> list[dict]:
@@ -142,10 +144,15 @@ def train_in_domain(
     threads: int = 2,
     left_out: Mapping[str, str] | None = None,
     seed: int = SEED,
+    synthetic: Mapping | None = None,
+    time_budget_s: float = TIME_BUDGET_S,
 ) -> dict:
     """Train on `train_sets` (labelled JSONL files) over `retriever`, the version at `index`; write
     OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe. `left_out`: id -> why, the
-    training questions not trained on (copies of a judged set's, `judged_copies`)."""
+    training questions not trained on (copies of a judged set's, `judged_copies`). `synthetic`: questions made
+    from the corpus too (`synthetic_pairs.synthetic_source`'s arguments: n, chunks, leave_out and its settings),
+    drawn with the training seed; alone (no `train_sets`) or mixed. `time_budget_s`: training stops at what fits
+    (the steps cut after the first 20 are timed, `answer_training.train`)."""
     t_start = time.time()
     if export_as not in EXPORTS:
         raise ValueError(f"export {export_as!r}: one of {EXPORTS}")
@@ -155,22 +162,34 @@ def train_in_domain(
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     window = retriever.answer_passages
-    pairs = training_pairs(fused_tops(retriever, items, max(LABELLED_FROM, window)), window)
+    pairs = training_pairs(fused_tops(retriever, items, max(LABELLED_FROM, window)), window) if items else []
+    made = None
+    if synthetic:
+        settings = dict(synthetic)
+        made_items, made_pairs, made = synthetic_source(
+            lambda qs, depth: fused_tops(retriever, qs, depth), settings.pop("chunks"), seed=seed, window=window,
+            **settings,
+        )  # fmt: skip
+        items, pairs = items + made_items, pairs + made_pairs
     if not any(y for *_, y in pairs) or all(y for *_, y in pairs):
         raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
     base = at.packaged_base(work / "base")
     hyper = {"lr": LR, "batch_size": 16, "warmup_steps": 20, "freeze_word_embeddings": True, "seed": seed}
     trained = at.train(
-        pairs * epochs, work / "hf", base, log_path=out / "training.log", threads=threads, time_budget_s=6 * 3600,
+        pairs * epochs, work / "hf", base, log_path=out / "training.log", threads=threads, time_budget_s=time_budget_s,
         **hyper,
     )  # fmt: skip
     exported = export(work / "hf", out, work, export_as)
     recipe = {
         "task": "answer support cross-encoder trained on this corpus's labelled questions",
-        "command": f"sourcegate train-in-domain --index {index} --train {' '.join(train_sets)} --out {out} "
-        f"--epochs {epochs} --export {export_as} --seed {seed}",
+        "command": f"sourcegate train-in-domain --index {index} "
+        + (f"--train {' '.join(train_sets)} " if train_sets else "")
+        + (f"--synthetic {made['pseudo_queries_asked']} " if made else "")
+        + f"--out {out} --epochs {epochs} --export {export_as} --seed {seed}"
+        + (f" --time-budget {time_budget_s:g}" if time_budget_s != TIME_BUDGET_S else ""),
         "base_model": at.base_model_info(base),
         "data": [{"path": str(p), "sha256": sha256_file(p)} for p in train_sets],
+        "synthetic": made,  # how the corpus-made questions were drawn (synthetic_pairs), or None
         "pairs": {"positive": sum(y for *_, y in pairs), "negative": sum(1 - y for *_, y in pairs), "epochs": epochs},
         "answer_passages": window,  # the window a night must read the model with (answerability.answer_passages)
         **{k: trained[k] for k in ("hyperparameters", "steps", "pairs_seen", "train_seconds")},
