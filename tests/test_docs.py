@@ -62,7 +62,7 @@ def set_roles() -> dict[str, str]:
 
 def test_every_eval_set_file_has_exactly_one_role():
     roles = set_roles()
-    on_disk = {path.name for path in EVALS.glob("*.jsonl")}
+    on_disk = {str(path.relative_to(EVALS)) for path in EVALS.rglob("*.jsonl")}
     assert sorted(on_disk - roles.keys()) == [], "eval sets without a role in config/evals/sets.yaml"
     assert sorted(roles.keys() - on_disk) == [], "config/evals/sets.yaml names files that do not exist"
 
