@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json, write_jsonl
+from evals import check_log
 from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
 from evals.evalset import EvalSetError, check_labels, copies, load_evalset, question_key
@@ -217,6 +218,28 @@ def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
     return diff
 
 
+def check_scoring(cfg, run: str, calibration: dict, evaluated: dict | None) -> dict | None:
+    """This night's look at the check set: its content hash, the design that looked (the decision and the models
+    behind its scores) and how many distinct designs have looked at that content (evals/check_log.py)."""
+    shipped = (calibration.get("check") or {}).get("shipped")
+    check_sha = ((evaluated or {}).get("eval_sets") or {}).get(str(cfg.evals.check_set))
+    if not shipped or not check_sha:
+        return None
+    design = {
+        "signal": shipped["signal"],
+        "threshold": shipped["threshold"],
+        "strong": (calibration.get("shipped") or {}).get("strong_threshold"),
+        "strong_signal": cfg.answer.strong_signal,
+        "answer_passages": cfg.answerability.answer_passages,
+        **{k: evaluated.get(k) for k in ("embedder_fingerprint", "reranker_fingerprint", "answer_model_fingerprint")},
+        "combiner": evaluated.get("combiner"),
+    }
+    digest = check_log.design_hash(design)
+    log = check_log.read(Path(cfg.artifacts) / check_log.LOG)
+    designs = check_log.designs_scored([r for r in log if r.get("run") != run], check_sha, digest)
+    return {"check_sha256": check_sha, "design_sha256": digest, "design": design, "designs_scored": len(designs)}
+
+
 def gate_for_dir(
     cfg, folder: Path, run_info: dict, evaluated: dict | None = None, live_folder: Path | None = None
 ) -> dict:
@@ -232,6 +255,9 @@ def gate_for_dir(
     baseline_path = Path(cfg.evals.baseline) if cfg.evals.baseline else None  # None: none accepted yet
     baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path else {}
     chosen = (calibration.get("signal_choice") or {}).get("signal")  # answer.signal: auto
+    scoring = check_scoring(cfg, folder.name, calibration, evaluated)
+    if scoring and calibration.get("coverage"):  # the check figure pays for every design that looked at the set
+        calibration["coverage"] = check_log.account(calibration["coverage"], scoring["designs_scored"])
     gate = evaluate_gate(
         calibration,
         precision,
@@ -242,6 +268,11 @@ def gate_for_dir(
     )
     if evaluated is not None:
         gate["evaluated"] = evaluated
+    if scoring:
+        held = next(c["passed"] for c in gate["checks"] if c["name"] == "check_set")
+        record = {"run": folder.name, "check_set": cfg.evals.check_set, "passed": held, **scoring}
+        check_log.append(Path(cfg.artifacts) / check_log.LOG, record)
+        gate["check_scoring"] = scoring
     write_gate(gate, folder)
     diff = diff_with(folder, live_folder) if (folder / "questions.jsonl").exists() else None
     write_report(calibration, precision, gate, run_info, folder / "report.html", diff)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import check_guard
+from tests.check_guard import GUARDED as CHECK_SETS
+from tests.check_guard import install as refuse_check_sets
 from tests.promotable import promotable_config
 from tests.tier_guard import pytest_runtest_call, pytest_runtest_setup  # noqa: F401  (hooks: the tier guard)
 
@@ -16,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pipelines  # noqa: E402,F401  (its OMP_WAIT_POLICY default must be set before any test loads torch)
 
-check_guard.install()  # every test after this line: opening a check set's file raises
+refuse_check_sets()  # every test after this line: opening a check set's file raises
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -158,7 +159,7 @@ GUARDED = ("config", "tests/data/evals")
 def _guarded_files() -> dict[str, bytes | tuple[int, int]]:
     """Each file's bytes; a check set's size and modification time (tests never open it: tests/check_guard.py)."""
     return {
-        str(p.relative_to(ROOT)): _stamp(p) if str(p.resolve()) in check_guard.GUARDED else p.read_bytes()
+        str(p.relative_to(ROOT)): _stamp(p) if str(p.resolve()) in CHECK_SETS else p.read_bytes()
         for d in GUARDED
         for p in sorted((ROOT / d).rglob("*"))
         if p.is_file()

@@ -1,0 +1,38 @@
+"""Every scoring of a check set is logged, and a check set scored under several designs promises less
+(evals/check_log.py): the check figure at Bonferroni confidence over the designs that looked at its content."""
+
+from evals.check_log import account, append, design_hash, designs_scored, read
+from evals.placement import exact_lower_bound
+
+COVERAGE = {
+    "figures": [
+        {"name": "in_sample", "value": 0.996, "assumes": "..."},
+        {"name": "check", "value": exact_lower_bound(45, 45, 0.95), "kept": 45, "n": 45, "confidence": 0.95,
+         "bound": "lower end of the exact (Clopper-Pearson) two-sided interval", "assumes": "..."},
+    ],
+}  # fmt: skip
+
+
+def test_one_design_keeps_the_bound_and_four_designs_pay_for_the_choice():
+    one = account(COVERAGE, 1)
+    assert one["figures"][1]["value"] == COVERAGE["figures"][1]["value"] and one["headline"]["name"] == "check"
+    four = account(COVERAGE, 4)
+    check = four["figures"][1]
+    assert check["value"] == exact_lower_bound(45, 45, 1 - 0.05 / 4) < one["figures"][1]["value"]
+    assert check["designs_scored"] == 4 and "scored under 4 designs" in check["bound"]
+    assert four["headline"] == check
+
+
+def test_the_log_counts_distinct_designs_per_check_content_and_a_rerun_is_not_a_new_look(tmp_path):
+    log = tmp_path / "check_scorings.jsonl"
+    a, b = design_hash({"signal": "x", "threshold": 0.1}), design_hash({"signal": "x", "threshold": 0.2})
+    assert a == design_hash({"threshold": 0.1, "signal": "x"}) != b  # key order does not matter
+    assert append(log, {"run": "r1", "check_sha256": "c1", "design_sha256": a, "passed": True})
+    assert not append(log, {"run": "r1", "check_sha256": "c1", "design_sha256": a, "passed": True})
+    assert append(log, {"run": "r2", "check_sha256": "c1", "design_sha256": a, "passed": True})
+    assert append(log, {"run": "r3", "check_sha256": "c2", "design_sha256": b, "passed": False})
+    rows = read(log)
+    assert len(rows) == 3
+    assert designs_scored(rows, "c1", a) == [a]  # the same design every night: one look
+    assert designs_scored(rows, "c1", b) == [a, b]  # a second design on the same content: two
+    assert designs_scored(rows, "c3", b) == [b]  # a fresh check set starts at one
