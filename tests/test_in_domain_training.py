@@ -237,3 +237,47 @@ def test_train_in_domain_wants_labelled_sets_or_synthetic_questions(tmp_path, ca
     assert main(["train-in-domain", "--index", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 2
     assert "give --train sets, --synthetic N" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_training_set_is_found_by_its_content_wherever_it_was_committed(tmp_path):
+    from pipelines.app.retrain import NotReproducible, find_by_hash
+
+    committed = Path("config/evals/riders.jsonl")
+    recorded = {"path": "/work/exp/gone/riders-copy.jsonl", "sha256": sha256_file(committed)}
+    assert find_by_hash(recorded) == committed  # same bytes, another name: the same set
+    with pytest.raises(NotReproducible, match="is in no committed file"):
+        find_by_hash({"path": "/work/exp/gone/x.jsonl", "sha256": "0" * 64})
+
+
+@pytest.mark.models
+def test_retrain_rebuilds_a_model_from_its_recipe_and_the_recipe_round_trips(demo_index, tmp_path, capsys):
+    from pipelines.app import retrain, steps
+    from pipelines.app.cli import main
+
+    cfg, run_id, _ = demo_index
+    index = steps.run_dir(cfg, run_id)
+    train = tmp_path / "train.jsonl"
+    train.write_text(lines(first_of_riders(3)))
+    settings = ["--set", "evals.check_set=tests/data/evals/check-pre28.jsonl"]  # tests never open the live check set
+    first = tmp_path / "first"
+    args = ["train-in-domain", "--index", str(index), "--train", str(train), "--out", str(first), "--epochs", "1"]
+    assert main([*settings, *args]) == 0
+    assert (first / "learned_corpus.json").is_file()  # what it learned, for the nights and for a retrain
+
+    again = tmp_path / "again"
+    assert main([*settings, "retrain", str(first), "--out", str(again)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{index} holds exactly what {first} learned" in printed
+    old, new = retrain.recipes(first)[0], retrain.recipes(again)[0]
+    for key in ("data", "pairs", "hyperparameters", "trained_on", "answer_passages", "base_model"):
+        assert old[key] == new[key], key
+    assert retrain.command_args(new)[retrain.command_args(new).index("--out") + 1] == str(again)
+    assert "seed 13: same data, pairs, hyperparameters, trained_on; differs nothing" in printed
+
+    # the version it paired against, changed by one section: refused, naming what differs
+    learned = json.loads((first / "learned_corpus.json").read_text())
+    key = next(iter(learned["sections"]))
+    learned["sections"][key] = "0" * 16
+    (first / "learned_corpus.json").write_text(json.dumps(learned))
+    assert main([*settings, "retrain", str(first), "--out", str(tmp_path / "third")]) == 2
+    assert "is not the one" in capsys.readouterr().err and not (tmp_path / "third").exists()

@@ -409,6 +409,36 @@ def cmd_init(args) -> int:
     return 0
 
 
+def cmd_retrain(args) -> int:
+    """Rebuild a trained answer model from its recipe and the repository's files (pipelines/app/retrain.py)."""
+    import shlex
+
+    from pipelines.app import retrain
+    from pipelines.app.run import build
+    from pipelines.app.steps import new_run_id, run_dir
+    from pipelines.build.validate import loadable_chunks
+
+    model, out = Path(args.model), Path(args.out)
+    recorded = retrain.retrain_argv(model, out, Path("."))[1]["recorded_index"]
+    index = Path(args.index or (recorded[0] if recorded else ""))
+    if not (index / "chunks.parquet").is_file():  # the recorded run folder is gone: build the version again
+        cfg = config_mod.replace(load_config(args), {"artifacts": str(out.parent / f"{out.name}_work" / "artifacts")})
+        run_id = new_run_id()
+        print(f"{index} is not here: building the version from {cfg.corpus.path} (run {run_id})")
+        build(cfg, run_id)
+        index = run_dir(cfg, run_id)
+    share = retrain.same_content(model, loadable_chunks(index))
+    print(f"{index} holds exactly what {model} learned ({share['n_sections']} sections)")
+    argv, _ = retrain.retrain_argv(model, out, index)
+    print("retraining: sourcegate " + shlex.join(argv))
+    settings = [*(["--config", args.config] if args.config else []), *[w for o in args.set or () for w in ("--set", o)]]
+    code = main([*settings, *argv])
+    if code == 0:
+        for line in retrain.compare(retrain.recipes(model), retrain.recipes(out)):
+            print(line)
+    return code
+
+
 def cmd_record_corpus(args) -> int:
     """Write what a model trained before models recorded it learned, from the version it trained against."""
     from pipelines.build.validate import loadable_chunks
@@ -542,6 +572,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="where pipeline.yaml, evals/ and sections.tsv are written")
     p.add_argument("--format", choices=["markdown", "beir"])
     p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("retrain", help="rebuild a trained answer model from its recipe and the repository's files")
+    p.add_argument("model", help="the model folder (its recipe.json, or an ensemble's members')")
+    p.add_argument("--out", required=True, help="where the rebuilt model goes")
+    p.add_argument("--index", help="the run folder to pair against (default: the recorded one, else built anew)")
+    p.add_argument("--corpus", help="the corpus to build the version from when it is gone (default: corpus.path)")
+    p.set_defaults(func=cmd_retrain)
 
     p = sub.add_parser(
         "record-corpus", help="record which corpus a trained answer model learned (train-in-domain does it itself)"
