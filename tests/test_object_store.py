@@ -223,13 +223,15 @@ def test_an_expired_lock_object_is_broken_and_a_live_one_is_named(s3_server, mon
         monkeypatch.setenv(key, value)
     store = ObjectStore.from_uri(s3_server.bucket("locks-stale") + "/n")
     gone = {"pid": 1, "host": "another-host", "command": "sourcegate run x", "since": "then", "token": "t"}
-    store.put(object_lock.LOCK_KEY, json.dumps(gone | {"expires": 0}).encode())
-    release = object_lock.acquire_object(store, "me", timeout_s=0)
-    assert "broke the stale lock" in caplog.text
+    store.put(object_lock.claim_key("t"), json.dumps(gone | {"expires": 0}).encode())
+    lease = object_lock.acquire_object(store, "me", timeout_s=0)
+    assert "broke the stale lock of pid 1 on another-host" in caplog.text
+    assert not store.exists(object_lock.claim_key("t"))
     with pytest.raises(LockHeld, match="locked by pid"):
         object_lock.acquire_object(store, "second", timeout_s=0)
-    release()
-    assert not store.exists(object_lock.LOCK_KEY)
+    lease.release()
+    assert store.listing(object_lock.CLAIMS) == {}  # released: no claim left
+    assert json.loads(store.get(object_lock.LOCK_KEY))["generation"] == lease.generation  # the fence record stays
 
 
 def all_text(folder: Path) -> str:

@@ -134,36 +134,37 @@ class Lease:
         self.lost = self.lost or f"{self.store.uri}: the lock of {self.me()} {why}; it publishes nothing"
         return self.lost
 
-    def check(self) -> None:
-        """Raise LockLost unless this holder still holds the lock, with enough lease left to publish."""
-        if self.lost:
-            raise LockLost(self.lost)
-        left = self.expires - self.clock()
-        if left < self.lease_s * SAFE_FRACTION:
-            raise LockLost(self._lose(f"has {left:.1f} s of its {self.lease_s:g} s lease left (renewal stalled)"))
+    def why_lost(self, margin_s: float) -> str | None:
+        """Why this holder no longer holds the lock, a newer holder named first (None: it still holds it, with at
+        least `margin_s` of its lease left)."""
         other = self.superseded_by(read_record(self.store))
         if other:
-            raise LockLost(self._lose(f"was superseded by {other}"))
+            return f"was superseded by {other}"
         if not self.store.exists(claim_key(self.token)):
-            raise LockLost(self._lose("was broken by another writer (its lease had lapsed)"))
+            return "was broken by another writer (its lease had lapsed)"
+        left = self.expires - self.clock()
+        if left < margin_s:
+            return f"has {max(left, 0.0):.1f} s of its {self.lease_s:g} s lease left (its renewal stalled)"
+        return None
+
+    def check(self) -> None:
+        """Raise LockLost unless this holder still holds the lock, with a third of its lease left to publish in."""
+        if self.lost:
+            raise LockLost(self.lost)
+        why = self.why_lost(self.lease_s * SAFE_FRACTION)
+        if why:
+            raise LockLost(self._lose(why))
 
     def renew(self) -> bool:
         """One renewal: a new `expires` on this holder's claim, unless it lapsed or was superseded. False: lost."""
         if self.lost:
             return False
-        now = self.clock()
-        if now >= self.expires:
-            self._lose("lapsed before it could be renewed")
-            return False
         try:
-            other = self.superseded_by(read_record(self.store))
-            if other:
-                self._lose(f"was superseded by {other}")
+            why = self.why_lost(0.0)  # never renewed once lapsed: another writer may hold it already
+            if why:
+                self._lose(why)
                 return False
-            if not self.store.exists(claim_key(self.token)):
-                self._lose("was broken by another writer (its lease had lapsed)")
-                return False
-            claim = self.claim | {"expires": now + self.lease_s}
+            claim = self.claim | {"expires": self.clock() + self.lease_s}
             self.store.put(claim_key(self.token), _encode(claim))
             self.claim = claim
         except OSError as exc:  # the store unreachable: try again, until the lease runs out
