@@ -271,6 +271,15 @@ def test_embed_shards_share_the_lock_and_are_fenced_by_a_newer_exclusive_holder(
     shard.release()
 
 
+@pytest.mark.s3
+def test_publishing_without_holding_the_lock_is_refused(s3_server, s3_env):
+    uri = s3_server.bucket("publish-unlocked") + "/n"
+    store = seed_store(uri)
+    with pytest.raises(RuntimeError, match="without holding its writer lock"), staging.staged(cfg_for(uri)) as local:
+        (Path(local.artifacts) / "LIVE").write_text("v1\n")
+    assert store.get(staging.LIVE) == b"v0\n"
+
+
 # --- the version cache -----------------------------------------------------------------------------
 
 # A `query` process opening v1 through the cache: every download slowed so two such processes overlap.

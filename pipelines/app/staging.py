@@ -228,7 +228,9 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
         if moves_live:
             store.put(LIVE, (live + "\n").encode())
     with store_errors(store, "removing the run folders retention dropped", live_changed=live != snap.live):
-        dropped = sorted(snap.runs - {p.name for p in (scratch / "runs").iterdir() if p.is_dir()})
+        runs = scratch / "runs"
+        # no runs folder at all: nothing was staged there, so nothing was dropped
+        dropped = sorted(snap.runs - {p.name for p in runs.iterdir() if p.is_dir()}) if runs.is_dir() else []
         if dropped:
             check()
         for run in dropped:
