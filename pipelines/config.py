@@ -80,6 +80,13 @@ class Backend(Section):
 
 class Lock(Section):
     timeout_s: Number = number(30.0, "how long a second writer waits for the artifacts/alias lock")
+    lease_s: Number = number(
+        120.0,
+        "s3:// artifacts: the lock's lease, renewed every third of it while the holder works; a holder that "
+        "stops renewing (its host gone, its process frozen) is broken this long after its last renewal, and a "
+        "lapsed holder publishes nothing",
+        gt=0,
+    )
 
 
 class Embedding(Section):

@@ -80,6 +80,23 @@ def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path
     assert len(records) == 1 and json.loads(store.get(next(iter(records))))["version"] == "r1"
 
 
+def test_publish_refuses_to_move_live_that_moved_since_it_was_staged(tmp_path):
+    """The steps judged "never move LIVE backwards" against the staged LIVE: if another writer promoted since,
+    this writer writes neither LIVE nor its promotion record."""
+    from pipelines.versions import promotions
+
+    store = local_store(tmp_path)
+    store.put("LIVE", b"v2\n")  # promoted by another writer after this one staged v0
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "LIVE").write_text("v1\n")
+    promotions.append_record(promotions.promotion_record("v1", "v0", "abc", "cli"), scratch / "promotions.jsonl")
+    with pytest.raises(staging.LiveMoved, match="'v2', not 'v0' as staged.*'v1' was not promoted"):
+        staging.publish(store, scratch, staging.Snapshot(live="v0"))
+    assert store.get("LIVE") == b"v2\n"
+    assert store.listing("promotions/") == {}
+
+
 def test_staging_reads_what_a_step_reads_and_only_records_of_the_rest():
     keys = {f"runs/{r}/{n}": 1 for r in ("r1", "r2", "r3") for n in ("chunks.parquet", "run.json")}
     assert staging.previous_of(keys, "r4") == "r3" and staging.previous_of(keys, "r1") is None
@@ -223,13 +240,15 @@ def test_an_expired_lock_object_is_broken_and_a_live_one_is_named(s3_server, mon
         monkeypatch.setenv(key, value)
     store = ObjectStore.from_uri(s3_server.bucket("locks-stale") + "/n")
     gone = {"pid": 1, "host": "another-host", "command": "sourcegate run x", "since": "then", "token": "t"}
-    store.put(object_lock.LOCK_KEY, json.dumps(gone | {"expires": 0}).encode())
-    release = object_lock.acquire_object(store, "me", timeout_s=0)
-    assert "broke the stale lock" in caplog.text
+    store.put(object_lock.claim_key("t"), json.dumps(gone | {"expires": 0}).encode())
+    lease = object_lock.acquire_object(store, "me", timeout_s=0)
+    assert "broke the stale lock of pid 1 on another-host" in caplog.text
+    assert not store.exists(object_lock.claim_key("t"))
     with pytest.raises(LockHeld, match="locked by pid"):
         object_lock.acquire_object(store, "second", timeout_s=0)
-    release()
-    assert not store.exists(object_lock.LOCK_KEY)
+    lease.release()
+    assert store.listing(object_lock.CLAIMS) == {}  # released: no claim left
+    assert json.loads(store.get(object_lock.LOCK_KEY))["generation"] == lease.generation  # the fence record stays
 
 
 def all_text(folder: Path) -> str:

@@ -13,8 +13,12 @@ folder; on success `publish` writes back what changed, in this order:
    so two writers never rewrite one log object);
 3. `LIVE` as one PUT; 4. the run folders retention removed.
 
-A night that fails (the store unreachable included) publishes no LIVE: the live version stays. The
-scratch folder is always removed.
+Publication is fenced: before it writes anything, before the manifests, before the promotion records and LIVE,
+and before removals it checks that this writer's lease on the store still holds (lock.fence: not lapsed, no
+newer holder), and a writer that moves LIVE checks that the store's LIVE is still the one it staged (the
+steps' "never move LIVE backwards" judged that copy). Either failing raises, naming who, and publishes no
+LIVE. A night that fails (the store unreachable included) publishes no LIVE: the live version stays. The
+scratch folder is always removed. Object keys become local paths only through object_store.local_path.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from pipelines import config
 from pipelines.batches import shard_range
 from pipelines.config import PipelineConfig
 from pipelines.versions import promotions
-from pipelines.versions.lock import command_line, writer_lock
-from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, sha256_path
+from pipelines.versions.lock import command_line, fence, writer_lock
+from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, local_path, sha256_path
 
 RECORDS = ("run.json", "gate.json", "index/manifest.json")  # every run's: listing, ordering, retention
 INDEX_FILES = "index/"  # a run's index version files: needed only to open or verify that version
@@ -44,6 +48,10 @@ PROMOTIONS_PREFIX = "promotions/"
 LIVE = "LIVE"
 SKIPPED = (".sourcegate.lock", ".sourcegate.lock.json")
 PUBLISHED_AS = ".published-as"  # in a scratch folder: the s3:// URI it is published to (never itself published)
+
+
+class LiveMoved(RuntimeError):
+    """LIVE on the store is no longer the one this writer staged: another writer promoted meanwhile."""
 
 
 @dataclass
@@ -159,20 +167,20 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     live = store.get(LIVE)
     snap.live = live.decode().strip() if live else None
     if snap.live:
+        local_path(scratch / "runs", snap.live)  # a run id: the steps make it a folder name
         (scratch / LIVE).write_text(snap.live + "\n", encoding="utf-8")
     roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live, earlier_evaluation_of(keys, run_id))
     snap.runs = {r for k in keys if (r := run_of(k))}
-    for key in sorted(keys):
+    paths = {key: local_path(scratch, key) for key in sorted(keys)}  # every key checked before any is written
+    for key, path in paths.items():
         if reads.shard and key == f"runs/{run_id}/{reads.shard[0]}":
-            store.download_rows(
-                key, scratch / key, functools.partial(shard_range, shard=reads.shard[1], shards=reads.shard[2])
-            )
+            store.download_rows(key, path, functools.partial(shard_range, shard=reads.shard[1], shards=reads.shard[2]))
         elif wanted(key, reads, roles):
-            store.download(key, scratch / key)
+            store.download(key, path)
         else:
-            (scratch / key).parent.mkdir(parents=True, exist_ok=True)
-            (scratch / key).write_bytes(b"")
-        snap.sha256[key] = sha256_path(scratch / key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
+        snap.sha256[key] = sha256_path(path)
     records = [json.loads(store.get(k)) for k in sorted(store.listing(PROMOTIONS_PREFIX))]
     for record in records:
         promotions.append_record(record, scratch / promotions.PROMOTIONS_LOG)
@@ -191,27 +199,53 @@ def local_files(scratch: Path) -> list[str]:
     return sorted(k for k in found if not Path(k).name.startswith(".") and ".tmp" not in k)
 
 
-def publish(store: ObjectStore, scratch: Path, snap: Snapshot) -> None:
-    """Write back what the steps changed: run files (manifests last), new promotion records, LIVE, removals."""
+def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: None) -> None:
+    """Write back what the steps changed: run files (manifests last), new promotion records, LIVE, removals.
+    `check` (lock.fence) raises when this writer no longer holds the lock: it runs before each phase."""
     live_file = scratch / LIVE
     live = live_file.read_text(encoding="utf-8").strip() if live_file.exists() else None
+    moves_live = bool(live) and live != snap.live
     with store_errors(store, "publishing", live_changed=False):
+        check()
+        if moves_live:
+            live_unmoved(store, snap, live)
         remote = store.listing("runs/")
         complete = {run_of(k) for k in remote if k.endswith("/index/manifest.json")}
         changed = [k for k in local_files(scratch) if snap.sha256.get(k) != sha256_path(scratch / k)]
         manifests = [k for k in changed if k.endswith("/index/manifest.json")]
         for key in [k for k in changed if k not in manifests] + manifests:
+            if manifests and key == manifests[0]:
+                check()  # a version becomes complete only under a lease that still holds
             if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
                 store.upload_once(scratch / key, key)  # G1: a complete version's files never change
             else:
                 store.upload(scratch / key, key)
+        check()
+        if moves_live:
+            live_unmoved(store, snap, live)
         for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
             store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
-        if live and live != snap.live:
+        if moves_live:
             store.put(LIVE, (live + "\n").encode())
     with store_errors(store, "removing the run folders retention dropped", live_changed=live != snap.live):
-        for run in sorted(snap.runs - {p.name for p in (scratch / "runs").iterdir() if p.is_dir()}):
+        runs = scratch / "runs"
+        # no runs folder at all: nothing was staged there, so nothing was dropped
+        dropped = sorted(snap.runs - {p.name for p in runs.iterdir() if p.is_dir()}) if runs.is_dir() else []
+        if dropped:
+            check()
+        for run in dropped:
             store.delete_prefix(f"runs/{run}/")
+
+
+def live_unmoved(store: ObjectStore, snap: Snapshot, live: str) -> None:
+    """Refuse to write LIVE unless the store still holds the LIVE this writer staged (and judged against)."""
+    data = store.get(LIVE)
+    current = data.decode().strip() if data else None
+    if current != snap.live:
+        raise LiveMoved(
+            f"{store.url(LIVE)} is {current!r}, not {snap.live!r} as staged: another writer promoted meanwhile; "
+            f"{live!r} was not promoted (LIVE and the promotions log left as they are)"
+        )
 
 
 @contextmanager
@@ -241,7 +275,7 @@ def staged(
             snap = stage(store, scratch, run_id, reads)
         yield config.replace(cfg, {"artifacts": str(scratch)})
         if publish_after:
-            publish(store, scratch, snap)
+            publish(store, scratch, snap, fence(cfg))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

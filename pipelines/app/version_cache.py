@@ -5,18 +5,27 @@ manifest come from the store on every call; the version's files are downloaded o
 `<cache>/<manifest sha256>/runs/<version>/index/` (SOURCEGATE_CACHE, default ~/.cache/sourcegate/versions)
 and opened only after they verify against that manifest (G2). A cache entry is keyed by the manifest's
 hash, so a version that changed on the store (it never should, G1) can never be served from a stale copy.
+
+Several `query` processes may share one cache: each downloads into a folder of its own
+(`<hash>.part-<pid>-<random>`) and renames it into place in one step. The first rename wins; a later one
+finds the entry there, keeps it and removes only its own folder, so an entry is never deleted or replaced
+under a process serving it. Keys and the version name become local paths only through
+object_store.local_path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from pipelines.search.embedded import EmbeddedSearcher, EmbeddedStore
 from pipelines.versions import manifest as mf
-from pipelines.versions.object_store import ObjectStore
+from pipelines.versions.object_store import ObjectStore, local_path
 
 CACHE_ENV = "SOURCEGATE_CACHE"
 
@@ -52,15 +61,8 @@ class CachedStore:
         if manifest is None:
             raise FileNotFoundError(f"no complete index version {version} in {self.store.uri}")
         entry = self.root / mf.manifest_hash(manifest)
-        index = entry / "runs" / version / "index"
-        if not (index / "manifest.json").is_file():
-            tmp = entry.with_name(entry.name + ".part")
-            shutil.rmtree(tmp, ignore_errors=True)
-            prefix = f"runs/{version}/index/"
-            for key in self.store.listing(prefix):
-                self.store.download(key, tmp / key)
-            shutil.rmtree(entry, ignore_errors=True)
-            tmp.rename(entry)
+        if not local_path(entry, f"runs/{version}/index/manifest.json").is_file():
+            fill(self.store, entry, f"runs/{version}/index/")
         return EmbeddedStore(entry / "runs", entry / "LIVE")
 
     def verify(self, version: str, hashes: bool = True) -> dict:
@@ -71,3 +73,32 @@ class CachedStore:
         if version is None:
             raise FileNotFoundError(f"no live index ({self.store.url('LIVE')} missing); run `sourcegate run` first")
         return self.local(version).open(version, hashes=hashes)
+
+
+def fill(store: ObjectStore, entry: Path, prefix: str) -> None:
+    """Download `prefix` into a folder of this process's own, then rename it to `entry` in one step; when
+    another process's rename came first, keep theirs (same manifest hash, same bytes) and drop ours."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.part-{os.getpid()}-", dir=entry.parent))
+    try:
+        paths = {key: local_path(tmp, key) for key in store.listing(prefix)}  # all checked before any download
+        for key, path in paths.items():
+            store.download(key, path)
+        try:
+            tmp.rename(entry)  # atomic; fails when `entry` exists (a non-empty folder)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            if not local_path(entry, f"{prefix}manifest.json").is_file():  # a damaged entry: set aside, replaced
+                aside = Path(tempfile.mkdtemp(prefix=f"{entry.name}.damaged-{os.getpid()}-", dir=entry.parent))
+                with contextlib.suppress(FileNotFoundError):  # another process set it aside first
+                    entry.rename(aside / entry.name)
+                shutil.rmtree(aside, ignore_errors=True)
+                try:
+                    tmp.rename(entry)
+                except OSError:
+                    if not local_path(entry, f"{prefix}manifest.json").is_file():
+                        raise
+                    # ...and put its own copy in place first: that one is kept
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing left once renamed

@@ -15,6 +15,10 @@ class LockHeld(RuntimeError):
     """Another writer holds the lock and did not let go within the timeout."""
 
 
+class LockLost(RuntimeError):
+    """This writer's lease lapsed or a newer holder fenced it out: it must publish nothing."""
+
+
 def holder_record(command: str) -> dict:
     return {
         "pid": os.getpid(),

@@ -16,6 +16,9 @@ Locks are re-entrant within one thread: `sourcegate run` holds the lock for the 
 the steps it calls (which lock for themselves when Airflow runs them as tasks) just join it.
 Embed shards take the folder lock shared: Airflow runs them in parallel, each writes only its own
 shard file, and a shared hold still keeps every exclusive writer (retention, promote) out.
+
+An `s3://` artifacts prefix is locked by a renewed, fenced lease (object_lock.py), shared holders included;
+`fence(cfg)` is the check its publication runs first (staging.publish).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pipelines import faults
 from pipelines.config import PipelineConfig
 from pipelines.search.opensearch.health import LOCK_INDEX
 from pipelines.versions.holder import POLL_S, LockHeld, describe, holder_record, is_stale
-from pipelines.versions.object_lock import acquire_object
+from pipelines.versions.object_lock import Lease, acquire_object
 from pipelines.versions.object_store import ObjectStore, is_remote
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ class _Hold:
     shared: bool
     release: Callable[[], None]
     since: float  # epoch seconds
+    fence: Callable[[], None] | None = None  # an object-store lease's check: raises LockLost when superseded
 
 
 _held: dict[tuple[str, int], _Hold] = {}  # (lock key, thread id) -> this thread's hold
@@ -186,7 +190,8 @@ def _hold(key: str, shared: bool, acquire: Callable[[], Callable[[], None]]) -> 
         finally:
             hold.count -= 1
         return
-    _held[slot] = _Hold(1, shared, acquire(), time.time())
+    got = acquire()  # a release function, or an object-store Lease (release + check)
+    _held[slot] = _Hold(1, shared, getattr(got, "release", got), time.time(), getattr(got, "check", None))
     try:
         yield
     except BaseException as original:
@@ -209,8 +214,8 @@ def lock_key(cfg: PipelineConfig) -> str:
     return artifacts.rstrip("/") if is_remote(artifacts) else str(Path(artifacts).resolve())
 
 
-def acquire_remote(uri: str, command: str, timeout_s: float) -> Callable[[], None]:
-    return acquire_object(ObjectStore.from_uri(uri), command, timeout_s)
+def acquire_remote(uri: str, command: str, timeout_s: float, lease_s: float, shared: bool = False) -> Lease:
+    return acquire_object(ObjectStore.from_uri(uri), command, timeout_s, lease_s=lease_s, shared=shared)
 
 
 @contextmanager
@@ -220,9 +225,11 @@ def writer_lock(cfg: PipelineConfig, command: str | None = None, *, shared: bool
     timeout = timeout_of(cfg)
     artifacts = lock_key(cfg)
     with ExitStack() as stack:
-        if is_remote(artifacts):  # no shared disk: a lock object; shared holders (embed shards) write only their part
-            if not shared:
-                stack.enter_context(_hold(artifacts, False, lambda: acquire_remote(artifacts, command, timeout)))
+        if is_remote(artifacts):  # no shared disk: a fenced lease; shared holders (embed shards) write only their part
+            lease_s = float(cfg.lock.lease_s)
+            stack.enter_context(
+                _hold(artifacts, shared, lambda: acquire_remote(artifacts, command, timeout, lease_s, shared))
+            )
         else:
             stack.enter_context(_hold(artifacts, shared, lambda: acquire_folder(artifacts, command, timeout, shared)))
         if cfg.backend.kind == "opensearch" and not shared:
@@ -234,6 +241,15 @@ def writer_lock(cfg: PipelineConfig, command: str | None = None, *, shared: bool
                 _hold(f"opensearch:{alias}", False, lambda: acquire_alias(client_for(section), alias, command, timeout))
             )
         yield
+
+
+def fence(cfg: PipelineConfig) -> Callable[[], None]:
+    """The check a publication to `cfg.artifacts` runs before it writes: raises LockLost when this thread's
+    lease was superseded or lapsed, RuntimeError when it holds no lock there at all."""
+    hold = _held.get((lock_key(cfg), threading.get_ident()))
+    if hold is None:
+        raise RuntimeError(f"publishing to {cfg.artifacts} without holding its writer lock")
+    return hold.fence or (lambda: None)
 
 
 def held_since(cfg: PipelineConfig) -> float | None:

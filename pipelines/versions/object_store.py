@@ -12,7 +12,8 @@ secret is ever kept in a value this module returns or logs.
 
 pyarrow.fs exposes no conditional PUT (If-None-Match), so "write once" is enforced by the writer that
 holds the lock (pipelines/versions/object_lock.py): an object that exists with other bytes is never
-overwritten (`WriteOnceViolation`), one with the same bytes is left as it is.
+overwritten (`WriteOnceViolation`), one with the same bytes is left as it is. A key becomes a local path only
+through `local_path`, which refuses one that could leave its folder (`UnsafeKey`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,37 @@ CHUNK = 8 << 20
 
 class WriteOnceViolation(RuntimeError):
     """An immutable object already exists with different content."""
+
+
+class UnsafeKey(ValueError):
+    """An object key that would name a path outside the local folder it is copied into."""
+
+
+def local_path(root: Path, key: str) -> Path:
+    """`root / key` for an object key copied to local disk, refusing any key that could leave `root` or name
+    something other than what it says: absolute, a `.` or `..` segment, an empty segment, a backslash (a
+    separator on some systems), NUL or another control character. The store's listing is not trusted."""
+    reason = key_problem(key)
+    if reason:
+        raise UnsafeKey(f"refusing the object key {key!r}: {reason}")
+    return root.joinpath(*key.split("/"))
+
+
+def key_problem(key: str) -> str | None:
+    if not key:
+        return "it is empty"
+    if bad := next((c for c in key if ord(c) < 32 or ord(c) == 127), None):
+        return f"it holds the control character {bad!r}"
+    if "\\" in key:
+        return "it holds a backslash"
+    if key.startswith("/"):
+        return "it is absolute"
+    segments = key.split("/")
+    if any(s in (".", "..") for s in segments):
+        return "it has a '.' or '..' segment"
+    if "" in segments:
+        return "it has an empty segment"
+    return None
 
 
 class StoreUnavailable(RuntimeError):
