@@ -173,13 +173,14 @@ def test_a_writer_whose_lease_lapsed_cannot_publish_over_a_newer_holders_promoti
 @pytest.mark.s3
 def test_renewal_keeps_a_long_running_holder_past_its_lease(s3_server, s3_env):
     store = ObjectStore.from_uri(s3_server.bucket("lease-renewal") + "/n")
-    lease = object_lock.acquire_object(store, "long night", timeout_s=0, lease_s=2.0)
-    until = time.monotonic() + 5.0  # two and a half leases: every contender meanwhile is refused
+    # a lease long enough that a loaded machine's scheduling delays never starve the renewal thread past it
+    lease = object_lock.acquire_object(store, "long night", timeout_s=0, lease_s=5.0)
+    until = time.monotonic() + 11.0  # two leases and more: every contender meanwhile is refused
     while time.monotonic() < until:
         with pytest.raises(LockHeld, match="long night"):
-            object_lock.acquire_object(ObjectStore.from_uri(store.uri), "second", timeout_s=0, lease_s=2.0)
-        time.sleep(0.3)
-    assert lease.why_lost(0.0) is None  # still its holder after 2.5 leases: not superseded, its claim unexpired
+            object_lock.acquire_object(ObjectStore.from_uri(store.uri), "second", timeout_s=0, lease_s=5.0)
+        time.sleep(0.5)
+    assert lease.why_lost(0.0) is None  # still its holder after two leases: not superseded, its claim unexpired
     lease.release()
     object_lock.acquire_object(store, "after", timeout_s=0, lease_s=2.0).release()  # released: free at once
 
