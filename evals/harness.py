@@ -32,6 +32,22 @@ RERANK_PAIRS = "rerank_pairs.parquet"  # question-passage logits, under the cros
 ANSWER_PAIRS = "answer_pairs.parquet"  # question-passage logits of the answer-support model, under its fingerprint
 
 
+class NotAVerdict(RuntimeError):
+    """An evaluation whose measurement did not happen as configured (the reranker did not run on the precision
+    set): neither a passed nor a failed gate."""
+
+
+def check_reranker_ran(cfg, precision: dict) -> None:
+    """A configured reranker that did not rerank every precision question would compare the fused order with
+    itself and bind the reranker's fingerprint to that: no verdict."""
+    if cfg.reranker.kind != "none" and "error" not in precision and precision.get("reranker_used") is False:
+        raise NotAVerdict(
+            f"the precision eval ran without the reranker (reranker.kind {cfg.reranker.kind}, "
+            f"reranker.model_path {cfg.reranker.model_path}): precision.json reranker_used is false; "
+            "no verdict is written (see the evaluate step's log for why it did not run)"
+        )
+
+
 def calibration_config(cfg, answer_model_corpus: dict | None = None) -> dict:
     """The sweep's settings as plain data (evals/calibration.py): the config's `calibration` section, the
     gating thresholds of its `answer` section, and for `answer.signal: auto` the candidates, less an answer model
@@ -241,16 +257,24 @@ def check_scoring(cfg, run: str, calibration: dict, evaluated: dict | None) -> d
 
 
 def gate_for_dir(
-    cfg, folder: Path, run_info: dict, evaluated: dict | None = None, live_folder: Path | None = None
+    cfg,
+    folder: Path,
+    run_info: dict,
+    evaluated: dict | None = None,
+    live_folder: Path | None = None,
+    decision: dict | None = None,
 ) -> dict:
     """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
 
     `evaluated` is what the evaluation judged, already bound to the baseline it is compared against
-    (`pipelines.versions.verdict.binding`), stored in gate.json as is;
-    `live_folder` is the live version's run folder, for the per-question diff since it.
+    (`pipelines.versions.verdict.binding`), stored in gate.json as is; `decision` what a pass proves about
+    answering (`pipelines.versions.decision.proven`), stored as is; `live_folder` is the live version's run
+    folder, for the per-question diff since it. NotAVerdict when the precision eval ran without the configured
+    reranker: nothing is written.
     """
     calibration = read_json(folder / "calibration.json")
     precision = read_json(folder / "precision.json")
+    check_reranker_ran(cfg, precision)
     errors = read_json(folder / "eval_errors.json")["errors"]
     baseline_path = Path(cfg.evals.baseline) if cfg.evals.baseline else None  # None: none accepted yet
     baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path else {}
@@ -273,6 +297,8 @@ def gate_for_dir(
         record = {"run": folder.name, "check_set": cfg.evals.check_set, "passed": held, **scoring}
         check_log.append(Path(cfg.artifacts) / check_log.LOG, record)
         gate["check_scoring"] = scoring
+    if decision is not None:
+        gate["decision"] = decision
     write_gate(gate, folder)
     diff = diff_with(folder, live_folder) if (folder / "questions.jsonl").exists() else None
     write_report(calibration, precision, gate, run_info, folder / "report.html", diff)

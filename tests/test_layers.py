@@ -37,6 +37,7 @@ PIPELINE_LAYERS = [
     ["pipelines.retrieval"],
     [
         "pipelines.versions.verdict",
+        "pipelines.versions.decision",
         "pipelines.versions.runs",
         "pipelines.versions.lock",
         "pipelines.versions.code",

@@ -18,8 +18,8 @@ from pipelines import config
 from pipelines.app import steps
 from pipelines.app.cli import main
 from pipelines.app.factories import open_store
+from pipelines.versions import decision, promotions, verdict
 from pipelines.versions import manifest as mf
-from pipelines.versions import promotions, verdict
 from tests.test_embedded_backend import synthetic_chunks
 
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}
@@ -28,7 +28,8 @@ INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256
 def pass_gate(cfg: config.PipelineConfig, version: str, passed: bool = True) -> dict:
     """gate.json for a loaded `version`, bound to it as evaluate_step + gate_step bind a verdict."""
     facts = verdict.evaluated(cfg, open_store(cfg).manifest(version), verdict.eval_sets(cfg))
-    gate = {"passed": passed, "reasons": [], "evaluated": verdict.binding(facts, cfg.evals.baseline)}
+    bound = verdict.binding(facts, cfg.evals.baseline)
+    gate = {"passed": passed, "reasons": [], "evaluated": bound, "decision": decision.proven(cfg, None, bound)}
     write_json(gate, steps.run_dir(cfg, version) / "gate.json")
     return gate
 

@@ -58,19 +58,17 @@ def cmd_run(args) -> int:
 
 
 def cmd_query(args) -> int:
-    from pipelines.app.factories import open_store, retriever_for
+    """Answer under the decision the live version's (or `--index`'s) passed verdict proved; a config value or a
+    model on disk that differs is refused (exit 2) unless --unproven, which says so on its first line. Exit 2
+    too when the proven decision could not be applied (its gating signal could not be computed)."""
+    from pipelines.app.factories import serving_for
     from pipelines.retrieval.answer import decide
 
     cfg = load_config(args)
-    if args.index:
-        from pipelines.search.embedded import open_run_folder
-
-        searcher = open_run_folder(args.index)
-    else:
-        searcher = open_store(cfg).open()
-    retriever, _ = retriever_for(cfg, searcher)
-    retrieval = retriever.retrieve(args.question, args.context or [])
-    answer = decide(retrieval, cfg.answer)
+    serving = serving_for(cfg, args.index, unproven=args.unproven)
+    retrieval = serving.retriever.retrieve(args.question, args.context or [])
+    answer = decide(retrieval, serving.decision)
+    notice = query_notice(serving, answer)
     payload = {
         "question": args.question,
         "context": args.context or [],
@@ -79,15 +77,23 @@ def cmd_query(args) -> int:
         "signal": answer.signal,
         "value": answer.value,
         "threshold": answer.threshold,
+        "proven_by": None if serving.overridden else serving.proven_by,
+        "unproven": bool(serving.overridden),
+        "overridden": serving.overridden,
+        "decision_applied": answer.applied,
+        "notice": notice,
         "calibrated_by": cfg.answer.calibrated_by,
         "reranked": retrieval.reranked,
         "signals": retrieval.signals,
         "dropped_as_noise": answer.dropped_as_noise,
         "passages": [c.to_dict() for c in answer.passages],
     }
+    code = 0 if answer.applied else 2
     if args.json:
         print(json.dumps(payload, indent=2, sort_keys=True))
-        return 0
+        return code
+    if notice:
+        print(notice)
     print(f"mode: {answer.mode}   ({answer.signal} = {_fmt(answer.value)}, threshold {answer.threshold:g})")
     print(f"query: {retrieval.query}")
     if retrieval.signals.get("uncovered_terms"):  # question terms the top passages do not hold
@@ -102,7 +108,20 @@ def cmd_query(args) -> int:
         )
     if answer.mode in ("decline", "open"):
         print("(declined: the closest candidates are shown so the refusal can be checked)")
-    return 0
+    return code
+
+
+def query_notice(serving, answer) -> str | None:
+    """The first line of a query that is not the proven decision applied: answered unproven, or its gating
+    signal missing (a decline that measured nothing)."""
+    if serving.overridden:
+        return "UNPROVEN: answered with the config as it is, not a proven decision: " + "; ".join(serving.overridden)
+    if not answer.applied:
+        return (
+            f"NOT APPLIED: the proven decision ({serving.proven_by}) could not be applied: its gating signal "
+            f"{serving.decision['signal']} could not be computed (see the log, -v), so the question is declined"
+        )
+    return None
 
 
 def _fmt(value, spec: str = ".4f") -> str:
@@ -482,6 +501,11 @@ def main(argv=None) -> int:
     p.add_argument("--index", help="an embedded run folder"), p.add_argument("--json", action="store_true")
     p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--artifacts")
     p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
+    p.add_argument(
+        "--unproven",
+        action="store_true",
+        help="answer with the config as it is even where it differs from the decision the verdict proved (said so)",
+    )
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("calibrate", help="sweep + precision evals of an existing index with a labelled set")

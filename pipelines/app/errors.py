@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from evals.harness import NotAVerdict
+from pipelines.retrieval.rerank import ModelUnavailable
 from pipelines.search.opensearch.health import RECOVERY, PreflightFailed
+from pipelines.versions.decision import NotProven
 from pipelines.versions.holder import LockHeld
 from pipelines.versions.lock import step_of
 from pipelines.versions.manifest import IntegrityError
@@ -76,4 +79,10 @@ def exit_line(exc: BaseException, command: str, url: str) -> str:
         return f"integrity error during {step}: {exc}"
     if isinstance(exc, LockHeld):
         return f"lock timeout during {step}: {exc}"
+    if isinstance(exc, ModelUnavailable):
+        return f"model unavailable during {step}, before anything was scored (no verdict): {exc}"
+    if isinstance(exc, NotAVerdict):
+        return f"not a verdict during {step}: {exc}"
+    if isinstance(exc, NotProven):
+        return f"not proven during {step}: {exc}"
     return f"{type(exc).__name__} during {step}: {exc}"

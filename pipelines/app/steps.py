@@ -30,7 +30,7 @@ from pipelines.build.validate import loadable_chunks, validate_chunks
 from pipelines.config import PipelineConfig
 from pipelines.retrieval import combiner, learned_corpus
 from pipelines.retrieval.answer_support import AnswerSupportModel
-from pipelines.versions import code, promotions, runs, verdict
+from pipelines.versions import code, decision, promotions, runs, verdict
 from pipelines.versions import manifest as mf
 from pipelines.versions.lock import held_since, locked
 
@@ -333,7 +333,9 @@ def promote_step(cfg: PipelineConfig, run_id: str, actor: str = "cli", allow_old
         raise verdict.VerdictMismatch(f"refusing to promote {run_id}: no gate verdict ({gate_path})")
     store = open_store(cfg)
     manifest = store.verify(run_id)
-    verdict.check_verdict(read_json(gate_path), cfg, manifest, run_id)
+    gate = read_json(gate_path)
+    verdict.check_verdict(gate, cfg, manifest, run_id)
+    decision.of_verdict(gate, str(gate_path))  # what is served is what it proved: a verdict must say what that is
     previous = store.live()
     if previous == run_id:  # a retry after a crash past the swap: finish what the crash left undone
         return finish_promotion(store, folder, run_id, actor, gate_path, manifest, previous=None)
@@ -366,6 +368,8 @@ def finish_promotion(store, folder: Path, run_id: str, actor: str, gate_path: Pa
         )
         store.log_promotion(record)
         faults.reached("promote:logged")
+    # what the live version proved, beside the pointer for applications (folder: <artifacts>/runs/<run id>)
+    decision.publish(folder.parent.parent, run_id, gate_path)
     update_run_info(folder, promoted=promoted_field(record))
     return run_id
 
@@ -421,6 +425,7 @@ def rollback_step(
     gate = read_json(gate_path) if gate_path.is_file() else {}
     manifest = store.verify(version)  # IntegrityError when it no longer verifies
     verdict.check_verdict(gate, cfg, manifest, version)  # the full binding, as promote checks it
+    decision.of_verdict(gate, str(gate_path))
     store.promote(version)
     record = promotions.promotion_record(
         version,
@@ -432,6 +437,7 @@ def rollback_step(
         forced=version not in promoted,
     )
     store.log_promotion(record)
+    decision.publish(cfg.artifacts, version, gate_path)
     return record
 
 
@@ -518,6 +524,9 @@ def gate_step(cfg: PipelineConfig, run_id: str) -> dict:
     live = open_store(cfg).live()
     evaluated = info.get("evaluated")  # what evaluate_step judged, bound to the baseline the gate compares against
     bound = verdict.binding(evaluated, cfg.evals.baseline) if evaluated is not None else None
-    gate = gate_for_dir(cfg, folder, info, evaluated=bound, live_folder=run_dir(cfg, live) if live else None)
+    calibration = folder / "calibration.json"
+    proven = decision.proven(cfg, read_json(calibration) if calibration.is_file() else None, bound)
+    live_folder = run_dir(cfg, live) if live else None
+    gate = gate_for_dir(cfg, folder, info, evaluated=bound, live_folder=live_folder, decision=proven)
     update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

@@ -1,13 +1,16 @@
-"""Answer modes, decided in code from calibrated signals and thresholds in config (evals/answer_modes.py).
+"""Answer modes, decided in code from calibrated signals and thresholds (evals/answer_modes.py): those of the
+decision the live version's verdict proved (pipelines/versions/decision.py; `answer.*` of the config only when
+answering unproven, which says so).
 
-decline  : answer.signal < answer.adjacent (or `open`, if configured) — with the three closest
+decline  : the gating signal < adjacent (or `open`, if `below` says so) — with the three closest
            candidates and their scores, so a refusal can be checked.
-sourced  : otherwise, when answer.strong_signal >= answer.strong
+sourced  : otherwise, when the strong signal >= strong
 adjacent : otherwise: the closest sources, flagged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from evals.answer_modes import mode_for
@@ -26,15 +29,19 @@ class Answer:
     threshold: float
     passages: list[Candidate]
     dropped_as_noise: int = 0
+    applied: bool = True  # False: the gating signal could not be computed, so the decision could not be applied
 
 
-def decide(retrieval: Retrieval, answer: config.Answer, max_passages: int = 5) -> Answer:
-    mode, signal, threshold = mode_for(retrieval.signals, answer)
+def decide(retrieval: Retrieval, decision: config.Answer | Mapping, max_passages: int = 5) -> Answer:
+    """The answer under `decision` (a proven decision, or the config's `answer` section: the same keys)."""
+    mode, signal, threshold = mode_for(retrieval.signals, decision)
     value = retrieval.signals.get(signal)
+    gating = decision.get("signal") if isinstance(decision, Mapping) else decision.signal
+    applied = retrieval.signals.get(gating) is not None  # a missing signal declines: never a measured decline
     if mode not in ("sourced", "adjacent"):
-        return Answer(mode, signal, value, threshold, retrieval.ranked[:3])
+        return Answer(mode, signal, value, threshold, retrieval.ranked[:3], applied=applied)
     passages, dropped = drop_noise(retrieval.ranked[:max_passages], signal, threshold)
-    return Answer(mode, signal, value, threshold, passages, dropped)
+    return Answer(mode, signal, value, threshold, passages, dropped, applied)
 
 
 def drop_noise(candidates: list[Candidate], signal: str, threshold: float) -> tuple[list[Candidate], int]:

@@ -30,7 +30,8 @@ import numpy as np
 
 from pipelines import config, models
 from pipelines.retrieval import kept
-from pipelines.retrieval.rerank import OnnxCrossEncoder, sigmoid
+from pipelines.retrieval.rerank import ModelUnavailable, OnnxCrossEncoder, sigmoid
+from pipelines.versions.manifest import sha256_file
 
 log = logging.getLogger(__name__)
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "answer_support"
@@ -157,13 +158,55 @@ def fingerprint(folder: str | Path | None = None) -> str:
     return "sha256:" + hashlib.sha256(f"{own}\n{packaged}".encode()).hexdigest()
 
 
-def load_answer_model(model_dir: str | Path | None = None) -> AnswerSupportModel | AnswerEnsemble | None:
+# Each trained model's recipe.json records the SHA-256 of the files it exported (`onnx_sha256`, `tokenizer_sha256`).
+RECORDED = (("model.onnx", "onnx_sha256"), ("tokenizer.json", "tokenizer_sha256"))
+
+
+def member_folders(folder: Path) -> list[Path]:
+    """The folders holding one trained model each: an ensemble's members, else the folder itself."""
+    spec = folder / ENSEMBLE
+    if not spec.is_file():
+        return [folder]
+    return [folder / name for name in json.loads(spec.read_text(encoding="utf-8")).get("members") or []]
+
+
+def integrity_problems(folder: Path) -> list[str]:
+    """Each file of a trained model that is missing or differs from the SHA-256 its recipe recorded at export
+    (a truncated copy, a replaced file), naming the file, its size and both hashes."""
+    problems = []
+    for member in member_folders(folder):
+        recipe_path = member / "recipe.json"
+        recipe = json.loads(recipe_path.read_text(encoding="utf-8")) if recipe_path.is_file() else {}
+        for name, key in RECORDED:
+            path, expected = member / name, recipe.get(key)
+            if not path.is_file():
+                problems.append(f"{path}: missing")
+            elif expected and (actual := sha256_file(path)) != expected:
+                problems.append(
+                    f"{path}: sha256 {actual[:12]}... is not the {key} {expected[:12]}... its recipe.json recorded "
+                    f"({path.stat().st_size} bytes: truncated or replaced)"
+                )
+    return problems
+
+
+def load_answer_model(
+    model_dir: str | Path | None = None, required: bool = False
+) -> AnswerSupportModel | AnswerEnsemble | None:
     """The answer-support model (an ensemble if its folder holds ENSEMBLE), or None (logged) when it cannot
-    load: the signal is then missing, never faked."""
+    load: the signal is then missing, never faked. `required`: its files are first checked against their recipes,
+    and a model that cannot be used raises ModelUnavailable naming the file and what is wrong."""
+    folder = AnswerSupportModel.folder_of(model_dir)
     try:
-        folder = AnswerSupportModel.folder_of(model_dir)
+        if required and (problems := integrity_problems(folder)):
+            raise ModelUnavailable(f"answer model (answerability.answer_model_path) {folder}: " + "; ".join(problems))
         return AnswerEnsemble(folder) if (folder / ENSEMBLE).exists() else AnswerSupportModel(model_dir)
+    except ModelUnavailable:
+        raise
     except Exception as exc:
+        if required:
+            raise ModelUnavailable(
+                f"answer model (answerability.answer_model_path) {folder} could not load: {type(exc).__name__}: {exc}"
+            ) from exc
         log.warning("answer support: could not load (%s: %s); signal answer_support is None", type(exc).__name__, exc)
         return None
 

@@ -29,6 +29,11 @@ from pipelines.retrieval import kept
 log = logging.getLogger(__name__)
 
 
+class ModelUnavailable(RuntimeError):
+    """A configured model that cannot be used (missing, truncated, tampered, or its loader failed): what it would
+    score is no measurement, so a night stops before scoring instead of gating on a missing signal."""
+
+
 class Scorer(Protocol):
     model_id: str
 
@@ -146,8 +151,9 @@ class SentenceTransformersCrossEncoder:
         return list(enumerate(float(x) for x in np.asarray(logits).reshape(-1)))
 
 
-def load_scorer(kind: str, model_path: str | None = None) -> Scorer | None:
-    """The configured scorer, or None (logged) when it is off or cannot load."""
+def load_scorer(kind: str, model_path: str | None = None, required: bool = False) -> Scorer | None:
+    """The configured scorer, or None (logged) when it is off or cannot load; `required`: a configured one that
+    cannot load raises ModelUnavailable naming where it was looked for and the loader's error."""
     if kind == "none":
         log.info("reranker: not configured (kind=none); fused order is kept")
         return None
@@ -159,7 +165,12 @@ def load_scorer(kind: str, model_path: str | None = None) -> Scorer | None:
                 raise ValueError("reranker.model_path is required for kind=sentence_transformers")
             return SentenceTransformersCrossEncoder(model_path)
         raise ValueError(f"unknown reranker kind {kind!r}")
-    except Exception as exc:  # a reranker that cannot load must not fail retrieval
+    except Exception as exc:  # a reranker that cannot load must not fail retrieval (unless required)
+        if required:
+            where = model_path or "the packaged cross-encoder"
+            raise ModelUnavailable(
+                f"reranker (reranker.kind {kind}) at {where} could not load: {type(exc).__name__}: {exc}"
+            ) from exc
         log.warning("reranker: could not load (%s: %s); fused order is kept", type(exc).__name__, exc)
         return None
 
