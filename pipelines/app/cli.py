@@ -112,16 +112,20 @@ def cmd_query(args) -> int:
 
 
 def query_notice(serving, answer) -> str | None:
-    """The first line of a query that is not the proven decision applied: answered unproven, or its gating
+    """The first line of a query that is not the proven decision applied: answered unproven, and/or its gating
     signal missing (a decline that measured nothing)."""
+    notes = []
     if serving.overridden:
-        return "UNPROVEN: answered with the config as it is, not a proven decision: " + "; ".join(serving.overridden)
-    if not answer.applied:
-        return (
-            f"NOT APPLIED: the proven decision ({serving.proven_by}) could not be applied: its gating signal "
-            f"{serving.decision['signal']} could not be computed (see the log, -v), so the question is declined"
+        notes.append(
+            "UNPROVEN: answered with the config as it is, not a proven decision: " + "; ".join(serving.overridden)
         )
-    return None
+    if not answer.applied:
+        decision = "the decision" if serving.overridden else f"the proven decision ({serving.proven_by})"
+        notes.append(
+            f"NOT APPLIED: {decision} could not be applied: its gating signal {serving.decision['signal']} could "
+            "not be computed (see the log, -v), so the question is declined"
+        )
+    return " | ".join(notes) or None
 
 
 def _fmt(value, spec: str = ".4f") -> str:
