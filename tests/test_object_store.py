@@ -67,6 +67,7 @@ def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path
     for name in ("chunks.parquet", "index/embeddings.npy", "index/manifest.json", "run.json"):
         (scratch / "runs" / "r1" / name).write_text(name)
     (scratch / "LIVE").write_text("r1\n")
+    (scratch / "LIVE.decision.json").write_text('{"version": "r1"}')  # what promote wrote beside LIVE
     from pipelines.versions import promotions
 
     promotions.append_record(promotions.promotion_record("r1", None, "abc", "cli"), scratch / "promotions.jsonl")
@@ -76,6 +77,7 @@ def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path
     staging.publish(store, scratch, staging.Snapshot())
     assert order[-1] == "runs/r1/index/manifest.json"
     assert store.get("LIVE") == b"r1\n"
+    assert json.loads(store.get("LIVE.decision.json")) == {"version": "r1"}  # the proven decision beside LIVE
     records = store.listing("promotions/")
     assert len(records) == 1 and json.loads(store.get(next(iter(records))))["version"] == "r1"
 
@@ -315,6 +317,8 @@ def test_a_whole_night_to_the_server_then_a_query_from_it(nights, tmp_path):
     assert not (n.work / "artifacts").exists()  # nothing written to a local artifacts folder
     info = json.loads(n.store.get(f"runs/{n.first}/run.json"))
     assert info["config"]["artifacts"] == n.uri  # where it is published, not the scratch folder it ran in
+    published = json.loads(n.store.get("LIVE.decision.json"))
+    assert published["version"] == n.first  # the decision proven for what LIVE serves, on the store too
 
     answer = sourcegate(
         ["query", "Can I bring my bike on the train?", "--artifacts", n.uri, "--json"], n.env, tmp_path, n.config

@@ -272,3 +272,15 @@ def test_a_missing_reranker_stops_the_night_with_exit_2_not_a_failed_gate(night_
     err = capsys.readouterr().err
     assert f"reranker (reranker.kind onnx) at {missing} could not load" in err
     assert not (night_of.folder / "calibration.json").exists() and not (night_of.folder / "gate.json").exists()
+
+
+def test_where_a_model_lives_is_not_what_was_proven():
+    from pipelines import config
+    from pipelines.versions import decision
+
+    cfg = config.load("config/pipeline.yaml")
+    proven = decision.proven(cfg, None)
+    moved = config.replace(
+        cfg, {"answerability.answer_model_path": str(Path(cfg.answerability.answer_model_path).resolve())}
+    )
+    assert decision.mismatches(proven, moved) == []  # the same files by another path: what a DAG task names

@@ -39,6 +39,7 @@ from pipelines import config
 from pipelines.batches import shard_range
 from pipelines.config import PipelineConfig
 from pipelines.versions import promotions
+from pipelines.versions.decision import PUBLISHED as PUBLISHED_DECISION
 from pipelines.versions.lock import command_line, fence, writer_lock
 from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, local_path, sha256_path
 
@@ -225,6 +226,9 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
             live_unmoved(store, snap, live)
         for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
             store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+        decision = scratch / PUBLISHED_DECISION  # never staged: present only when this task promoted or rolled back
+        if decision.is_file():  # before LIVE moves, so a reader of LIVE finds the decision it serves
+            store.put(PUBLISHED_DECISION, decision.read_bytes())
         if moves_live:
             store.put(LIVE, (live + "\n").encode())
     with store_errors(store, "removing the run folders retention dropped", live_changed=live != snap.live):

@@ -38,6 +38,10 @@ CONFIGURED = (
 )
 
 
+# Where a model or file lives is not what was proven: a DAG names it by absolute path, the CLI relative to the project;
+# what it holds is compared by fingerprint and hash below.
+LOCATIONS = ("answerability.answer_model_path", "answerability.combiner", "reranker.model_path")
+
 ON_DISK = ("embedder_fingerprint", "reranker_fingerprint", "answer_model_fingerprint", "combiner")
 
 
@@ -116,7 +120,7 @@ def mismatches(decision: Mapping, cfg: PipelineConfig) -> list[str]:
     found = [
         f"{key}: {shown(value)} (proven) vs {shown(config_value(cfg, key))} (config)"
         for key, value in (decision.get("configured") or {}).items()
-        if config_value(cfg, key) != value
+        if key not in LOCATIONS and config_value(cfg, key) != value
     ]
     now = on_disk(cfg)
     models = {  # what: (proven, on disk now)
