@@ -6,8 +6,10 @@
 Only files under `<artifacts>/runs/` are served, and only the names in ALLOWED. Run ids must
 match the pipeline's run id pattern (one path component: no `/`, no `..`), and the resolved file
 (symlinks followed) must still lie inside the runs folder, so a symlinked run folder pointing
-elsewhere is refused like any other traversal. The artifacts root is $SOURCEGATE_ARTIFACTS, or else
-the `artifacts` of config/pipeline.yaml resolved against the project root (the parent of plugins/).
+elsewhere is refused like any other traversal. The artifacts location is the DAGs' own
+(dags/_common.load_config): $SOURCEGATE_ARTIFACTS, else the `artifacts` of config/pipeline.yaml
+resolved against the project root (the parent of plugins/). An `s3://bucket/prefix` location is read
+through the DAGs' Airflow connection (sourcegate_bucket_runs.py).
 
 Airflow does not authenticate plugin apps: inside Airflow the app depends on Airflow's `get_user`
 (the UI session cookie or a bearer token), so anonymous callers get 401.
@@ -16,7 +18,6 @@ Airflow does not authenticate plugin apps: inside Airflow the app depends on Air
 # No `from __future__ import annotations`: FastAPI reads the route annotations, and the route
 # functions live inside create_app, whose imports are local.
 import json
-import os
 from pathlib import Path
 from urllib.parse import quote
 
@@ -48,27 +49,38 @@ def _run_id_pattern():
     return RUN_ID
 
 
-def default_artifacts_root() -> Path:
-    env = os.environ.get("SOURCEGATE_ARTIFACTS")
-    if env:
-        return Path(env).expanduser().resolve()
-    from pipelines import config
-
-    artifacts = Path(config.load(PROJECT_ROOT / "config" / "pipeline.yaml").artifacts).expanduser()
-    return (artifacts if artifacts.is_absolute() else PROJECT_ROOT / artifacts).resolve()
+def valid_run_id(run_id: str) -> bool:
+    """One run folder's name: the pipeline's run id pattern, never `.` or `..`."""
+    return bool(_run_id_pattern().match(run_id)) and run_id not in (".", "..")
 
 
-def create_app(artifacts_root: str | Path, *, require_auth: bool = True):
-    """The reports app for `artifacts_root`; routes are relative to where it is mounted (/sourcegate).
+def deployed_location() -> tuple[str, str | None]:
+    """(artifacts, Airflow AWS connection id) exactly as the DAGs' tasks see them: SOURCEGATE_ARTIFACTS, else the
+    config file's `artifacts` against the project root; the connection `artifacts_airflow_conn_id` or aws_default."""
+    from dags._common import load_config
+
+    cfg = load_config()
+    return cfg.artifacts, cfg.artifacts_airflow_conn_id
+
+
+def create_app(artifacts_root: str | Path, *, require_auth: bool = True, aws_conn_id: str | None = None):
+    """The reports app for `artifacts_root` (a folder, or `s3://bucket/prefix` reached through the Airflow
+    connection `aws_conn_id`, default aws_default); routes are relative to where it is mounted (/sourcegate).
 
     With `require_auth` (the default; tests turn it off) every route depends on Airflow's authenticated
     user, so it needs Airflow's API server auth manager to let anyone in.
     """
-    from fastapi import Depends, FastAPI, HTTPException, Request
-    from fastapi.responses import FileResponse, HTMLResponse
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.responses import HTMLResponse
 
-    runs_root = Path(artifacts_root).expanduser().resolve() / "runs"
-    run_id_ok = _run_id_pattern().match
+    from pipelines.versions.object_store import is_remote
+
+    if is_remote(artifacts_root):
+        from sourcegate_bucket_runs import BucketRuns  # imported only by a deployment with a bucket
+
+        source = BucketRuns(str(artifacts_root), aws_conn_id)
+    else:
+        source = FolderRuns(Path(artifacts_root).expanduser().resolve() / "runs")
     dependencies = []
     if require_auth:
         from airflow.api_fastapi.core_api.security import get_user
@@ -78,66 +90,101 @@ def create_app(artifacts_root: str | Path, *, require_auth: bool = True):
         title="sourcegate reports", dependencies=dependencies, docs_url=None, redoc_url=None, openapi_url=None
     )
 
-    def artifact(run_id: str, name: str) -> Path:
-        if name not in ALLOWED or not run_id_ok(run_id) or run_id in (".", ".."):
-            raise HTTPException(status_code=404, detail="not found")
+    @app.get("/runs", response_class=HTMLResponse)
+    def runs_index(request: Request) -> HTMLResponse:
+        base = request.scope.get("root_path", "").rstrip("/") + "/runs/"  # where the app is mounted
+        runs = source.rows()
+        page = _TEMPLATES.get_template("runs.html.j2").render(base=base, runs=runs, runs_root=source.location)
+        return HTMLResponse(page, headers=NOSNIFF)
+
+    @app.get("/runs/{run_id}/{name}")
+    def run_artifact(run_id: str, name: str):
+        return source.response(run_id, name)
+
+    return app
+
+
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+
+
+def not_found():
+    from fastapi import HTTPException
+
+    return HTTPException(status_code=404, detail="not found")
+
+
+class FolderRuns:
+    """The runs of a local artifacts folder (`runs_root` = <artifacts>/runs, resolved)."""
+
+    def __init__(self, runs_root: Path):
+        self.runs_root = runs_root
+        self.location = str(runs_root)
+
+    def artifact(self, run_id: str, name: str) -> Path:
+        if name not in ALLOWED or not valid_run_id(run_id):
+            raise not_found()
         try:
-            path = (runs_root / run_id / name).resolve(strict=True)
+            path = (self.runs_root / run_id / name).resolve(strict=True)
         except (OSError, RuntimeError):
-            raise HTTPException(status_code=404, detail="not found") from None
-        if not path.is_relative_to(runs_root) or not path.is_file():
-            raise HTTPException(status_code=404, detail="not found")
+            raise not_found() from None
+        if not path.is_relative_to(self.runs_root) or not path.is_file():
+            raise not_found()
         return path
 
-    def run_folders() -> list[Path]:
-        if not runs_root.is_dir():
+    def response(self, run_id: str, name: str):
+        from fastapi.responses import FileResponse
+
+        return FileResponse(self.artifact(run_id, name), media_type=ALLOWED[name], headers=NOSNIFF)
+
+    def run_folders(self) -> list[Path]:
+        if not self.runs_root.is_dir():
             return []
         found = []
-        for p in runs_root.iterdir():
+        for p in self.runs_root.iterdir():
             try:
-                if p.is_dir() and p.resolve().is_relative_to(runs_root):
+                if p.is_dir() and p.resolve().is_relative_to(self.runs_root):
                     found.append(p)
             except OSError:
                 continue
         return sorted(found, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)  # newest first
 
-    @app.get("/runs", response_class=HTMLResponse)
-    def runs_index(request: Request) -> HTMLResponse:
-        base = request.scope.get("root_path", "").rstrip("/") + "/runs/"  # where the app is mounted
-        live = _live_version(runs_root.parent)
-        runs = [
+    def rows(self) -> list[dict]:
+        live = _live_version(self.runs_root.parent)
+        return [
             {
                 "name": folder.name,
                 "live": folder.name == live,
-                "gate": _gate_status(folder),
-                "files": [n for n in ALLOWED if (folder / n).is_file()] if run_id_ok(folder.name) else [],
+                "gate": gate_status(_read(folder / "gate.json")),
+                "files": [n for n in ALLOWED if (folder / n).is_file()] if valid_run_id(folder.name) else [],
             }
-            for folder in run_folders()
+            for folder in self.run_folders()
         ]
-        page = _TEMPLATES.get_template("runs.html.j2").render(base=base, runs=runs, runs_root=str(runs_root))
-        return HTMLResponse(page, headers={"X-Content-Type-Options": "nosniff"})
-
-    @app.get("/runs/{run_id}/{name}")
-    def run_artifact(run_id: str, name: str) -> FileResponse:
-        return FileResponse(
-            artifact(run_id, name), media_type=ALLOWED[name], headers={"X-Content-Type-Options": "nosniff"}
-        )
-
-    return app
 
 
-def _live_version(artifacts: Path) -> str | None:
-    """The embedded backend's LIVE pointer, if there is one (OpenSearch keeps its alias server-side)."""
+def _read(path: Path) -> bytes | None:
     try:
-        return (artifacts / "LIVE").read_text(encoding="utf-8").strip() or None
+        return path.read_bytes()
     except OSError:
         return None
 
 
-def _gate_status(folder: Path) -> str:
+def _live_version(artifacts: Path) -> str | None:
+    """The embedded backend's LIVE pointer, if there is one (OpenSearch keeps its alias server-side)."""
+    return live_name(_read(artifacts / "LIVE"))
+
+
+def live_name(data: bytes | None) -> str | None:
+    """The run a LIVE pointer's bytes name (None: no pointer, or an empty one)."""
+    return (data or b"").decode("utf-8", "replace").strip() or None
+
+
+def gate_status(data: bytes | None) -> str:
+    """A run's verdict for the table, from its gate.json bytes (None: no gate.json)."""
     try:
-        gate = json.loads((folder / "gate.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        gate = json.loads(data) if data is not None else None
+    except ValueError:
+        gate = None
+    if not isinstance(gate, dict):
         return "-"
     return "passed" if gate.get("passed") else "FAILED"
 
@@ -155,7 +202,13 @@ class LazyApp:
         await self.app(scope, receive, send)
 
 
-app = LazyApp(lambda: create_app(default_artifacts_root(), require_auth=True))
+def deployed_app(require_auth: bool = True):
+    """The app over the deployment's artifacts, reached as the DAGs reach them (deployed_location)."""
+    artifacts, conn_id = deployed_location()
+    return create_app(artifacts, require_auth=require_auth, aws_conn_id=conn_id)
+
+
+app = LazyApp(deployed_app)
 
 
 class SourcegateReportsPlugin(AirflowPlugin):

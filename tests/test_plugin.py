@@ -86,7 +86,13 @@ def raw_get(app, raw_path: str) -> tuple[int, bytes]:
         "client": ("127.0.0.1", 1234),
     }
 
+    requested = False
+
     async def receive():
+        nonlocal requested
+        if requested:  # a client still connected: a streaming response listens for a disconnect that never comes
+            await asyncio.Event().wait()
+        requested = True
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message):
@@ -134,21 +140,22 @@ def test_missing_and_unknown_files(client):
     assert client.get("/sourcegate/runs/20991231-000000/report.html").status_code == 404
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        "/sourcegate/runs/..%2f..%2fetc/passwd",
-        "/sourcegate/runs/..%2f..%2fsecret",
-        "/sourcegate/runs/x/../../secret",
-        "/sourcegate/runs/../secret",
-        "/sourcegate/runs/%2e%2e/secret",
-        "/sourcegate/runs/%2e%2e/gate.json",
-        "/sourcegate/runs/%2e%2e%2f%2e%2e/gate.json",
-        "/sourcegate/runs/%2Fetc/passwd",
-        "/sourcegate/runs//etc/passwd/gate.json",
-        "/sourcegate/runs/../../outside/gate.json",
-    ],
-)
+# Traversal attempts, as paths under the mount (tests/test_plugin_s3.py sends them to a bucket too).
+TRAVERSALS = [
+    "/sourcegate/runs/..%2f..%2fetc/passwd",
+    "/sourcegate/runs/..%2f..%2fsecret",
+    "/sourcegate/runs/x/../../secret",
+    "/sourcegate/runs/../secret",
+    "/sourcegate/runs/%2e%2e/secret",
+    "/sourcegate/runs/%2e%2e/gate.json",
+    "/sourcegate/runs/%2e%2e%2f%2e%2e/gate.json",
+    "/sourcegate/runs/%2Fetc/passwd",
+    "/sourcegate/runs//etc/passwd/gate.json",
+    "/sourcegate/runs/../../outside/gate.json",
+]
+
+
+@pytest.mark.parametrize("path", TRAVERSALS)
 def test_rejects_traversal(plugin_module, artifacts, client, path):
     r = client.get(path)  # as a client sends it (normalised)
     assert r.status_code in (400, 404), (path, r.status_code)
