@@ -21,15 +21,15 @@ from fastapi.responses import StreamingResponse
 from sourcegate_reports import ALLOWED, NOSNIFF, gate_status, live_name, not_found, valid_run_id
 
 from pipelines.app.staging import LIVE, run_of
-from pipelines.versions.object_store import CHUNK, ObjectStore, connection
+from pipelines.versions.object_store import CHUNK, ObjectStore, connection, key_problem
 
 RUNS = "runs/"
 
 
 def safe_key(key: str) -> bool:
-    """A key that names one object under `runs/`: no empty, `.` or `..` component, no backslash."""
-    parts = key.split("/")
-    return key.startswith(RUNS) and all(p not in ("", ".", "..") and "\\" not in p for p in parts)
+    """A key that names one object under `runs/` (object_store.key_problem: no `.`, `..` or empty segment, no
+    backslash or control character)."""
+    return key.startswith(RUNS) and key_problem(key) is None
 
 
 def run_key(run_id: str, name: str) -> str | None:

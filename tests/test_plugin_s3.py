@@ -172,7 +172,14 @@ def test_a_key_is_checked_before_it_reaches_the_store(reports):
     assert bucket_runs.run_key(PASSED, "report.html") == f"runs/{PASSED}/report.html"
     for run_id, name in ((PASSED, "chunks.parquet"), ("..", "gate.json"), (".", "gate.json"), ("a/../..", "x")):
         assert bucket_runs.run_key(run_id, name) is None, (run_id, name)
-    for key in ("runs/../secret", "runs/a/../../secret", "runs//gate.json", "secret", "runs/a\\..\\b/gate.json"):
+    for key in (
+        "runs/../secret",
+        "runs/a/../../secret",
+        "runs//gate.json",
+        "secret",
+        "runs/a\\..\\b/gate.json",
+        "runs/a\x00/gate.json",
+    ):
         assert not bucket_runs.safe_key(key), key
 
 
