@@ -242,14 +242,23 @@ def _some(ids: list[str], most: int = 10) -> str:
     return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
 
 
-def check_answer_model_unseen(calibration: Mapping) -> dict[str, Any]:
-    """The answer-support model never trained on a question of the fit or the check set: its scores on its own
-    training questions are in-sample, and the coverage figures would claim what it has only memorised."""
+def check_answer_model_unseen(calibration: Mapping, gating_signal: str = "answer_support") -> dict[str, Any]:
+    """The answer-support model never trained on a question of the fit or the check set it gates: its scores on its
+    own training questions are in-sample, and the coverage figures would claim what it has only memorised. A model
+    that does not gate (another signal does) claims nothing, and is reported only."""
     seen = calibration.get("answer_model_trained_on") or {}
     named = {part: ids for part, ids in seen.items() if ids}
     if not named:
         return _check("answer_model_unseen", True, "The answer-support model trained on no fit or check question.")
     listed = "; ".join(f"{len(ids)} of the {part} set ({_some(ids)})" for part, ids in named.items())
+    if gating_signal != "answer_support":
+        return _check(
+            "answer_model_unseen",
+            True,
+            f"The answer-support model was trained on {listed}, but it does not gate ({gating_signal} does): "
+            "its in-sample scores decide nothing.",
+            **named,
+        )
     return _check(
         "answer_model_unseen",
         False,
@@ -430,7 +439,7 @@ def evaluate_gate(
         check_threshold_in_gap(calibration, gating_signal),
         check_answer_coverage(calibration, gating_signal),
         check_check_set(calibration, gating_signal),
-        check_answer_model_unseen(calibration),
+        check_answer_model_unseen(calibration, gating_signal),
         check_answer_model_corpus(calibration, gating_signal),
         check_decline_set_size(calibration),
         check_precision_regression(precision, baseline, regression),

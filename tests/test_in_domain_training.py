@@ -70,7 +70,12 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     asked = {**train[3], "id": "fit-o-2", "question": "where can i get good tacos close to foundry district station?"}
     fit = tmp_path / "fit.jsonl"
     fit.write_text(lines([seen, asked, *[q for q in riders if q["label"] == "answer"][10:13]]))
-    night = promotable_config({"artifacts": cfg.artifacts, "answerability.answer_model_path": str(out)})
+    night = (
+        promotable_config(  # gating on the model: its in-sample scores would decide (not gating, they decide nothing)
+            {"artifacts": cfg.artifacts, "answerability.answer_model_path": str(out), "answer.signal": "answer_support"}
+            | {"answer.adjacent": 0.5, "answer.strong_signal": "rerank_top"}
+        )
+    )
     judged, _ = retriever_for(night, searcher)
     evaluate(judged, index / "chunks.parquet", night, tmp_path, calibration_set=str(fit), precision_set=str(fit))
     trained_on = json.loads((tmp_path / "calibration.json").read_text())["answer_model_trained_on"]
