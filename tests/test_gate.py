@@ -315,20 +315,22 @@ def test_a_lost_check_question_is_named_with_where_its_source_stood():
         assert f"c-a-000 (0.1, {where}" in detail
 
 
-def test_an_answer_model_trained_on_a_fit_or_check_question_fails_the_gate_naming_them():
+def test_an_answer_model_trained_on_a_fit_or_check_question_fails_the_gate_it_gates_naming_them():
+    from evals.gate import check_answer_model_unseen
+
     calibration = {**GOOD_CALIBRATION, "answer_model_trained_on": {"fit": ["a-001", "d-013"], "check": []}}
-    gate = run_gate(calibration)
-    check = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
-    assert not gate["passed"] and failed(gate) == {"answer_model_unseen"}
-    assert "2 of the fit set (a-001, d-013)" in check["detail"] and "check set" not in check["detail"]
-    assert check["data"] == {"fit": ["a-001", "d-013"]}
+    check = check_answer_model_unseen(calibration, "answer_support")
+    assert not check["passed"] and "2 of the fit set (a-001, d-013)" in check["detail"]
+    assert "check set" not in check["detail"] and check["data"] == {"fit": ["a-001", "d-013"]}
     many = {"fit": [], "check": [f"h-{i:03d}" for i in range(69)]}
-    detail = next(
-        c
-        for c in run_gate({**GOOD_CALIBRATION, "answer_model_trained_on": many})["checks"]
-        if c["name"] == "answer_model_unseen"
-    )["detail"]
+    detail = check_answer_model_unseen({**GOOD_CALIBRATION, "answer_model_trained_on": many}, "answer_support")[
+        "detail"
+    ]
     assert "69 of the check set (h-000, h-001," in detail and "h-009 and 59 more)" in detail  # all in gate.json's data
+    # gating on another signal, the model's in-sample scores decide nothing: reported, not held
+    gate = run_gate(calibration)
+    reported = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
+    assert gate["passed"] and reported["passed"] and f"it does not gate ({SIGNAL} does)" in reported["detail"]
     clean = {**GOOD_CALIBRATION, "answer_model_trained_on": {"fit": [], "check": []}}
     assert run_gate(clean)["passed"]
 
