@@ -126,6 +126,7 @@ def calibrate_signal(
     labels: Iterable,
     *,
     placement: str = "tightest",
+    margin_logit: float = 0.0,
     min_per_label: int = 20,
     ids: Sequence[str] | None = None,
     coverage: float = 0.99,
@@ -135,7 +136,8 @@ def calibrate_signal(
 
     placement (evals/placement.py): "tightest" recommends min(should-answer), the highest
     threshold that still keeps every should-answer question; "midpoint" and "logit_midpoint"
-    put it in the middle of the gap, on the linear or the logit scale, when there is one.
+    put it in the middle of the gap, on the linear or the logit scale, when there is one; every rule
+    stays `margin_logit` below min(should-answer) (on the logit scale for a probability).
     """
     if placement not in RULES:
         raise ValueError(f"placement must be one of {', '.join(RULES)}, got {placement!r}")
@@ -152,9 +154,11 @@ def calibrate_signal(
     answer_min, decline_max = answer[0], decline[-1]
     gap = answer_min - decline_max
     has_gap = bool(gap > 0)
-    threshold = place(answer, decline, placement)
+    threshold = place(answer, decline, placement, margin_logit)
     if placement != "tightest" and not has_gap:
         warnings.append(f"no gap: {placement} placement fell back to the tightest threshold")
+    if has_gap and threshold <= decline_max:
+        warnings.append(f"the gap is narrower than the margin ({margin_logit} logit): the threshold is not above it")
     declined_at = float(np.searchsorted(decline, threshold, "left") / len(decline))
     auc = roc_auc(answer, decline)
 
@@ -355,15 +359,19 @@ def gating_scope(
         "decline_kinds": list(decline_kinds) or "all",
         "n": {ANSWER: sum(r["label"] == ANSWER for r in scope), DECLINE: sum(r["label"] != ANSWER for r in scope)},
         "result": result,
-        "cross_fitted": _cross_fitted(scores[scored], is_answer, ids, options["placement"], folds),
+        "cross_fitted": _cross_fitted(
+            scores[scored], is_answer, ids, options["placement"], folds, options.get("margin_logit", 0.0)
+        ),
     }
 
 
-def _cross_fitted(scores: np.ndarray, is_answer: np.ndarray, ids: list[str], rule: str, folds: int) -> dict | None:
+def _cross_fitted(
+    scores: np.ndarray, is_answer: np.ndarray, ids: list[str], rule: str, folds: int, margin_logit: float = 0.0
+) -> dict | None:
     """The placement rule's coverage on fit questions its threshold did not see (None: too few to fold)."""
     if is_answer.sum() < folds or not (~is_answer).any():
         return None
-    result = cross_fitted(scores, is_answer, rule, folds)
+    result = cross_fitted(scores, is_answer, rule, folds, margin_logit)
     return jsonable({**result, "missed": [ids[i] for i in result["missed"]]})
 
 
@@ -426,6 +434,7 @@ def calibrate(
     still held to the check, but not unseen, so the check's figure leaves them out."""
     options = {
         "placement": config.get("placement", "tightest"),
+        "margin_logit": config.get("margin_logit", 0.0),
         "min_per_label": config.get("min_per_label", 20),
         "coverage": config.get("promise_coverage", 0.99),
         "confidence": config.get("promise_confidence", 0.95),

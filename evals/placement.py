@@ -5,6 +5,9 @@ Pure functions over score arrays (higher = more answerable; answered when score 
   middle of the gap on the linear scale; `logit_midpoint` the middle on the logit scale, for
   probabilities whose gap spans orders of magnitude (0.0019-0.2567 splits at 0.14 linearly,
   at 0.022 on the logit scale). Without a gap every rule is the tightest.
+  `margin_logit` keeps every rule's threshold at least that far below the lowest should-answer
+  score (on the logit scale for a probability), so a score that moves by less between workers
+  (threads, CPU kernels: docs/benchmarks/24-score-spread.md) never flips a kept question.
 - `cross_fitted`: each fold's threshold placed without that fold, by the same rule; what it
   keeps and declines of the fold. Folds are deterministic (round-robin per label, in input order).
 - `exact_lower_bound`: the Clopper-Pearson lower end of a kept share (scipy).
@@ -26,24 +29,44 @@ def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))
 
 
-def place(answer: Sequence[float], decline: Sequence[float], rule: str) -> float:
-    """The threshold `rule` places between should-answer and should-decline scores.
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def below_by(score: float, margin_logit: float) -> float:
+    """`score` lowered by `margin_logit`: on the logit scale when it is strictly inside (0, 1) (a
+    probability, where a fixed linear step would be vast near 0 and nothing near 0.5), else on its own scale."""
+    if margin_logit < 0 or not math.isfinite(margin_logit):
+        raise ValueError(f"margin_logit must be a finite number >= 0, got {margin_logit!r}")
+    if not margin_logit:
+        return score
+    if 0.0 < score < 1.0:
+        return _sigmoid(_logit(score) - margin_logit)
+    return score - margin_logit
+
+
+def place(answer: Sequence[float], decline: Sequence[float], rule: str, margin_logit: float = 0.0) -> float:
+    """The threshold `rule` places between should-answer and should-decline scores, at least
+    `margin_logit` below the lowest should-answer score (`below_by`).
 
     `logit_midpoint` needs both gap edges strictly inside (0, 1) (a probability); otherwise it is
     the linear midpoint, which is what a logit of a non-probability would have to fall back to.
+    The margin may put the threshold at or below the highest should-decline score: a gap narrower
+    than the margin is a gap the workers' spread can close, which the gate's threshold_in_gap then says.
     """
     if rule not in RULES:
         raise ValueError(f"placement must be one of {', '.join(RULES)}, got {rule!r}")
     if not len(answer):
         raise ValueError("no should-answer scores to place a threshold on")
     low_answer = float(np.min(answer))
+    highest = below_by(low_answer, margin_logit)
     if rule == "tightest" or not len(decline) or low_answer <= float(np.max(decline)):
-        return low_answer
+        return highest
     high_decline = float(np.max(decline))
     if rule == "logit_midpoint" and high_decline > 0.0 and low_answer < 1.0:
         mid = (_logit(low_answer) + _logit(high_decline)) / 2.0
-        return 1.0 / (1.0 + math.exp(-mid))
-    return (low_answer + high_decline) / 2.0
+        return min(1.0 / (1.0 + math.exp(-mid)), highest)
+    return min((low_answer + high_decline) / 2.0, highest)
 
 
 def folds_of(is_answer: Sequence[bool], k: int) -> np.ndarray:
@@ -56,7 +79,9 @@ def folds_of(is_answer: Sequence[bool], k: int) -> np.ndarray:
     return fold
 
 
-def cross_fitted(scores: Sequence[float], is_answer: Sequence[bool], rule: str, k: int = 5) -> dict[str, Any]:
+def cross_fitted(
+    scores: Sequence[float], is_answer: Sequence[bool], rule: str, k: int = 5, margin_logit: float = 0.0
+) -> dict[str, Any]:
     """Coverage and decline recall of `rule` on questions its threshold did not see.
 
     Each fold's questions are judged by the threshold placed on the other k - 1 folds.
@@ -72,7 +97,7 @@ def cross_fitted(scores: Sequence[float], is_answer: Sequence[bool], rule: str, 
     thresholds = []
     for f in range(k):
         train, test = fold != f, fold == f
-        t = place(s[train & mask], s[train & ~mask], rule)
+        t = place(s[train & mask], s[train & ~mask], rule, margin_logit)
         thresholds.append(t)
         kept += int((s[test & mask] >= t).sum())
         declined += int((s[test & ~mask] < t).sum())

@@ -101,7 +101,9 @@ def choose(
     if not eligible:
         return jsonable({"rule": RULE, "candidates": rows, "signal": None, "threshold": None})
     pick = max(eligible, key=_rank)
-    threshold = place(*_scores(records, pick["signal"], decline_kinds), options["placement"])
+    threshold = place(
+        *_scores(records, pick["signal"], decline_kinds), options["placement"], options.get("margin_logit", 0.0)
+    )
     why = "has a gap" if pick["has_gap"] else "no candidate has a gap; highest ROC AUC"
     return jsonable(
         {
@@ -123,6 +125,7 @@ def resolve(records: Sequence[Mapping], config: Mapping[str, Any]) -> tuple[dict
         return dict(config), None
     options = {
         "placement": config.get("placement", "tightest"),
+        "margin_logit": config.get("margin_logit", 0.0),
         "min_per_label": config.get("min_per_label", 20),
         "coverage": config.get("promise_coverage", 0.99),
         "confidence": config.get("promise_confidence", 0.95),

@@ -226,11 +226,23 @@ class Answerability(Section):
         return self
 
 
+# The placement margin: the largest logit move of a decisive fit-set score between worker settings
+# that keep the index version (threads, batch), times a safety factor of 10 (benchmarks/score_spread.py).
+MARGIN_LOGIT = 0.05
+
+
 class Calibration(Section):
     signals: list[str] = Field(list(typing.get_args(Feature)), description="every signal swept and reported")
     pair: list[str] = Field(["bm25_z", "term_coverage"], description="the 2-D sweep's two signals")
     placement: Literal["tightest", "midpoint", "logit_midpoint"] = Field(
         "tightest", description="where in the gap the recommended threshold sits (evals/placement.py)"
+    )
+    margin_logit: Number = number(
+        MARGIN_LOGIT,
+        "how far below the lowest should-answer score every placement keeps the threshold, on the logit scale for "
+        "a probability (else the score's own): the measured spread of the decisive scores between worker settings "
+        "times 10 (docs/benchmarks/24-score-spread.md)",
+        ge=0,
     )
     cross_fit_folds: int = Field(5, ge=2, description="folds of the fit set for the cross-fitted coverage")
     promise_coverage: Number = number(0.99, "the keep rate the report says how many questions would need", gt=0, lt=1)
