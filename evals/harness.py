@@ -9,6 +9,7 @@ pipelines/); what the evals below it read is handed on as plain data.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -205,24 +206,40 @@ def kept_parts(retriever) -> dict:
 
 
 def keep_from(retriever, folder: Path | None) -> dict:
-    """Load what an earlier night kept into the retriever's parts; per file, how many values it took
-    and what the part had computed so far (a scorer lives as long as its process, across evaluations)."""
-    return {
-        name: {"reused": part.load_kept(folder / name if folder else None), "computed_before": part.computed}
-        for name, part in kept_parts(retriever).items()
-    }
+    """Load what an earlier night kept into the retriever's parts; per file, how many values it took, what the
+    part had computed so far (a scorer lives as long as its process, across evaluations) and, for a file it
+    reused values from, the run it came from and its SHA-256 (bound into the verdict: those values were not
+    computed by this evaluation)."""
+    start = {}
+    for name, part in kept_parts(retriever).items():
+        path = folder / name if folder else None
+        reused = part.load_kept(path)
+        start[name] = {"reused": reused, "computed_before": part.computed}
+        if reused:
+            start[name] |= {"from_run": folder.name, "sha256": sha256_file(path)}
+    return start
 
 
 def keep_for_next(retriever, out_dir: Path, start: dict) -> dict:
-    """Write this night's kept values to `out_dir`; per file: reused, computed by this evaluation, kept."""
+    """Write this night's kept values to `out_dir`; per file: reused (and, when it reused any, from which run's
+    file, by SHA-256), computed by this evaluation, kept."""
     return {
         name: {
             "reused": start[name]["reused"],
+            **{k: start[name][k] for k in ("from_run", "sha256") if k in start[name]},
             "computed": part.computed - start[name]["computed_before"],
             "kept": part.save_kept(out_dir / name),
         }
         for name, part in kept_parts(retriever).items()
     }
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def diff_with(folder: Path, live_folder: Path | None) -> dict | None:

@@ -492,6 +492,7 @@ def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, 
             kept_from=earlier_evaluation(cfg, run_id),
             answer_model_corpus=corpus,
         )
+    facts = {**facts, "reused": verdict.reused_facts(out["kept"])}  # values an earlier night computed: bound
     update_run_info(
         folder,
         answer_model_corpus=corpus,

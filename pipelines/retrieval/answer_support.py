@@ -65,6 +65,7 @@ class AnswerSupportModel(OnnxCrossEncoder):
     """The answer-support cross-encoder: scored one pair per run, exactly like the reranker."""
 
     model_id = "sourcegate answer-support (ms-marco-MiniLM-L-12-v2 fine-tuned on SQuAD 2.0, int8 onnx)"
+    PAIR_CODE = (assemble,)  # the graph it runs is assembled from two files
 
     def __init__(self, model_dir: str | Path | None = None):
         super().__init__(model_dir, max_length=MAX_LENGTH)
@@ -129,8 +130,12 @@ class AnswerEnsemble:
     def computed(self) -> int:
         return sum(m.computed for m in self.members)
 
+    @property
+    def kept_binding(self) -> str:
+        return kept.binding(self.fingerprint, {"members": [m.pair_recipe for m in self.members]})
+
     def load_kept(self, path: Path | None) -> int:
-        found = kept.load(path, self.fingerprint, len(self.members), np.float64)
+        found = kept.load(path, self.kept_binding, len(self.members), np.float64)
         for i, member in enumerate(self.members):
             member.take_kept({k: float(v[i]) for k, v in found.items()})
         return len(found)
@@ -138,7 +143,7 @@ class AnswerEnsemble:
     def save_kept(self, path: Path) -> int:
         each = [m.logits_by_key() for m in self.members]
         rows = {k: [logits[k] for logits in each] for k in set(each[0]).intersection(*each[1:])}
-        return kept.save(path, self.fingerprint, rows, len(self.members), np.float64)
+        return kept.save(path, self.kept_binding, rows, len(self.members), np.float64)
 
 
 def write_ensemble(folder: str | Path, members: Sequence[str], **about) -> Path:

@@ -125,13 +125,24 @@ class TextVectors:
             return np.zeros((0, self.dimension), np.float32)
         return np.stack([self.memo[kept.text_key(t)] for t in texts])
 
+    @property
+    def kept_binding(self) -> str | None:
+        """The key kept vectors are stored and found under: the model's fingerprint, the encoder's code and
+        truncation length, the runtime (pipelines/retrieval/kept.py)."""
+        recipe = {
+            "encoder": type(self.embedder).__qualname__,
+            "code": kept.source_digest(type(self.embedder)),
+            "max_tokens": getattr(self.embedder, "max_tokens", None),
+        }
+        return kept.binding(self.fingerprint, recipe)
+
     def save_kept(self, path: Path) -> int:
         """Write the memo for the next night (pipelines/retrieval/kept.py); returns the rows written."""
-        return kept.save(path, self.fingerprint, self.memo, self.dimension)
+        return kept.save(path, self.kept_binding, self.memo, self.dimension)
 
     def load_kept(self, path: Path | None) -> int:
-        """Take the vectors an earlier night kept under this model's fingerprint; returns how many."""
-        found = kept.load(path, self.fingerprint, self.dimension)
+        """Take the vectors an earlier night kept under this binding; returns how many."""
+        found = kept.load(path, self.kept_binding, self.dimension)
         self.memo.update(found)
         return len(found)
 

@@ -74,6 +74,7 @@ class OnnxCrossEncoder:
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length)
         self.tokenizer.no_padding()
+        self.max_length = max_length
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.folder = folder
         self._memo: dict[tuple[str, str], float] = {}
@@ -93,6 +94,24 @@ class OnnxCrossEncoder:
     def fingerprint(self) -> str:
         return models.fingerprint(self.folder)
 
+    @property
+    def pair_recipe(self) -> dict:
+        """What turns a (question, passage) pair into this model's logit besides its files: the tokenizer's
+        truncation (max length, strategy) and the code that assembles the pair and the model graph."""
+        return {
+            "scorer": type(self).__qualname__,
+            "truncation": self.tokenizer.truncation,
+            "padding": self.tokenizer.padding,
+            "code": kept.source_digest(OnnxCrossEncoder._run, type(self).model_of, *self.PAIR_CODE),
+        }
+
+    PAIR_CODE: tuple = ()  # further functions a subclass builds its model or pairs with
+
+    @property
+    def kept_binding(self) -> str:
+        """The key a kept logit of this model is stored and found under (pipelines/retrieval/kept.py)."""
+        return kept.binding(self.fingerprint, self.pair_recipe)
+
     def logit(self, query: str, passage: str) -> float:
         # One pair per run is exact, so a pair's logit never changes: remember it. Nightly
         # evals re-ask the same questions of mostly unchanged chunks.
@@ -107,15 +126,15 @@ class OnnxCrossEncoder:
         return self._memo[key]
 
     def load_kept(self, path: Path | None) -> int:
-        """Take the logits an earlier night kept under this model's fingerprint (exact: one pair
-        per run); returns how many."""
-        found = kept.load(path, self.fingerprint, 1, np.float64)
+        """Take the logits an earlier night kept under this model's binding (fingerprint, pair recipe, runtime;
+        exact: one pair per run); returns how many."""
+        found = kept.load(path, self.kept_binding, 1, np.float64)
         self.take_kept({k: float(v[0]) for k, v in found.items()})
         return len(found)
 
     def save_kept(self, path: Path) -> int:
         """Write the logits of the pairs scored in this process, for the next night; returns how many."""
-        return kept.save(path, self.fingerprint, self.logits_by_key(), 1, np.float64)
+        return kept.save(path, self.kept_binding, self.logits_by_key(), 1, np.float64)
 
     def take_kept(self, logits: dict[str, float]) -> None:
         """Logits of pairs by `kept.text_key`, computed earlier by this same model."""

@@ -1,7 +1,7 @@
 """A gate verdict bound to what it judged (G3).
 
 The evaluate step records what it evaluated (the version's manifest hash, the eval sets' SHA-256,
-the config's hash); the gate adds the baseline it compared against and writes all of it into
+the config's judged values and hash, the kept files it reused); the gate adds the baseline it compared against and writes all of it into
 gate.json under `evaluated`. Promotion recomputes the same facts for the version it is about to
 serve and refuses a verdict that does not match: a cleared-and-rerun load, an edited eval set, a
 new baseline or config all need a new verdict.
@@ -9,6 +9,7 @@ new baseline or config all need a new verdict.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -65,31 +66,107 @@ def answer_model_fingerprint(cfg: PipelineConfig) -> str | None:
         return None
 
 
-# Config keys that say where things live, not what was judged: `artifacts` is a local folder for one night
-# and a per-task scratch folder (a different one per task and worker) for a night on an object store;
-# `artifacts_airflow_conn_id` how a DAG task reaches that store (set by the DAGs, null on the CLI).
-LOCATION_KEYS = ("artifacts", "artifacts_airflow_conn_id")
+# Config keys that say where things live or how a task reaches them, not what was judged. Each one's content is
+# bound on its own, so a version built by a DAG (absolute paths, connection ids) is promoted from the CLI (paths
+# relative to the project) and the other way round:
+LOCATION_KEYS = (
+    "artifacts",  # a local folder, or a per-task scratch folder for a night on an object store
+    "artifacts_airflow_conn_id",  # how a DAG task reaches the object store
+    "backend.opensearch.airflow_conn_id",  # how a DAG task reaches the node
+    "corpus.path",  # the corpus is read by ingest only: the version's manifest (corpus_hash, files) binds it
+    "embedding.model_path",  # embedder_fingerprint
+    "reranker.model_path",  # reranker_fingerprint
+    "answerability.answer_model_path",  # answer_model_fingerprint
+    "answerability.combiner",  # combiner.sha256
+    "evals.calibration_set",  # eval_set_sha256, by role
+    "evals.check_set",
+    "evals.precision_set",
+    "evals.baseline",  # baseline.sha256
+    "evals.check_moves",  # `accept`'s log of moved questions: never read by an evaluation
+)
+# What config_sha256 left out before every location was: a verdict recorded then still matches an unchanged config.
+LEGACY_LOCATION_KEYS = ("artifacts", "artifacts_airflow_conn_id")
+ABSENT = "(absent)"
+
+
+def excluding(dotted: tuple[str, ...]) -> dict:
+    """A pydantic `exclude` for dotted keys ("corpus.path" -> {"corpus": {"path": True}})."""
+    tree: dict = {}
+    for key in dotted:
+        *sections, leaf = key.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = True
+    return tree
+
+
+def flatten(values: Mapping, prefix: str = "") -> dict:
+    """{"retrieval": {"rrf_k": 5}} -> {"retrieval.rrf_k": 5} (lists are values)."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def judged_config(cfg: PipelineConfig) -> dict:
+    """The config a verdict judged, by dotted key: every key but LOCATION_KEYS."""
+    return flatten(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS)))
 
 
 def config_hash(cfg: PipelineConfig) -> str:
-    """The hash of the config a verdict judged: every key but LOCATION_KEYS (its JSON form, as it was hashed
-    when configs were dicts: tests/test_config.py pins the shipped config's hash)."""
-    return sha256_json(cfg.model_dump(mode="json", exclude=set(LOCATION_KEYS)))
+    """The hash of the config a verdict judged (`judged_config`, nested as the config is)."""
+    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS)))
 
 
-def evaluated(cfg: PipelineConfig, manifest: Mapping | None, eval_sets: list[str]) -> dict:
-    """What one evaluation judged: the version (by manifest hash), the eval sets, the config, the accepted
-    answerability combiner its signals were scored with, the models that scored them (embedder, reranker)
-    and the code that ran: any of them changed needs a new verdict."""
+def legacy_config_hash(cfg: PipelineConfig) -> str:
+    """config_sha256 as verdicts recorded it before they recorded the judged values (every key but
+    LEGACY_LOCATION_KEYS; tests/test_config.py pins the shipped config's)."""
+    return sha256_json(cfg.model_dump(mode="json", exclude=set(LEGACY_LOCATION_KEYS)))
+
+
+def eval_set_roles(cfg: PipelineConfig) -> dict[str, str]:
+    """The eval sets an evaluation reads, by role (a check set only when one is configured)."""
+    roles = {
+        "calibration": cfg.evals.calibration_set,
+        "check": cfg.evals.check_set,
+        "precision": cfg.evals.precision_set,
+    }
+    return {role: path for role, path in roles.items() if path}
+
+
+def reused_facts(kept: Mapping | None) -> dict:
+    """The kept files an evaluation reused values from (evals.harness.keep_for_next's per-file record): the run
+    each came from and its SHA-256. Those values were computed by an earlier night, so the verdict binds them."""
+    return {
+        name: {"from_run": part["from_run"], "sha256": part["sha256"], "reused": part["reused"]}
+        for name, part in (kept or {}).items()
+        if part.get("sha256")
+    }
+
+
+def evaluated(
+    cfg: PipelineConfig, manifest: Mapping | None, eval_sets: list[str], reused: Mapping | None = None
+) -> dict:
+    """What one evaluation judged: the version (by manifest hash), the eval sets (by role and content), the
+    config (its judged values and their hash), the accepted answerability combiner its signals were scored with,
+    the models that scored them (embedder, reranker), the kept values it reused from an earlier night (`reused`:
+    harness.keep_for_next's record) and the code that ran: any of them changed needs a new verdict."""
     return {
         "version": (manifest or {}).get("version"),
         "manifest_sha256": manifest_hash(manifest) if manifest else None,
         "eval_sets": {str(p): file_hash(p) for p in eval_sets},
+        "eval_set_sha256": {role: file_hash(path) for role, path in eval_set_roles(cfg).items()},
         "config_sha256": config_hash(cfg),
+        "config": judged_config(cfg),
         "combiner": file_fact(cfg.answerability.combiner),
         "embedder_fingerprint": embedding_fingerprint(cfg),
         "reranker_fingerprint": reranker_fingerprint(cfg),
         "answer_model_fingerprint": answer_model_fingerprint(cfg),
+        "reused": reused_facts(reused),
         "code_version": code_version(),
     }
 
@@ -101,14 +178,74 @@ def binding(evaluated_facts: Mapping, baseline_path: str | Path | None) -> dict:
     return {**evaluated_facts, "baseline": baseline}
 
 
+def reused_now(cfg: PipelineConfig, recorded: Mapping | None) -> dict:
+    """The recorded reused files as they are now in the artifacts folder. One no longer there (retention deleted
+    its run) or an empty placeholder (a step staged from an object store did not download it) stands as recorded:
+    the values it lent are in the verdict's own calibration.json."""
+    now = {}
+    for name, fact in (recorded or {}).items():
+        path = Path(cfg.artifacts) / "runs" / str(fact.get("from_run")) / name
+        present = path.is_file() and path.stat().st_size > 0
+        now[name] = {**fact, "sha256": sha256_file(path) if present else fact.get("sha256")}
+    return now
+
+
 def current_binding(cfg: PipelineConfig, manifest: Mapping, recorded: Mapping) -> dict:
     """The same facts recomputed now, for the version about to be promoted (eval sets as recorded)."""
     sets = list(recorded.get("eval_sets") or {}) or eval_sets(cfg)
-    return binding(evaluated(cfg, manifest, sets), cfg.evals.baseline)
+    facts = {**evaluated(cfg, manifest, sets), "reused": reused_now(cfg, recorded.get("reused"))}
+    return {**binding(facts, cfg.evals.baseline), "legacy_config_sha256": legacy_config_hash(cfg)}
+
+
+def shown(value) -> str:
+    return ABSENT if value is ABSENT else json.dumps(value)
+
+
+def config_differences(judged: Mapping, now: Mapping) -> list[str]:
+    """Each judged config key whose value differs now: "retrieval.rrf_k: 5 (judged) vs 60 (now)"."""
+    return [
+        f"{key}: {shown(judged.get(key, ABSENT))} (judged) vs {shown(now.get(key, ABSENT))} (now)"
+        for key in sorted(set(judged) | set(now))
+        if judged.get(key, ABSENT) != now.get(key, ABSENT)
+    ]
+
+
+def eval_set_mismatches(recorded: Mapping, current: Mapping) -> list[str]:
+    """Eval sets whose content differs: by role when the verdict recorded roles, else by the recorded paths."""
+    if "eval_set_sha256" in recorded:
+        judged, now = recorded["eval_set_sha256"] or {}, current.get("eval_set_sha256") or {}
+        return [
+            f"eval set {role} differs in content from the one evaluated"
+            for role in sorted(set(judged) | set(now))
+            if judged.get(role) != now.get(role)
+        ]
+    return [
+        f"eval set {path} changed since the evaluation"
+        for path, digest in (current.get("eval_sets") or {}).items()
+        if (recorded.get("eval_sets") or {}).get(path) != digest
+    ]
+
+
+def config_mismatches(recorded: Mapping, current: Mapping) -> list[str]:
+    if "config" in recorded:
+        differences = config_differences(recorded["config"] or {}, current.get("config") or {})
+        return [f"the config differs from the one the evaluation ran with: {d}" for d in differences]
+    if recorded.get("config_sha256") in (current["config_sha256"], current.get("legacy_config_sha256")):
+        return []
+    return ["the config differs from the one the evaluation ran with (a verdict from before it recorded its values)"]
+
+
+def digest_of(fact: Mapping | None) -> str | None:
+    return (fact or {}).get("sha256")
+
+
+def file_differs(judged: Mapping | None, now: Mapping | None) -> bool:
+    """A bound file (path and sha256, or None when not configured) differs by content, never by path."""
+    return (judged is None) != (now is None) or digest_of(judged) != digest_of(now)
 
 
 def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
-    """Each fact of the verdict that differs from now, as a readable line."""
+    """Each fact of the verdict that differs from now, as a readable line (a file by content, never by path)."""
     if not recorded:
         return ["gate.json records nothing about what it evaluated (a verdict from before verdicts were bound)"]
     found = []
@@ -116,18 +253,22 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
         found.append(f"it judged version {recorded.get('version')!r}, not {current['version']!r}")
     if recorded.get("manifest_sha256") != current["manifest_sha256"]:
         found.append("the index version was rebuilt or changed since it was evaluated (manifest hash differs)")
-    for path, digest in (current.get("eval_sets") or {}).items():
-        if (recorded.get("eval_sets") or {}).get(path) != digest:
-            found.append(f"eval set {path} changed since the evaluation")
-    if recorded.get("config_sha256") != current["config_sha256"]:
-        found.append("the config differs from the one the evaluation ran with")
-    if recorded.get("combiner") != current.get("combiner"):
+    found += eval_set_mismatches(recorded, current)
+    found += config_mismatches(recorded, current)
+    if file_differs(recorded.get("combiner"), current.get("combiner")):
         found.append(
             f"the answerability combiner {(current.get('combiner') or {}).get('path')} changed since the evaluation"
         )
-    if recorded.get("baseline") != current["baseline"]:
+    if file_differs(recorded.get("baseline"), current["baseline"]):
         base = (current["baseline"] or {}).get("path")
         found.append(f"the baseline {base} differs from the one the gate compared against")
+    for name, fact in (recorded.get("reused") or {}).items():
+        now = digest_of((current.get("reused") or {}).get(name))
+        if fact.get("sha256") != now:
+            found.append(
+                f"{name} of run {fact.get('from_run')}, whose kept values the evaluation reused, changed since "
+                f"({fact.get('sha256')} -> {now})"
+            )
     for field, what in BOUND_MODELS_AND_CODE.items():
         if recorded.get(field) != current.get(field):
             found.append(
