@@ -17,6 +17,9 @@ from pipelines.retrieval import combiner
 from pipelines.versions.object_store import is_remote
 
 DEFAULT_CONFIG = "config/pipeline.yaml"
+# promote and rollback take --corpus as `run` does; where the corpus lives is not what a verdict judged (the version's
+# manifest binds its content), so a night run with --corpus is promoted or rolled back with or without it
+CORPUS_HELP = "the corpus folder, as given to `run` (accepted, not needed: the version's manifest binds its content)"
 OPENSEARCH_CLIENT_LOGGER = "opensearch"  # opensearch-py's per-request log (a warning with a traceback per failure)
 
 
@@ -498,6 +501,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("promote", help="make a run's version live if its passed verdict binds to it (the deploy step)")
     p.add_argument("run", help="a run id"), p.add_argument("--artifacts")
     p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--actor", default="cli")
+    p.add_argument("--corpus", help=CORPUS_HELP)
     p.set_defaults(func=cmd_promote)
 
     p = sub.add_parser("query", help="ask the live index (or --index RUN_DIR) one question")
@@ -551,6 +555,7 @@ def main(argv=None) -> int:
     p.add_argument("--artifacts"), p.add_argument("--backend", choices=["embedded", "opensearch"])
     p.add_argument("--force", action="store_true", help="also a version never promoted (logged as forced)")
     p.add_argument("--actor", default="rollback", help="who rolls back (logged)")
+    p.add_argument("--corpus", help=CORPUS_HELP)
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("diff", help="what changed per question between two run folders (scores, modes, ranks)")

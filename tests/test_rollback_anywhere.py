@@ -1,0 +1,163 @@
+"""A verdict judges content, not locations: a version is promoted or rolled back from wherever it was built.
+
+`run --corpus <folder>`, a DAG (every path absolute, connection ids set: dags/_common.py) and the CLI from the
+project root (paths relative to it) are one judged config. A real difference is refused naming each key with the
+judged value and today's (pipelines/versions/verdict.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+from artifact_io import read_json
+from pipelines import config
+from pipelines.app import steps
+from pipelines.app.cli import main
+from pipelines.app.factories import open_store
+from pipelines.versions import verdict
+from tests.promotable import promotable_args
+from tests.test_embedded_backend import synthetic_chunks
+from tests.test_verdicts import INPUTS, pass_gate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dag_path_keys() -> tuple[str, ...]:
+    """dags/_common.py's PATH_KEYS, read from the file (importing it needs Airflow)."""
+    tree = ast.parse((ROOT / "dags" / "_common.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PATH_KEYS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("dags/_common.py defines no PATH_KEYS")
+
+
+def dag_style(cfg: config.PipelineConfig) -> config.PipelineConfig:
+    """What dags/_common.load_config makes of the same file: every path absolute, both connection ids set."""
+    paths = {}
+    for key in dag_path_keys():
+        value = config.get(cfg, key)
+        if value is not None and not Path(value).is_absolute():
+            paths[key] = str(ROOT / value)
+    conns = {"backend.opensearch.airflow_conn_id": "opensearch_default", "artifacts_airflow_conn_id": "aws_default"}
+    return config.replace(cfg, {**paths, **conns})
+
+
+@pytest.fixture
+def build(make_cfg, tmp_path):
+    """build(cfg, version): a loaded version with a passed verdict bound under `cfg` (as evaluate + gate bind it)."""
+    synthetic_chunks(tmp_path / "c.parquet", n=9)
+
+    def make(cfg: config.PipelineConfig, version: str) -> dict:
+        open_store(cfg).load(version, str(tmp_path / "c.parquet"), inputs=INPUTS)
+        return pass_gate(cfg, version)
+
+    return make
+
+
+def test_the_judged_config_leaves_out_exactly_the_dags_locations_and_connection_ids():
+    """Every key the DAGs rewrite is a location whose content is bound on its own; nothing else is left out."""
+    conns = {"artifacts_airflow_conn_id", "backend.opensearch.airflow_conn_id"}
+    assert set(verdict.LOCATION_KEYS) == set(dag_path_keys()) | conns
+    judged = verdict.judged_config(config.load(ROOT / "config" / "pipeline.yaml"))
+    assert "retrieval.rrf_k" in judged and "answer.adjacent" in judged and "corpus.format" in judged
+    assert not set(judged) & set(verdict.LOCATION_KEYS)
+
+
+def test_a_dag_built_version_is_promoted_from_the_cli_and_the_other_way_round(make_cfg, build):
+    cli = make_cfg()  # the project's config, its paths relative to the project root
+    dag = dag_style(cli)
+    assert dag.evals.calibration_set.startswith("/") and dag.artifacts_airflow_conn_id == "aws_default"
+    assert verdict.config_hash(dag) == verdict.config_hash(cli)
+    build(dag, "20260101-020000")
+    assert steps.promote_step(cli, "20260101-020000") == "20260101-020000"  # a DAG's night, promoted by hand
+    build(cli, "20260102-020000")
+    assert steps.promote_step(dag, "20260102-020000") == "20260102-020000"  # a CLI night, promoted by a DAG
+    assert steps.rollback_step(cli)["version"] == "20260101-020000"  # and rolled back from the project root
+
+
+def test_a_night_built_with_another_corpus_folder_rolls_back_from_the_project_config(make_cfg, build, tmp_path):
+    """`run --corpus <folder>` three nights, then `rollback` (no --corpus): the corpus is in each version's manifest."""
+    elsewhere = make_cfg(**{"corpus.path": str(tmp_path / "my-corpus")})
+    for version in ("20260101-020000", "20260102-020000", "20260103-020000"):
+        build(elsewhere, version)
+        steps.promote_step(elsewhere, version)
+    project = make_cfg()
+    assert project.corpus.path != elsewhere.corpus.path
+    assert steps.rollback_step(project)["version"] == "20260102-020000"
+    # the command line, with or without --corpus (accepted by rollback and promote as by run)
+    cli = [*promotable_args(), "rollback", "--artifacts", project.artifacts, "--backend", "embedded"]
+    assert main([*cli, "20260101-020000", "--corpus", str(tmp_path / "my-corpus")]) == 0
+    assert open_store(project).live() == "20260101-020000"
+    assert main([*cli, "20260103-020000"]) == 0
+    assert open_store(project).live() == "20260103-020000"
+
+
+def test_a_real_config_difference_is_refused_naming_each_key_with_both_values(make_cfg, build, capsys):
+    cfg = make_cfg()
+    build(cfg, "20260101-020000")
+    changed = config.replace(cfg, {"retrieval.rrf_k": 60, "calibration.pair": ["margin", "bm25_top"]})
+    with pytest.raises(verdict.VerdictMismatch) as refused:
+        steps.promote_step(changed, "20260101-020000")
+    message = str(refused.value)
+    assert "retrieval.rrf_k: 5 (judged) vs 60 (now)" in message
+    assert 'calibration.pair: ["bm25_z", "term_coverage"] (judged) vs ["margin", "bm25_top"] (now)' in message
+    assert "corpus.path" not in message and "artifacts" not in message
+    # the same from the command line: exit 2, the key and both values on stderr
+    cli = [
+        *promotable_args(),
+        "--set",
+        "retrieval.rrf_k=60",
+        "promote",
+        "20260101-020000",
+        "--artifacts",
+        cfg.artifacts,
+    ]
+    assert main([*cli, "--backend", "embedded"]) == 2
+    assert "retrieval.rrf_k: 5 (judged) vs 60 (now)" in capsys.readouterr().err
+    assert open_store(cfg).live() is None
+
+
+def test_each_left_out_location_is_still_bound_by_its_content(make_cfg, build, tmp_path):
+    """Moving a file is no change; pointing the key at other content is refused (eval set, baseline, combiner,
+    answer model)."""
+    cfg = make_cfg()
+    build(cfg, "20260101-020000")
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    copies = {}
+    for key in ("evals.calibration_set", "evals.baseline", "answerability.combiner"):
+        copies[key] = str(shutil.copy(config.get(cfg, key), moved / f"{key}.copy"))
+    assert verdict.mismatches(*bound_and_now(cfg, config.replace(cfg, copies), "20260101-020000")) == []
+    others = {
+        "evals.calibration_set": (cfg.evals.precision_set, "eval set calibration"),
+        "evals.baseline": (str(shutil.copy(ROOT / "config/baselines/precision.json", moved / "b.json")), None),
+        "answerability.answer_model_path": ("models/answer_in_domain", "answer_model_fingerprint"),
+    }
+    (moved / "b.json").write_text("{}")
+    others["evals.baseline"] = (str(moved / "b.json"), "the baseline")
+    for key, (value, message) in others.items():
+        problems = verdict.mismatches(*bound_and_now(cfg, config.replace(cfg, {key: value}), "20260101-020000"))
+        assert any(message in p for p in problems), (key, problems)
+
+
+def bound_and_now(judged_cfg: config.PipelineConfig, now_cfg: config.PipelineConfig, version: str) -> tuple:
+    gate = read_json(steps.run_dir(judged_cfg, version) / "gate.json")
+    manifest = open_store(judged_cfg).manifest(version)
+    return gate["evaluated"], verdict.current_binding(now_cfg, manifest, gate["evaluated"])
+
+
+@pytest.mark.models
+def test_three_real_nights_with_run_corpus_then_rollback_from_the_project_config(tmp_path, capsys):
+    """`sourcegate run --corpus <folder>` three nights, then `sourcegate rollback` with no --corpus: exit 0."""
+    corpus = shutil.copytree(ROOT / "corpus" / "demo", tmp_path / "my-corpus")
+    artifacts = str(tmp_path / "artifacts")
+    nights = ("20261101-020000", "20261102-020000", "20261103-020000")
+    for run_id in nights:
+        args = ["run", "--corpus", str(corpus), "--artifacts", artifacts, "--run-id", run_id, "--quiet"]
+        assert main([*promotable_args(), *args]) == 0, capsys.readouterr()
+    assert main([*promotable_args(), "rollback", "--artifacts", artifacts]) == 0, capsys.readouterr().err
+    assert f"{nights[2]} -> {nights[1]}" in capsys.readouterr().out
