@@ -177,3 +177,56 @@ def test_ids_and_hashes_are_stable(tmp_path, small_corpus):
     a = pq.read_table(ingest(small_corpus, tmp_path / "a").documents).to_pylist()
     b = pq.read_table(ingest(small_corpus, tmp_path / "b").documents).to_pylist()
     assert [(d["doc_id"], d["content_hash"]) for d in a] == [(d["doc_id"], d["content_hash"]) for d in b]
+
+
+def every_file_under(root) -> int:
+    """What a data engineer counts with `find root -type f -o -type l`."""
+    return sum(
+        len(files) + sum(os.path.islink(os.path.join(here, d)) for d in dirs) for here, dirs, files in os.walk(root)
+    )
+
+
+def test_every_file_is_a_document_quarantined_or_skipped_with_a_reason(tmp_path):
+    """N files in: documents + quarantined + skipped == N. A page named `..md` or `.faq.md` is an article (its
+    suffix says so) and is ingested; a hidden folder (.git) and a hidden tool file (.DS_Store) are skipped, named,
+    with the number of files they hold."""
+    corpus = tmp_path / "corpus"
+    (corpus / "sub" / ".obsidian").mkdir(parents=True)
+    (corpus / ".git" / "objects" / "ab").mkdir(parents=True)
+    pages = {"a.md": "# A\n\nAlpha text.", "..md": "# The dot command\n\nRuns a file.", ".faq.md": "Frequently asked."}
+    pages |= {"sub/b.html": "<h1>B</h1><p>Beta text.</p>", "sub/c.md": "Gamma text."}
+    for name, text in pages.items():
+        (corpus / name).write_text(text)
+    (corpus / "notes.txt").write_text("not an article")  # quarantined: not a suffix the reader reads
+    (corpus / ".DS_Store").write_bytes(b"\x00\x01")
+    (corpus / ".gitignore").write_text("*.tmp\n")
+    (corpus / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (corpus / ".git" / "objects" / "ab" / "cdef").write_bytes(b"x")
+    (corpus / ".git" / "objects" / "ab" / "0123").write_bytes(b"y")
+    (corpus / "sub" / ".obsidian" / "workspace.json").write_text("{}")
+    n = every_file_under(corpus)
+    assert n == 12
+
+    result = ingest(corpus, tmp_path / "out")
+    c = result.counts
+    assert c["documents"] + c["quarantined"] + c["skipped"] == n
+    ids = [d["doc_id"] for d in pq.read_table(result.documents).to_pylist()]
+    assert sorted(ids) == sorted(["a", "_.", "_.faq", "sub:b", "sub:c"])
+    assert [q["source"] for q in _quarantine(result)] == ["notes.txt"]
+    skipped = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert [(s["source"], s["files"]) for s in skipped] == [
+        (".DS_Store", 1),
+        (".git/", 3),
+        (".gitignore", 1),
+        ("sub/.obsidian/", 1),
+    ]
+    assert c["skipped_reasons"] == {
+        "hidden folder: not walked (a tool's files, such as .git, not articles)": 4,
+        "hidden file without an article suffix: not read (a tool's file, such as .DS_Store or .gitignore)": 2,
+    }
+
+
+def test_a_corpus_with_nothing_hidden_skips_nothing(tmp_path):
+    result = ingest(DEMO, tmp_path)
+    assert result.counts["skipped"] == 0 and result.counts["skipped_reasons"] == {}
+    assert result.counts["documents"] + result.counts["quarantined"] == every_file_under(DEMO)

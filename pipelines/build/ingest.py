@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
+from artifact_io import write_jsonl
 from pipelines.batches import batch_rows, write_batches
 from pipelines.build import quarantine as quarantine_file
 from pipelines.build.doc_ids import ID_PUNCTUATION, MAX_ID_CHARS, HostileName, id_from_path
@@ -61,6 +62,20 @@ class Rejected(Exception):
     """A document that goes to quarantine; the message is the reason."""
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Corpus entries the walker does not read, by design rather than fault (docs/ingest.md "What is read"):
+    listed in skipped.jsonl with the reason and how many files they hold, and counted in run.json."""
+
+    reason: str
+    files: int = 1
+
+
+SKIPPED_FILE = "skipped.jsonl"
+HIDDEN_FOLDER = "hidden folder: not walked (a tool's files, such as .git, not articles)"
+HIDDEN_FILE = "hidden file without an article suffix: not read (a tool's file, such as .DS_Store or .gitignore)"
+
+
 def ingest(
     source: str | Path,
     out_dir: str | Path,
@@ -82,6 +97,7 @@ def ingest(
     out_dir.mkdir(parents=True, exist_ok=True)
     reader = read_corpus_folder if fmt == "markdown" else read_beir_corpus
     rejected: list[dict] = []
+    skipped: list[dict] = []
     staging = out_dir / ".documents.staging.tmp"
     spill = out_dir / ".duckdb.tmp"
 
@@ -90,6 +106,9 @@ def ingest(
         for seq, (origin, parsed) in enumerate(reader(source, max_doc_bytes)):
             if isinstance(parsed, Rejected):
                 rejected.append({"seq": seq, "source": origin, "reason": str(parsed)})
+                continue
+            if isinstance(parsed, Skipped):
+                skipped.append({"source": origin, "reason": parsed.reason, "files": parsed.files})
                 continue
             batch.append({**parsed, "source": origin, "content_hash": content_hash(parsed), "seq": seq})
             if len(batch) >= batch_rows(rows):
@@ -126,7 +145,18 @@ def ingest(
     counts.update(
         documents=count, quarantined=len(rejected), quarantine_reasons=quarantine_file.reason_counts(rejected)
     )
+    counts.update(write_skipped(out_dir, skipped))
     return IngestResult(out_dir / "documents.parquet", quarantine, out_dir / "manifest.parquet", counts)
+
+
+def write_skipped(out_dir: Path, skipped: list[dict]) -> dict:
+    """skipped.jsonl (one line per skipped file or folder, in walking order) and its counts for run.json:
+    files skipped in all, and by reason."""
+    write_jsonl(skipped, out_dir / SKIPPED_FILE)
+    reasons: dict[str, int] = {}
+    for entry in skipped:
+        reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + entry["files"]
+    return {"skipped": sum(reasons.values()), "skipped_reasons": reasons}
 
 
 STAGING_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("seq", pa.int64()))
@@ -221,31 +251,57 @@ _TITLE_LINE = re.compile(r"\A\s*#[ \t]+(.+?)[ \t]*#*[ \t]*(?:\r?\n|\Z)")
 
 
 def read_corpus_folder(root: Path, max_doc_bytes: int):
-    """Yield (relative path, document dict | Rejected) for every entry under root, sorted.
+    """Yield (relative path, document dict | Rejected | Skipped) for every entry under root, sorted.
 
     Symlinks are never followed, so nothing outside the root is ever opened: one that
     resolves outside the root is quarantined as such; one inside it is quarantined too,
-    its target being ingested once, under its own path.
+    its target being ingested once, under its own path. Hidden folders and hidden files
+    without an article suffix are skipped, named and counted (`corpus_entries`).
     """
     root = root.resolve()  # a corpus root given as a link means its target
-    for path in corpus_entries(root):
+    for path, skipped in corpus_entries(root):
         relative = path.relative_to(root)
         rel = relative.as_posix()
+        if skipped:
+            yield (rel + "/" if skipped.reason == HIDDEN_FOLDER else rel), skipped
+            continue
         try:
             yield rel, parse_article(read_regular_file(path, root, max_doc_bytes), relative)
         except Rejected as exc:
             yield rel, exc
 
 
-def corpus_entries(root: Path) -> list[Path]:
-    """Every non-hidden file, symlink and special file under root, without descending into linked folders."""
-    found = []
+def is_article_name(name: str) -> bool:
+    """A file name with a suffix the corpus reader reads (`..md` and `.faq.md` too: the suffix says article)."""
+    return Path(name).suffix.lower() in MARKDOWN_SUFFIXES | HTML_SUFFIXES
+
+
+def corpus_entries(root: Path) -> list[tuple[Path, Skipped | None]]:
+    """Every file, symlink and special file under root, without descending into linked or hidden folders; each
+    with None (to be read) or why it is skipped. A hidden folder (.git, .obsidian) is one entry, skipped with the
+    number of entries under it; a hidden file is read when its suffix is an article's (a page named `..md` is
+    a page) and skipped otherwise."""
+    found: list[tuple[Path, Skipped | None]] = []
     for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
         here = Path(folder)
-        found += [here / d for d in dirs if (here / d).is_symlink()]  # judged, never walked
-        found += [here / f for f in files if not f.startswith(".")]
-    return sorted(found)
+        hidden = [d for d in dirs if d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [(here / d, Skipped(HIDDEN_FOLDER, entries_under(here / d))) for d in hidden]
+        found += [(here / d, None) for d in dirs if (here / d).is_symlink()]  # judged, never walked
+        for name in files:
+            hidden_file = name.startswith(".") and not is_article_name(name)
+            found.append((here / name, Skipped(HIDDEN_FILE) if hidden_file else None))
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def entries_under(folder: Path) -> int:
+    """How many entries the walker would have judged under `folder` (a link counts once, as itself)."""
+    if folder.is_symlink():
+        return 1
+    count = 0
+    for here, dirs, files in os.walk(folder, followlinks=False):
+        count += len(files) + sum(1 for d in dirs if (Path(here) / d).is_symlink())
+    return count
 
 
 def read_regular_file(path: Path, root: Path, max_doc_bytes: int) -> bytes:
