@@ -180,3 +180,68 @@ def test_the_opensearch_alias_lock_names_its_holder_and_breaks_a_killed_one(tmp_
         if holder.poll() is None:
             holder.kill()
         client.delete(index=lock.LOCK_INDEX, id=prefix, ignore=[404])
+
+
+# A writer on "another host" (its host name is not this one's, so its pid says nothing here) holding the alias
+# lock under a short lease: renewed while it runs, taken over once it is killed and the lease runs out.
+LEASED_HOLDER = """
+import socket, sys
+socket.gethostname = lambda: "worker-b.example"
+from pipelines import config
+from pipelines.versions import lock
+lock.ALIAS_LEASE_S = float(sys.argv[3])
+cfg = config.load(None, {"artifacts": sys.argv[1], "backend.kind": "opensearch",
+                         "backend.opensearch.index_prefix": sys.argv[2], "lock.timeout_s": 0.0})
+with lock.writer_lock(cfg, "leased holder"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.opensearch
+def test_an_alias_lock_held_on_another_host_is_renewed_while_it_works_and_taken_over_when_it_dies(
+    tmp_path, caplog, os_client
+):
+    client, prefix, lease = os_client, f"leasetest-{os.getpid()}", 2.0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-c", LEASED_HOLDER, str(tmp_path / "a"), prefix, str(lease)]
+    holder = subprocess.Popen(
+        args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held", holder.stderr.read()
+        first = client.get(index=lock.LOCK_INDEX, id=prefix)["_source"]
+        assert first["host"] == "worker-b.example" and first["expires"] > time.time()
+        second = cfg_for(tmp_path / "b", kind="opensearch", prefix=prefix, timeout=2.5 * lease)
+        # waiting longer than one lease: the holder is alive and renews, so the lock stays its own
+        with pytest.raises(LockHeld, match=f"pid {holder.pid} on worker-b.example.*lease"), writer_lock(second):
+            pass
+        renewed = client.get(index=lock.LOCK_INDEX, id=prefix)["_source"]
+        assert renewed["token"] == first["token"] and renewed["expires"] > first["expires"]
+        os.kill(holder.pid, signal.SIGKILL)  # dies without releasing; its pid means nothing on this host
+        holder.wait(10)
+        with caplog.at_level("WARNING"), writer_lock(second, "after the lease"):
+            assert client.get(index=lock.LOCK_INDEX, id=prefix)["_source"]["pid"] == os.getpid()
+        assert f"broke the stale lock of pid {holder.pid} on worker-b.example" in caplog.text
+        assert "its lease ran out" in caplog.text
+        assert not client.exists(index=lock.LOCK_INDEX, id=prefix)  # released
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        client.delete(index=lock.LOCK_INDEX, id=prefix, ignore=[404])
+
+
+@pytest.mark.opensearch
+def test_an_alias_lock_record_without_a_lease_from_another_host_is_left_for_a_human(tmp_path, os_client):
+    """A record written before leases (no `expires`) by a process elsewhere may still be working: never broken."""
+    client, prefix = os_client, f"leaseless-{os.getpid()}"
+    record = {"pid": 1, "host": "worker-c.example", "command": "old", "since": "2026-01-01T00:00:00+00:00"}
+    client.index(index=lock.LOCK_INDEX, id=prefix, body=record | {"token": "t"}, op_type="create", refresh="true")
+    try:
+        with (
+            pytest.raises(LockHeld, match=f"delete the document {lock.LOCK_INDEX}/_doc/{prefix}"),
+            writer_lock(cfg_for(tmp_path, kind="opensearch", prefix=prefix, timeout=0.5)),
+        ):
+            pass
+    finally:
+        client.delete(index=lock.LOCK_INDEX, id=prefix, ignore=[404])

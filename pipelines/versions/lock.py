@@ -8,9 +8,10 @@ taken) only so that a second writer can name the holder; a record left by a kill
 reported as a broken stale lock when the next writer takes over.
 
 The OpenSearch alias is shared by every machine that talks to the node, so its lock is a document
-created with `op_type=create` (atomic: exactly one creator wins) in the small index `LOCK_INDEX`. A
-lock document of a dead process on this host is deleted with `if_seq_no`/`if_primary_term` (so
-two breakers cannot both win); one from another host is named in the error, for a human to judge.
+created with `op_type=create` (atomic: exactly one creator wins) in the small index `LOCK_INDEX`. The
+document carries a lease (`expires`), renewed by its holder while it works; a lock document of a dead
+process on this host, or one whose lease ran out (its holder died on another host), is deleted with
+`if_seq_no`/`if_primary_term` (so two breakers cannot both win, and a renewal in between wins over both).
 
 Locks are re-entrant within one thread: `sourcegate run` holds the lock for the whole night and
 the steps it calls (which lock for themselves when Airflow runs them as tasks) just join it.
@@ -122,10 +123,61 @@ def acquire_folder(artifacts: str | Path, command: str, timeout_s: float, shared
 
 # --- the OpenSearch alias lock (a document) ---------------------------------------------------------
 
+# The alias lock's lease: a holder writes `expires` (epoch seconds) into its document and renews it every
+# ALIAS_RENEW_EVERY of the lease while it works, so a holder that died on another host (no pid to check) is
+# taken over once its lease has run out. Minutes, not seconds: hosts' clocks may differ by a few seconds, and a
+# renewal may wait on a busy node.
+ALIAS_LEASE_S = 300.0
+ALIAS_RENEW_EVERY = 0.2  # of the lease: four renewals may fail before the lease runs out
 
-def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callable[[], None]:
+
+def lease_expired(holder: dict, now: float) -> bool:
+    """A holder whose lease ran out (a record written before leases has none: only its pid can free it)."""
+    return "expires" in holder and float(holder["expires"]) <= now
+
+
+class _Renewal(threading.Thread):
+    """Pushes the lock document's `expires` forward while its holder works, each write conditional on the last
+    (if_seq_no / if_primary_term): a holder whose document was taken over stops renewing and says so."""
+
+    def __init__(self, client, alias: str, record: dict, seq_no: int, primary_term: int, lease_s: float):
+        super().__init__(name=f"lease {alias}", daemon=True)
+        self.client, self.alias, self.record, self.lease_s = client, alias, record, lease_s
+        self.seq_no, self.primary_term = seq_no, primary_term
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from opensearchpy import ConflictError, NotFoundError
+
+        while not self.done.wait(self.lease_s * ALIAS_RENEW_EVERY):
+            body = self.record | {"expires": time.time() + self.lease_s}
+            try:
+                out = self.client.index(
+                    index=LOCK_INDEX,
+                    id=self.alias,
+                    body=body,
+                    if_seq_no=self.seq_no,
+                    if_primary_term=self.primary_term,
+                    refresh="true",
+                )
+                self.seq_no, self.primary_term = out["_seq_no"], out["_primary_term"]
+            except (ConflictError, NotFoundError):
+                log.error("lost the lock on alias %s: its lease ran out and another writer took it", self.alias)
+                return
+            except Exception as exc:  # the node unreachable for a moment: the next renewal tries again
+                log.warning("could not renew the lease on alias %s (%s: %s)", self.alias, type(exc).__name__, exc)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=30)
+
+
+def acquire_alias(
+    client, alias: str, command: str, timeout_s: float, lease_s: float | None = None
+) -> Callable[[], None]:
     from opensearchpy import ConflictError, NotFoundError
 
+    lease_s = ALIAS_LEASE_S if lease_s is None else lease_s
     record = holder_record(command)
 
     def delete_unchanged(doc: dict) -> None:
@@ -141,7 +193,8 @@ def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callabl
     deadline = time.monotonic() + max(timeout_s, 0.0)
     while True:
         try:
-            client.index(index=LOCK_INDEX, id=alias, body=record, op_type="create", refresh="true")
+            body = record | {"expires": time.time() + lease_s}
+            created = client.index(index=LOCK_INDEX, id=alias, body=body, op_type="create", refresh="true")
             break
         except ConflictError:
             try:
@@ -149,21 +202,27 @@ def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callabl
             except NotFoundError:
                 continue  # released between our create and get: try again
             holder = doc["_source"]
-            if is_stale(holder):
+            expired = lease_expired(holder, time.time())
+            if expired or is_stale(holder):
                 try:
                     delete_unchanged(doc)
-                    log.warning("broke the stale lock of %s on alias %s", describe(holder), alias)
+                    why = "its lease ran out" if expired else "its process is gone"
+                    log.warning("broke the stale lock of %s on alias %s (%s)", describe(holder), alias, why)
                 except (ConflictError, NotFoundError):
-                    pass  # someone else broke or re-took it first
+                    pass  # someone else broke, renewed or re-took it first
                 continue
             if time.monotonic() >= deadline:
                 raise LockHeld(
-                    f"OpenSearch alias {alias} is locked by {describe(holder)}; waited {timeout_s:g} s. If that "
-                    f"process is gone (another host), delete the document {LOCK_INDEX}/_doc/{alias}"
+                    f"OpenSearch alias {alias} is locked by {describe(holder)}; waited {timeout_s:g} s. "
+                    + until(holder, alias)
                 ) from None
             time.sleep(POLL_S)
 
+    renewal = _Renewal(client, alias, record, created["_seq_no"], created["_primary_term"], lease_s)
+    renewal.start()
+
     def release() -> None:
+        renewal.stop()
         try:
             doc = client.get(index=LOCK_INDEX, id=alias)
             if doc["_source"].get("token") == record["token"]:
@@ -172,6 +231,16 @@ def acquire_alias(client, alias: str, command: str, timeout_s: float) -> Callabl
             pass
 
     return release
+
+
+def until(holder: dict, alias: str) -> str:
+    """When a holder that is gone stops blocking (for the error a waiting writer gets)."""
+    if "expires" in holder:
+        return (
+            f"Its lease is renewed while it works; if it is gone (another host), the lock is taken over once the "
+            f"lease runs out, {max(float(holder['expires']) - time.time(), 0):.0f} s from now"
+        )
+    return f"If that process is gone (another host), delete the document {LOCK_INDEX}/_doc/{alias}"
 
 
 # --- re-entrant holds ------------------------------------------------------------------------------
