@@ -272,22 +272,29 @@ def cmd_runs(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    """Check one index version against its manifest: 0 when intact, 2 naming each bad file."""
+    """Check one index version against its manifest: 0 when intact, 2 naming each bad file. Under the writer lock
+    (it may repair run.json, and no writer is mid-way through the version it reads); on s3:// artifacts, on the
+    version's files staged from the store, a repaired run.json published back."""
+    from pipelines.app import staging
     from pipelines.app.factories import open_store
     from pipelines.app.steps import repair_promoted
+    from pipelines.versions.lock import writer_lock
     from pipelines.versions.manifest import IntegrityError, manifest_hash
 
     cfg = load_config(args)
-    store = open_store(cfg)
-    try:
-        manifest = store.verify(args.version)
-    except IntegrityError as exc:
-        print(f"sourcegate: verify: index version {args.version} FAILED", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
-    if repair_promoted(store, Path(cfg.artifacts) / "runs" / args.version, args.version):
-        print(f"{args.version}: run.json's missing `promoted` written from the promotions log")
+    command = f"sourcegate verify {args.version}"
+    reads = staging.reading((staging.INDEX_FILES,), args.version)
+    with staging.locked_staged(cfg, command, None, reads) as local, writer_lock(local, command):
+        store = open_store(local)
+        try:
+            manifest = store.verify(args.version)
+        except IntegrityError as exc:
+            print(f"sourcegate: verify: index version {args.version} FAILED", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  - {problem}", file=sys.stderr)
+            return 2
+        if repair_promoted(store, Path(local.artifacts) / "runs" / args.version, args.version):
+            print(f"{args.version}: run.json's missing `promoted` written from the promotions log")
     checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count, ids and every document"
     print(
         f"{args.version}: ok ({manifest['rows']} chunks, dimension {manifest['dimension']}, {checked} verified; "
