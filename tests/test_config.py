@@ -143,6 +143,13 @@ def test_every_config_key_says_why_it_has_its_default():
 #              c = config.load('config/pipeline.yaml'); print(verdict.config_hash(c), mf.index_config_hash(c))"
 # A version built before the typed config must still match the same YAML (its index settings did not change).
 SHIPPED_INDEX_CONFIG_SHA256 = "3dd56803ac7c90643dea280603c18c15bfae09f7dbb2ddd6969f552ec0e16f86"
+# The verdict's config hash changed when it stopped judging locations: it now leaves out every path and
+# connection id whose content is bound on its own (verdict.LOCATION_KEYS), so a DAG-built version (absolute paths,
+# connection ids) and a CLI one are judged alike. The hash verdicts recorded before (main at 02fd65b printed
+# d152fc40… for verdict.config_hash of the shipped config) is kept as legacy_config_hash, so those verdicts still
+# match an unchanged config; the new one is printed by the command above with verdict.config_hash.
+SHIPPED_VERDICT_CONFIG_SHA256 = "cf158240332015129ee8b012986526dcf47101d814347a9f0b03bf13a2b69ffc"
+SHIPPED_LEGACY_VERDICT_CONFIG_SHA256 = "d152fc40af068f588ce38a3c47a82cdf2f97648a610e05219be20f25baebe139"
 
 
 def test_the_index_hash_is_main_s_from_before_the_typed_config_and_the_verdict_hash_binds_what_was_judged():
@@ -151,6 +158,8 @@ def test_the_index_hash_is_main_s_from_before_the_typed_config_and_the_verdict_h
 
     cfg = config.load("config/pipeline.yaml")
     assert mf.index_config_hash(cfg) == SHIPPED_INDEX_CONFIG_SHA256
+    assert verdict.config_hash(cfg) == SHIPPED_VERDICT_CONFIG_SHA256
+    assert verdict.legacy_config_hash(cfg) == SHIPPED_LEGACY_VERDICT_CONFIG_SHA256
     elsewhere = config.replace(cfg, {"artifacts": "s3://bucket/prefix"})  # a location, not what was judged
     assert verdict.config_hash(elsewhere) == verdict.config_hash(cfg)
     without_answer_model = config.replace(cfg, {"answerability.answer_support": False})

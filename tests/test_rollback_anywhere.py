@@ -161,3 +161,18 @@ def test_three_real_nights_with_run_corpus_then_rollback_from_the_project_config
         assert main([*promotable_args(), *args]) == 0, capsys.readouterr()
     assert main([*promotable_args(), "rollback", "--artifacts", artifacts]) == 0, capsys.readouterr().err
     assert f"{nights[2]} -> {nights[1]}" in capsys.readouterr().out
+
+
+def test_a_verdict_recorded_before_the_judged_values_still_binds_by_its_hash(make_cfg, build):
+    """gate.json written before this change: config_sha256 over every key but `artifacts` and its connection id,
+    eval sets by path. An unchanged config promotes it; a changed one is refused."""
+    from artifact_io import write_json
+
+    cfg = make_cfg()
+    gate = build(cfg, "20260101-020000")
+    old = {k: v for k, v in gate["evaluated"].items() if k not in ("config", "eval_set_sha256", "reused")}
+    old["config_sha256"] = verdict.legacy_config_hash(cfg)
+    write_json({**gate, "evaluated": old}, steps.run_dir(cfg, "20260101-020000") / "gate.json")
+    with pytest.raises(verdict.VerdictMismatch, match="before it recorded its values"):
+        steps.promote_step(config.replace(cfg, {"retrieval.rrf_k": 60}), "20260101-020000")
+    assert steps.promote_step(cfg, "20260101-020000") == "20260101-020000"
