@@ -82,13 +82,13 @@ def test_verify_on_s3_repairs_run_json_on_the_store_under_the_lock_object(local_
     run_key = f"runs/{VERSION}/run.json"
     assert "promoted" not in json.loads(store.get(run_key))
 
-    release = acquire_object(store, "test holder on the store", 0)  # a night holds the store's lock
+    held = acquire_object(store, "test holder on the store", 0)  # a night holds the store's lock
     try:
         assert main(["--set", "lock.timeout_s=0", "verify", VERSION, "--artifacts", uri]) == 2
         assert "is locked by" in capsys.readouterr().err
         assert "promoted" not in json.loads(store.get(run_key))
     finally:
-        release()
+        held.release()
 
     assert main(["verify", VERSION, "--artifacts", uri]) == 0
     out = capsys.readouterr().out
