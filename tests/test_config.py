@@ -145,11 +145,11 @@ def test_every_config_key_says_why_it_has_its_default():
 SHIPPED_INDEX_CONFIG_SHA256 = "3dd56803ac7c90643dea280603c18c15bfae09f7dbb2ddd6969f552ec0e16f86"
 # The verdict's config hash changed when it stopped judging locations: it now leaves out every path and
 # connection id whose content is bound on its own (verdict.LOCATION_KEYS), so a DAG-built version (absolute paths,
-# connection ids) and a CLI one are judged alike. The hash verdicts recorded before (main at a083cfa printed
-# 1a239f5c… for verdict.config_hash of the shipped config) is kept as legacy_config_hash, so those verdicts still
+# connection ids) and a CLI one are judged alike. The hash verdicts recorded before (main at 5948690 printed
+# 60b96437… for verdict.config_hash of the shipped config) is kept as legacy_config_hash, so those verdicts still
 # match an unchanged config; the new one is printed by the command above with verdict.config_hash.
-SHIPPED_VERDICT_CONFIG_SHA256 = "3573d81d6735be8c789a45dc6e72c87b744d685f820fa14d28b8fb1803023c7f"
-SHIPPED_LEGACY_VERDICT_CONFIG_SHA256 = "1a239f5c097c3a0bc7f08183fdc2afb958e1749f747fef7ea1faef038ab9e300"
+SHIPPED_VERDICT_CONFIG_SHA256 = "557bc3cdb9bc049951e53dfe94dfaa7f996c9c8dd5da4cb2abec68e04931428a"
+SHIPPED_LEGACY_VERDICT_CONFIG_SHA256 = "60b964370a4905540373b18bf9a41fc4286694e188e2f2875155a81ba8067d8d"
 
 
 def test_the_index_hash_is_main_s_from_before_the_typed_config_and_the_verdict_hash_binds_what_was_judged():
