@@ -10,6 +10,7 @@ import pytest
 
 from pipelines.build.doc_ids import MAX_ID_CHARS, HostileName, id_from_path
 from pipelines.build.ingest import ingest, safe_id
+from tests.check_guard import GUARDED as CHECK_SETS
 from tests.conftest import DEMO, ROOT
 
 
@@ -23,6 +24,7 @@ def test_the_demo_corpus_keeps_its_ids_and_the_eval_sets_still_name_them():
     named = {
         label.split("#")[0]
         for path in (ROOT / "config" / "evals").glob("*.jsonl")
+        if str(path.resolve()) not in CHECK_SETS  # a check set's labels are checked by the night that scores it
         for line in path.read_text().splitlines()
         if line.strip()
         for label in json.loads(line).get("expected", [])
