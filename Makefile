@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 .PHONY: run check lint fast test lock moto-lock moto venv system-deps opensearch-start opensearch-stop airflow clean
 
 # The fast tier: unmarked tests (markers in pyproject.toml; tests/tier_guard.py keeps them honest).
-FAST_TIER := not models and not opensearch and not airflow and not browser and not dataset and not system and not s3
+FAST_TIER := not models and not opensearch and not airflow and not browser and not dataset and not system and not s3 and not celery
 
 venv: $(STAMP)
 
@@ -28,10 +28,10 @@ $(STAMP): requirements.txt requirements-dev.txt requirements.lock requirements-m
 run: venv
 	$(VENV)/bin/sourcegate run
 
-# Debian packages the tests use: a real browser for the report, the compose validator.
+# Debian packages the tests use: a real browser for the report, the compose validator, the Celery night's broker.
 system-deps:
-	@command -v chromium >/dev/null && command -v docker-compose >/dev/null || \
-	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null; }
+	@command -v chromium >/dev/null && command -v docker-compose >/dev/null && command -v redis-server >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose redis-server >/dev/null; }
 	@command -v javac >/dev/null && command -v mvn >/dev/null || \
 	  { apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null; }
 

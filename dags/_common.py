@@ -55,6 +55,13 @@ RETRY_ARGS = {
     "max_retry_delay": timedelta(minutes=10),
 }
 
+# Every task's defaults. A task lost with its worker (a Celery worker killed, its machine gone) is failed by the
+# scheduler once its heartbeat stops ([scheduler] task_instance_heartbeat_timeout) and runs again only as a
+# retry, on another worker (tests/test_celery_night.py). Steps are idempotent per run id and a lost try
+# published nothing, so one retry redoes only the lost work; a failed gate raises AirflowFailException, which
+# is never retried.
+DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=10)}
+
 # Config values that are file system paths (None is left alone: "use the packaged model").
 PATH_KEYS = (
     "corpus.path",

@@ -21,6 +21,7 @@ from airflow.sdk import dag, task
 if str(Path(__file__).parent) not in sys.path:  # _common.py sits beside this file, whatever DAGS_FOLDER is
     sys.path.append(str(Path(__file__).parent))
 from _common import (
+    DEFAULT_ARGS,
     LIVE_INDEX,
     NIGHTLY_SCHEDULE,
     RETRY_ARGS,
@@ -41,6 +42,7 @@ from _common import (
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
+    default_args=DEFAULT_ARGS,
     params=nightly_params(),
     tags=["sourcegate"],
     doc_md=__doc__,

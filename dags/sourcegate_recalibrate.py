@@ -21,7 +21,16 @@ from airflow.sdk.exceptions import AirflowFailException
 
 if str(Path(__file__).parent) not in sys.path:  # _common.py sits beside this file, whatever DAGS_FOLDER is
     sys.path.append(str(Path(__file__).parent))
-from _common import EVAL_SETS, START_DATE, config_params, enforce_gate, in_store, live_version, recal_run_id
+from _common import (
+    DEFAULT_ARGS,
+    EVAL_SETS,
+    START_DATE,
+    config_params,
+    enforce_gate,
+    in_store,
+    live_version,
+    recal_run_id,
+)
 
 
 @dag(
@@ -30,6 +39,7 @@ from _common import EVAL_SETS, START_DATE, config_params, enforce_gate, in_store
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
+    default_args=DEFAULT_ARGS,
     params=config_params(),
     tags=["sourcegate"],
     doc_md=__doc__,

@@ -118,7 +118,9 @@ def test_retries_and_asset_outlet(dagbag):
     promote = dag.task_dict["promote"]
     assert promote.outlets == [Asset("sourcegate://live-index")]
     assert promote.trigger_rule == "all_success"
-    assert dag.task_dict["gate"].retries == 0  # a failed gate is a verdict, not a flake
+    # a task lost with its worker runs again on another only as a retry: every task of both DAGs has one (a
+    # failed gate is a verdict, not a flake: enforce_gate raises AirflowFailException, which is never retried)
+    assert all(t.retries >= 1 for d in dagbag.dags.values() for t in d.tasks)
     others = [t for t in dag.tasks if t.task_id != "promote"]
     assert all(not t.outlets for t in others)
 

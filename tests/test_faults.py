@@ -44,6 +44,14 @@ def tiny_eval_sets(folder: Path) -> tuple[Path, Path]:
     return paths
 
 
+def tiny_check_set(fit: Path, path: Path) -> Path:
+    """A gate needs a check set; here the tiny fit set under new ids (a fixture)."""
+    path.write_text(
+        "".join(json.dumps({**json.loads(q), "id": "chk-" + json.loads(q)["id"]}) + "\n" for q in fit.open())
+    )
+    return path
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
     return tiny_night(tmp_path_factory.mktemp("faults"))
@@ -58,10 +66,7 @@ def tiny_night(base: Path) -> dict:
     cal, pre = tiny_eval_sets(base)
     overrides = {"corpus.path": str(corpus)}
     # the accepted baseline: the tiny sets' questions are compared by id, the rest are `missing`, not compared
-    check = base / "check.jsonl"  # a gate needs a check set; here the tiny fit set under new ids (a fixture)
-    check.write_text(
-        "".join(json.dumps({**json.loads(q), "id": "chk-" + json.loads(q)["id"]}) + "\n" for q in cal.open())
-    )
+    check = tiny_check_set(cal, base / "check.jsonl")
     overrides |= {"evals.calibration_set": str(cal), "evals.precision_set": str(pre), "evals.check_set": str(check)}
     overrides["calibration.min_per_label"] = 3  # a gate that can pass on 3 off-topic questions: a fault-suite fixture
     overrides["lock.timeout_s"] = 0

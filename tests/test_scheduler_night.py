@@ -79,14 +79,14 @@ class Scheduler:
         return out
 
     def start(self, name: str, *args: str) -> None:
+        self.procs[name] = self.popen(name, [sys.executable, "-m", "airflow", *args], self.env, self.cwd)
+
+    def popen(self, name: str, argv: list[str], env: dict, cwd: Path) -> subprocess.Popen:
+        """`argv` with its output in the home's `<name>.log`, in a session of its own: stopped with its children
+        (executor workers)."""
         with open(self.home / f"{name}.log", "ab") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "airflow", *args],
-                env=self.env,
-                cwd=self.cwd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stopped with its children (executor workers)
+            return subprocess.Popen(
+                argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
 
     def check_running(self) -> None:
@@ -127,26 +127,35 @@ class Scheduler:
         pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; logs in {self.home}")
 
 
-@pytest.fixture(scope="module")
-def night(s3_server, tmp_path_factory):
-    from tests.s3_server import CREDENTIALS, SECRET, free_port
-
-    tmp = tmp_path_factory.mktemp("scheduler-night")
-    home, task_dirs, scratch = tmp / "airflow_home", tmp / "tasks", tmp / "tmp"
-    for folder in (home / "config", home / "plugins", task_dirs, scratch):
+def prepare_home(tmp: Path) -> dict:
+    """A fresh AIRFLOW_HOME under `tmp` (its local settings: the own-directory policy), the tasks' directories
+    and staging scratch, and the local artifacts folder the config file names (that must never appear)."""
+    places = {
+        "home": tmp / "airflow_home",
+        "task_dirs": tmp / "tasks",
+        "scratch": tmp / "tmp",
+        "local_artifacts": tmp / "local-artifacts",
+    }
+    for folder in (places["home"] / "config", places["home"] / "plugins", places["task_dirs"], places["scratch"]):
         folder.mkdir(parents=True)
-    (home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
-    uri = s3_server.bucket("scheduler-nights") + "/sourcegate"
-    local_artifacts = tmp / "local-artifacts"  # what the config file says; SOURCEGATE_ARTIFACTS overrides it
-    config = write_config(tmp / "night.yaml", local_artifacts)
-    port = free_port()
+    (places["home"] / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+    return places
+
+
+def cluster_env(places: dict, s3_server, uri: str, port: int) -> dict:
+    """The environment of every Airflow process of the home: this checkout's DAGs on SQLite, the API on `port`,
+    the artifacts at `uri` reached only through the Airflow connection aws_default (the AWS environment has no
+    keys and a dead endpoint), the LocalExecutor (a test of another executor overrides it)."""
+    from tests.s3_server import CREDENTIALS, SECRET
+
+    home = places["home"]
     connection = {
         "conn_type": "aws",
         "login": CREDENTIALS["AWS_ACCESS_KEY_ID"],
         "password": SECRET,
         "extra": {"endpoint_url": s3_server.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1"},
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AIRFLOW"))} | {
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AIRFLOW"))} | {
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
@@ -165,40 +174,68 @@ def night(s3_server, tmp_path_factory):
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TQDM_DISABLE": "1",
-        "TMPDIR": str(scratch),  # the tasks' staging folders
-        "SG_TASK_DIRS": str(task_dirs),
+        "TMPDIR": str(places["scratch"]),  # the tasks' staging folders
+        "SG_TASK_DIRS": str(places["task_dirs"]),
         "SOURCEGATE_ARTIFACTS": uri,
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(connection),
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # discard port: a store built from the environment fails
     }
-    cluster = Scheduler(home, env)
+
+
+def cli_trigger(cluster: Scheduler, conf: dict, logical_date: str, dag_run_id: str) -> None:
+    cluster.cli("dags", "unpause", "sourcegate_nightly")
+    cluster.cli("dags", "trigger", "sourcegate_nightly", "-c", json.dumps(conf), "-l", logical_date, "-r", dag_run_id)
+
+
+def run_night(
+    cluster: Scheduler, conf: dict, logical_date: str, dag_run_id: str, trigger=cli_trigger, watch=lambda: None
+) -> str:
+    """Start the api-server, dag-processor and scheduler of a migrated home, `trigger` the nightly DAG with `conf`
+    (default: the CLI) and wait for the run to end (`watch` is called at every poll); returns its state."""
+    cluster.start("api-server", "api-server")
+    cluster.start("dag-processor", "dag-processor")
+    cluster.start("scheduler", "scheduler")
+    cluster.wait_for(
+        "the dag-processor to parse sourcegate_nightly",
+        lambda: cluster.query("SELECT 1 FROM dag WHERE dag_id = 'sourcegate_nightly'"),
+        timeout_s=600,
+    )
+    trigger(cluster, conf, logical_date, dag_run_id)
+
+    def ended():
+        watch()
+        rows = cluster.query(
+            "SELECT state FROM dag_run WHERE run_id = ? AND state IN ('success', 'failed')", dag_run_id
+        )
+        return rows[0][0] if rows else None
+
+    return cluster.wait_for("the night to end", ended, timeout_s=NIGHT_TIMEOUT_S, every_s=2)
+
+
+def published_store(s3_server, uri: str):
+    """The night's store, read by the test through the server's own filesystem."""
+    from pipelines.versions.object_store import ObjectStore
+    from tests.test_object_store import _server_fs
+
+    return ObjectStore.from_uri(uri, fs=_server_fs(s3_server))
+
+
+@pytest.fixture(scope="module")
+def night(s3_server, tmp_path_factory):
+    from tests.s3_server import free_port
+
+    tmp = tmp_path_factory.mktemp("scheduler-night")
+    places = prepare_home(tmp)
+    uri = s3_server.bucket("scheduler-nights") + "/sourcegate"
+    # what the config file says; SOURCEGATE_ARTIFACTS overrides it
+    config = write_config(tmp / "night.yaml", places["local_artifacts"])
+    cluster = Scheduler(places["home"], cluster_env(places, s3_server, uri, free_port()))
     project_artifacts = tree(ROOT / "artifacts")
     cluster.cli("db", "migrate")
     started = time.monotonic()
     try:
-        cluster.start("api-server", "api-server")
-        cluster.start("dag-processor", "dag-processor")
-        cluster.start("scheduler", "scheduler")
-        cluster.wait_for(
-            "the dag-processor to parse sourcegate_nightly",
-            lambda: cluster.query("SELECT 1 FROM dag WHERE dag_id = 'sourcegate_nightly'"),
-            timeout_s=600,
-        )
-        cluster.cli("dags", "unpause", "sourcegate_nightly")
         conf = {"config": config, "corpus": "corpus/demo", "backend": "embedded", "shards": 2}
-        cluster.cli("dags", "trigger", "sourcegate_nightly", "-c", json.dumps(conf), "-l", NIGHT, "-r", DAG_RUN_ID)
-        state = cluster.wait_for(
-            "the night to end",
-            lambda: (
-                [s for (s,) in cluster.query("SELECT state FROM dag_run WHERE run_id = ?", DAG_RUN_ID)]
-                if cluster.query(
-                    "SELECT 1 FROM dag_run WHERE run_id = ? AND state IN ('success', 'failed')", DAG_RUN_ID
-                )
-                else None
-            ),
-            timeout_s=NIGHT_TIMEOUT_S,
-            every_s=10,
-        )[0]
+        state = run_night(cluster, conf, NIGHT, DAG_RUN_ID)
         elapsed = time.monotonic() - started
         tasks = cluster.query(
             "SELECT task_id, map_index, state, pid, hostname FROM task_instance WHERE run_id = ?", DAG_RUN_ID
@@ -206,21 +243,14 @@ def night(s3_server, tmp_path_factory):
         component_pids = {p.pid for p in cluster.procs.values()}
     finally:
         cluster.stop()
-    from pipelines.versions.object_store import ObjectStore
-    from tests.test_object_store import _server_fs
-
-    return {
+    return places | {
         "state": state,
         "tasks": {(t if m < 0 else f"{t}[{m}]"): {"state": s, "pid": p, "host": h} for t, m, s, p, h in tasks},
         "component_pids": component_pids,
         "elapsed_s": elapsed,
-        "store": ObjectStore.from_uri(uri, fs=_server_fs(s3_server)),
+        "store": published_store(s3_server, uri),
         "uri": uri,
-        "home": home,
         "cwd": cluster.cwd,
-        "task_dirs": task_dirs,
-        "scratch": scratch,
-        "local_artifacts": local_artifacts,
         "project_artifacts": project_artifacts,
     }
 
