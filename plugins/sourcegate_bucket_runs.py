@@ -68,21 +68,20 @@ class BucketRuns:
     """The runs of `uri` (s3://bucket/prefix), reached through the Airflow connection `conn_id`."""
 
     def __init__(self, uri: str, conn_id: str | None):
-        from dags._common import AWS_CONN_ID
+        from sourcegate_reports import dag_common
 
         self.uri = uri.rstrip("/")
-        self.conn_id = conn_id or AWS_CONN_ID
+        self.conn_id = conn_id or dag_common().AWS_CONN_ID
         self.location = f"{self.uri}/runs"
 
     def store(self) -> ObjectStore:
         """The store as a DAG task opens it, per request (a connection edited in the UI applies to the next page).
         The filesystem keeps the connection's options, so it stays usable after the block."""
         from airflow.sdk.exceptions import AirflowFailException
-
-        from dags._common import aws_connection_options
+        from sourcegate_reports import dag_common
 
         try:
-            with connection(aws_connection_options(self.conn_id)):
+            with connection(dag_common().aws_connection_options(self.conn_id)):
                 return ObjectStore.from_uri(self.uri)
         except AirflowFailException as exc:  # the connection the config names is missing or incomplete
             raise unavailable(self.uri, exc) from None

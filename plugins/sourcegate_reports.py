@@ -54,12 +54,25 @@ def valid_run_id(run_id: str) -> bool:
     return bool(_run_id_pattern().match(run_id)) and run_id not in (".", "..")
 
 
+def dag_common():
+    """dags/_common.py, the DAGs' own reading of the config, loaded from its file: the api-server that serves this
+    plugin does not put the DAGs folder on its path, and `dags` is no package of the wheel."""
+    import importlib.util
+    import sys
+
+    name = "sourcegate_dags_common"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "dags" / "_common.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def deployed_location() -> tuple[str, str | None]:
     """(artifacts, Airflow AWS connection id) exactly as the DAGs' tasks see them: SOURCEGATE_ARTIFACTS, else the
     config file's `artifacts` against the project root; the connection `artifacts_airflow_conn_id` or aws_default."""
-    from dags._common import load_config
-
-    cfg = load_config()
+    cfg = dag_common().load_config()
     return cfg.artifacts, cfg.artifacts_airflow_conn_id
 
 

@@ -29,7 +29,6 @@ import json
 import signal
 import time
 import urllib.request
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -38,8 +37,7 @@ import yaml
 from pipelines.versions.object_lock import CLAIMS, LOCK_KEY
 from tests.celery_pool import RedisBroker, Worker
 from tests.test_dag_runs import ARTIFACT_FILES, ROOT, tree, write_config
-from tests.test_faults import tiny_check_set, tiny_eval_sets
-from tests.test_scheduler_night import Scheduler, cluster_env, prepare_home, published_store, run_night
+from tests.test_scheduler_night import Scheduler, cluster_env, prepare_home, published_store, run_night, tiny_evals
 
 pytestmark = [pytest.mark.airflow, pytest.mark.models, pytest.mark.s3, pytest.mark.system, pytest.mark.celery]
 
@@ -52,18 +50,6 @@ HEARTBEAT_TIMEOUT_S = 30  # a lost task is failed after this; not so short that 
 # The store lock's lease, no longer than the heartbeat timeout, as in a deployment (120 s against 300 s by default):
 # a lost holder's claim has lapsed by the time its task is retried, so no step waits for it.
 LEASE_S = 30
-
-
-def tiny_evals(folder: Path) -> dict:
-    """Config sections for the fault suite's tiny eval sets (tests/test_faults.py): a few should-answer questions
-    and three off-topic ones, the same under new ids as the check set, a gate that can pass on three. What this
-    night is about is the pool; its evaluation only has to pass, at the least cost."""
-    fit, precision = tiny_eval_sets(folder)
-    check = tiny_check_set(fit, folder / "check.jsonl")
-    return {
-        "evals": {"calibration_set": str(fit), "precision_set": str(precision), "check_set": str(check)},
-        "calibration": {"min_per_label": 3},
-    }
 
 
 @pytest.fixture(scope="session")

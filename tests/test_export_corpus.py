@@ -68,7 +68,8 @@ def test_a_night_on_the_export_indexes_every_ordinary_file(tmp_path, capsys):
         f"evals.precision_set={evals / 'precision.jsonl'}",
         "evals.check_set=null",  # the demo's check set names the demo's articles; this corpus has none yet
     ]
-    overrides.append(f"evals.baseline={tmp_path / 'no-baseline-yet.json'}")  # a new corpus has none accepted
+    overrides.append("evals.baseline=null")  # a new corpus has none accepted yet
+    overrides.append("calibration.min_per_label=4")  # its sets are small: 6 should-answer, 4 off-topic
     artifacts, run_id = tmp_path / "artifacts", "20261201-030000"
     argv = [a for o in overrides for a in ("--set", o)]
     code = main([*argv, "run", "--corpus", str(EXPORT), "--artifacts", str(artifacts), "--run-id", run_id, "--quiet"])
@@ -80,8 +81,8 @@ def test_a_night_on_the_export_indexes_every_ordinary_file(tmp_path, capsys):
     assert info["counts"]["indexed"] == info["counts"]["chunks"] > 0
     indexed = set(pq.read_table(run / "chunks.parquet", columns=["doc_id"])["doc_id"].to_pylist())
     assert indexed == set(EXPECTED)
-    # Judged to the end: every label names a chunk of the index; with no accepted baseline the gate fails
-    # (exit 1, not 2) and nothing is promoted.
+    # Judged to the end (the pre-flight check found every label in the index); with no check set yet the gate
+    # fails (exit 1, not 2) and nothing is promoted.
     gate = json.loads((run / "gate.json").read_text())
     assert not [r for r in gate["reasons"] if "not in the corpus" in r]
-    assert code == 1 and "baseline not found" in out and not (artifacts / "LIVE").exists()
+    assert code == 1 and "No check set was evaluated" in out and not (artifacts / "LIVE").exists()

@@ -12,7 +12,8 @@ and a dead endpoint); SOURCEGATE_ARTIFACTS points the tasks at the bucket while 
 artifacts folder that must never appear; every task (each embed shard) ran in a process of its own, in a
 fresh working directory of its own (a cluster policy in the home's airflow_local_settings.py), and left it
 empty; no task left a staging folder or touched the project's artifacts; the secret is in no log.
-The demo corpus with the passing fixture's eval sets (tests/promotable.py), as tests/test_dag_runs.py.
+The demo corpus with the passing fixture's decision (tests/promotable.py) and the fault suite's tiny eval sets: what this
+night is about is the scheduler and the store; its evaluation only has to pass, at the least cost.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_dag_runs import ARTIFACT_FILES, DAGS, ROOT, tree, write_config
+from tests.test_faults import tiny_check_set, tiny_eval_sets
 
 pytestmark = [pytest.mark.airflow, pytest.mark.models, pytest.mark.s3]
 
@@ -228,7 +230,7 @@ def night(s3_server, tmp_path_factory):
     places = prepare_home(tmp)
     uri = s3_server.bucket("scheduler-nights") + "/sourcegate"
     # what the config file says; SOURCEGATE_ARTIFACTS overrides it
-    config = write_config(tmp / "night.yaml", places["local_artifacts"])
+    config = write_config(tmp / "night.yaml", places["local_artifacts"], **tiny_evals(tmp))
     cluster = Scheduler(places["home"], cluster_env(places, s3_server, uri, free_port()))
     project_artifacts = tree(ROOT / "artifacts")
     cluster.cli("db", "migrate")
@@ -252,6 +254,18 @@ def night(s3_server, tmp_path_factory):
         "uri": uri,
         "cwd": cluster.cwd,
         "project_artifacts": project_artifacts,
+    }
+
+
+def tiny_evals(folder: Path) -> dict:
+    """Config sections for the fault suite's tiny eval sets (tests/test_faults.py): a few should-answer questions
+    and three off-topic ones, the same under new ids as the check set, a gate that can pass on three. What this
+    night is about is the pool; its evaluation only has to pass, at the least cost."""
+    fit, precision = tiny_eval_sets(folder)
+    check = tiny_check_set(fit, folder / "check.jsonl")
+    return {
+        "evals": {"calibration_set": str(fit), "precision_set": str(precision), "check_set": str(check)},
+        "calibration": {"min_per_label": 3},
     }
 
 

@@ -12,10 +12,13 @@ from pipelines.config import PipelineConfig
 from pipelines.versions.lock import writer_lock
 
 
-def build(cfg: PipelineConfig, run_id: str, progress: bool = False, shards: int = 1) -> dict:
+def build(cfg: PipelineConfig, run_id: str, progress: bool = False, shards: int = 1, judged: bool = False) -> dict:
+    """Build one index version. `judged`: the configured eval sets will judge it, so they are checked against its
+    chunks before anything is embedded (a set that cannot judge this corpus stops the night in seconds)."""
     counts = steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)
-    steps.check_eval_sets(cfg, steps.run_dir(cfg, run_id) / "chunks.text.parquet")  # stop before embedding
+    if judged:
+        steps.check_eval_sets(cfg, steps.run_dir(cfg, run_id) / "chunks.text.parquet")
     stats = [steps.embed_step(cfg, run_id, s, shards, progress=progress) for s in range(shards)]
     encoded = steps.merge_step(cfg, run_id, stats)
     steps.validate_step(cfg, run_id)
@@ -34,7 +37,7 @@ def run_pipeline(cfg: PipelineConfig, run_id: str | None = None, progress: bool 
 
 
 def _run_locked(cfg: PipelineConfig, run_id: str, progress: bool, promote: bool) -> dict:
-    built = build(cfg, run_id, progress=progress)
+    built = build(cfg, run_id, progress=progress, judged=True)
     steps.evaluate_step(cfg, run_id, progress=progress)
     gate = steps.gate_step(cfg, run_id)
     if gate["passed"] and promote:  # --no-promote: a dry-run night; `sourcegate promote RUN` can finish it
