@@ -421,6 +421,17 @@ def _modes(records: Sequence[Mapping], check: Sequence[Mapping], gating: Mapping
     return {"fit": mode_bands(records, gating), "check": mode_bands(check, gating) if check else None}
 
 
+def signal_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`calibrate_signal`'s settings from the calibration config: placement, margin and what a promise needs."""
+    return {
+        "placement": config.get("placement", "tightest"),
+        "margin_logit": config.get("margin_logit", 0.0),
+        "min_per_label": config.get("min_per_label", 20),
+        "coverage": config.get("promise_coverage", 0.99),
+        "confidence": config.get("promise_confidence", 0.95),
+    }
+
+
 def calibrate(
     records: Sequence[Mapping],
     config: Mapping[str, Any],
@@ -432,13 +443,7 @@ def calibrate(
     that chose nothing) at the shipped threshold, with the three coverage figures. `check_repeats`:
     (check id, fit id, score) for check questions that ask a fit question again (`evals.evalset.copies`):
     still held to the check, but not unseen, so the check's figure leaves them out."""
-    options = {
-        "placement": config.get("placement", "tightest"),
-        "margin_logit": config.get("margin_logit", 0.0),
-        "min_per_label": config.get("min_per_label", 20),
-        "coverage": config.get("promise_coverage", 0.99),
-        "confidence": config.get("promise_confidence", 0.95),
-    }
+    options = signal_options(config)
     names = _config_signals(config)
     matrix = _signal_matrix(records, names)
     column = {name: matrix[:, i] for i, name in enumerate(names)}

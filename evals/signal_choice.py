@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from artifact_io import jsonable
-from evals.calibration import gating_scope
+from evals.calibration import gating_scope, signal_options
 from evals.placement import place
 from evals.sweep import ANSWER
 
@@ -123,13 +123,7 @@ def resolve(records: Sequence[Mapping], config: Mapping[str, Any]) -> tuple[dict
     gating = config.get("gating") or {}
     if gating.get("signal") != AUTO:
         return dict(config), None
-    options = {
-        "placement": config.get("placement", "tightest"),
-        "margin_logit": config.get("margin_logit", 0.0),
-        "min_per_label": config.get("min_per_label", 20),
-        "coverage": config.get("promise_coverage", 0.99),
-        "confidence": config.get("promise_confidence", 0.95),
-    }
+    options = signal_options(config)
     choice = choose(
         records,
         config.get("candidates") or (),
