@@ -115,6 +115,53 @@ def test_several_seeds_train_one_model_each_read_as_their_mean(demo_index, tmp_p
     assert math.log(mean / (1 - mean)) == pytest.approx(sum(logits) / 2, abs=1e-9)
 
 
+@pytest.mark.models
+def test_a_student_learns_its_teachers_logits_in_fewer_layers_and_inherits_what_it_trained_on(demo_index, tmp_path):
+    """One small model where several ran: the student learns the teacher's (here an ensemble's) logits on the
+    passages a night reads, starts from evenly spaced layers of the base model, and is in-sample wherever its
+    teacher was."""
+    from pipelines.app import steps
+    from pipelines.app.answer_training import kept_layers
+    from pipelines.app.factories import retriever_for
+    from pipelines.app.in_domain_training import distillation_pairs, fused_tops, train_in_domain, train_seeds
+    from pipelines.retrieval.answer_support import load_answer_model
+
+    cfg, run_id, searcher = demo_index
+    assert kept_layers(6, 12) == [1, 3, 5, 7, 9, 11] and kept_layers(4, 12) == [2, 5, 8, 11]
+    retriever, _ = retriever_for(cfg, searcher)
+    index = str(steps.run_dir(cfg, run_id))
+    teacher_set, student_set = tmp_path / "teacher.jsonl", tmp_path / "student.jsonl"
+    own = [first_of_riders(3)[i] for i in (2, 5)]  # a should-answer and an off-topic question the teacher never saw
+    teacher_set.write_text(lines(first_of_riders(2)))
+    student_set.write_text(lines(own))
+    train_seeds(retriever, index, [str(teacher_set)], tmp_path / "teacher", tmp_path / "tw", [13, 14], epochs=1)
+    teacher = load_answer_model(tmp_path / "teacher")
+
+    rows = fused_tops(retriever, own, 10)
+    pairs = distillation_pairs(rows, teacher, retriever.answer_passages)
+    assert len({(q, p) for q, p, _ in pairs}) == len(pairs) >= 2 * retriever.answer_passages  # each pair once
+    q, p, target = pairs[0]
+    assert target == pytest.approx(sum(m.logit(q, p) for m in teacher.members) / 2, abs=1e-12)
+
+    out = tmp_path / "student"
+    recipe = train_in_domain(
+        retriever, index, [str(student_set)], out, tmp_path / "sw", epochs=1, teacher=tmp_path / "teacher", layers=2
+    )
+    assert recipe["layers"] == {"kept": [5, 11], "of": 12} and recipe["pairs"] == {"distilled": len(pairs), "epochs": 1}
+    assert recipe["hyperparameters"]["loss"].startswith("MSELoss")
+    assert recipe["distilled_from"]["fingerprint"] == teacher.fingerprint
+    assert "--distil-from" in recipe["command"] and "--layers 2" in recipe["command"]
+    assert set(recipe["trained_on"]) == set(teacher.trained_on) | {question_key(q) for q in own}
+    student = load_answer_model(out, required=True)
+    assert student is not None and student.session.get_inputs()  # loads as any answer model
+    assert math.isfinite(student.logit(q, p)) and recipe["export"]["bytes"] < 0.5 * sha_size(tmp_path / "teacher")
+
+
+def sha_size(ensemble: Path) -> int:
+    """The bytes of an ensemble's first member's model file."""
+    return (ensemble / "seed-13" / "model.onnx").stat().st_size
+
+
 def test_seeds_must_be_distinct_before_anything_trains(tmp_path):
     from pipelines.app.in_domain_training import train_seeds
 

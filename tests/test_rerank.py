@@ -81,3 +81,20 @@ def test_real_cross_encoder_scores_and_is_order_independent(cross_encoder):
     reversed_scores = dict(cross_encoder.score("what causes croup", PASSAGES[::-1]))
     assert reversed_scores[2] == pytest.approx(dict(cross_encoder.score("what causes croup", PASSAGES))[0], abs=0)
     assert sorted(r.order) == [0, 1, 2]  # never drops or duplicates a candidate
+
+
+@pytest.mark.models
+def test_pairs_scored_side_by_side_equal_each_pair_alone():
+    """`score` runs a call's pairs on several threads at once: each logit is the one the pair gets alone, in a
+    fresh scorer, one pair per call, in any order, on one worker or two."""
+    from pipelines.retrieval.rerank import OnnxCrossEncoder
+
+    passages = [*PASSAGES, "croup causes a barking cough in young children", "the night bus runs every hour"]
+    together = OnnxCrossEncoder()
+    together.workers = 2
+    side_by_side = dict(together.score("what causes croup", passages))
+    alone = OnnxCrossEncoder()
+    alone.workers = 1
+    one_by_one = {i: alone.score("what causes croup", [p])[0][1] for i, p in reversed(list(enumerate(passages)))}
+    assert side_by_side == one_by_one  # to the bit
+    assert together.computed == len(passages) and alone.computed == len(passages)

@@ -165,6 +165,35 @@ def packaged_base(out_dir: Path) -> str:
     return str(out_dir)
 
 
+def kept_layers(n: int, of: int) -> list[int]:
+    """`n` of `of` encoder layers, evenly spaced and ending with the last: a shallower student starts from
+    the teacher's own layers (12 -> 6 keeps every other one)."""
+    if not 0 < n <= of:
+        raise ValueError(f"--layers {n}: between 1 and {of}")
+    return [round((i + 1) * of / n) - 1 for i in range(n)]
+
+
+def shrink(base_path: str, out_dir: Path, layers: int) -> dict:
+    """The model at `base_path` with only `kept_layers(layers, ...)` of its encoder layers, saved (with its
+    tokenizer files) to `out_dir`; returns which were kept."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
+    of = model.config.num_hidden_layers
+    kept = kept_layers(layers, of)
+    model.bert.encoder.layer = torch.nn.ModuleList(model.bert.encoder.layer[i] for i in kept)
+    model.config.num_hidden_layers = layers
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(base_path) / name).exists():
+            shutil.copy(Path(base_path) / name, out_dir / name)
+    return {"kept": kept, "of": of}
+
+
 def base_model_info(path: str) -> dict:
     from pipelines import models
 
@@ -206,8 +235,11 @@ def length_grouped_batches(
     return batches
 
 
+LOSSES = {"bce": "BCEWithLogitsLoss", "mse": "MSELoss on the teacher's logits"}
+
+
 def train(
-    pairs: list[tuple[str, str, int]],
+    pairs: list[tuple[str, str, float]],
     out_dir: str | os.PathLike,
     base_path: str,
     *,
@@ -226,8 +258,10 @@ def train(
     bf16: bool = True,
     group_batches: int = 32,
     freeze_word_embeddings: bool = False,
+    loss: str = "bce",
 ) -> dict:
-    """Fine-tune MiniLM + 1-logit head with BCE-with-logits on ``pairs``.
+    """Fine-tune MiniLM + 1-logit head on ``pairs`` (query, passage, target): with ``loss`` "bce", BCE-with-logits
+    on 0/1 labels; with "mse", mean squared error on a teacher's logits (distillation: `in_domain_training`).
 
     Steps: one epoch (ceil(len(pairs)/batch_size)), unless ``max_steps`` is given, or
     unless the speed measured on the first ``calib_steps`` steps says one epoch would not
@@ -284,7 +318,9 @@ def train(
         return max(0.0, (total - step) / max(1, total - warmup_steps))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    if loss not in LOSSES:
+        raise ValueError(f"loss {loss!r}: one of {sorted(LOSSES)}")
+    loss_name, loss_fn = LOSSES[loss], {"bce": torch.nn.BCEWithLogitsLoss, "mse": torch.nn.MSELoss}[loss]()
 
     log(
         f"train: {len(pairs)} pairs, batch {batch_size}, epoch_steps {epoch_steps}, "
@@ -397,7 +433,7 @@ def train(
             "warmup_steps": warmup_steps,
             "max_length": max_length,
             "truncation": "only_second",
-            "loss": "BCEWithLogitsLoss",
+            "loss": loss_name,
             "num_labels": 1,
             "bf16_autocast": bf16,
             "torch_threads": threads,

@@ -420,7 +420,8 @@ def cmd_train_in_domain(args) -> int:
     recipes = train_seeds(
         retriever, args.index, args.train or [], out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
         args.seed or [SEED], epochs=args.epochs or EPOCHS, export_as=args.export, left_out=left_out,
-        synthetic=synthetic, time_budget_s=args.time_budget or TIME_BUDGET_S,
+        synthetic=synthetic, time_budget_s=args.time_budget or TIME_BUDGET_S, teacher=args.distil_from,
+        layers=args.layers,
     )  # fmt: skip
     recipe = recipes[0]
     print(f"trained {len(recipes)} model(s) on {len(recipe['trained_on'])} questions ({recipe['pairs']}) in {out}")
@@ -598,6 +599,14 @@ def main(argv=None) -> int:
     p.add_argument("--export", choices=("int8", "fp32"), default="int8", help="int8 (about 22 MB) or fp32 (134 MB)")
     p.add_argument(
         "--drop-judged", action="store_true", help="leave out (and record) copies of fit or check questions, not refuse"
+    )
+    p.add_argument(
+        "--distil-from",
+        metavar="MODEL",
+        help="learn a trained answer model's logits (one or an ensemble) on the sets' passages instead of their labels",
+    )
+    p.add_argument(
+        "--layers", type=int, help="keep this many of the base model's 12 encoder layers (a smaller, faster model)"
     )
     p.add_argument(
         "--seed",

