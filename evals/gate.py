@@ -481,6 +481,19 @@ def evaluate_gate(
     )
 
 
+def gating_signal_text(gate: Mapping) -> str:
+    """One line for the night's summary: which signal gated, at what threshold, and whether the rule chose it
+    (`answer.signal: auto`) and why, so a first night on a new corpus says what it decided without gate.json."""
+    signal, threshold = gate.get("gating_signal"), (gate.get("thresholds") or {}).get("shipped")
+    at = "" if threshold is None else f" at {_n(threshold)}"
+    choice = gate.get("signal_choice")
+    if not choice:
+        return f"signal: {signal}{at} (set by answer.signal)"
+    if choice.get("signal") is None:
+        return "signal: none (answer.signal: auto): no candidate was eligible; each one's reason is in gate.json's signal_choice"
+    return f"signal: {signal}{at}, chosen by rule on the fit set (answer.signal: auto): {choice.get('why')}"
+
+
 def write_gate(gate: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write gate.json and junit.xml into out_dir, each atomically."""
     out = Path(out_dir)

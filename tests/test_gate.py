@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from evals.calibration import calibrate
-from evals.gate import evaluate_gate, write_gate
+from evals.gate import evaluate_gate, gating_signal_text, write_gate
 from evals.junit import junit_xml
 from evals.precision import precision_eval
 from evals.regression import baseline_from
@@ -341,3 +341,21 @@ def test_question_key_finds_a_question_whatever_its_id_case_or_spacing():
     a = {"id": "r-1", "question": "Can I bring my bike  on the bus?", "context": []}
     assert question_key(a) == question_key({"id": "x", "question": "can i bring my bike on the BUS?"})
     assert question_key(a) != question_key({**a, "context": ["I live in Riverton."]})
+
+
+def test_the_night_names_its_gating_signal_and_whether_the_rule_chose_it():
+    """A first night on a new corpus runs with answer.signal: auto; its summary must say which signal the rule
+    picked, at what threshold and why, not leave that to gate.json (and a configured signal says it was set)."""
+    chosen = {
+        "gating_signal": "rerank_top",
+        "thresholds": {"shipped": 0.002365036823138049},
+        "signal_choice": {"signal": "rerank_top", "why": "no candidate has a gap; highest ROC AUC"},
+    }
+    assert gating_signal_text(chosen) == (
+        "signal: rerank_top at 0.002365, chosen by rule on the fit set (answer.signal: auto): "
+        "no candidate has a gap; highest ROC AUC"
+    )
+    configured = {"gating_signal": "answer_support", "thresholds": {"shipped": 0.5}, "signal_choice": None}
+    assert gating_signal_text(configured) == "signal: answer_support at 0.5 (set by answer.signal)"
+    none = {"gating_signal": "auto", "thresholds": {"shipped": None}, "signal_choice": {"signal": None}}
+    assert gating_signal_text(none).startswith("signal: none (answer.signal: auto): no candidate was eligible")

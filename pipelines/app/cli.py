@@ -52,6 +52,7 @@ def cmd_run(args) -> int:
     result = run_pipeline(cfg, run_id=args.run_id, progress=not args.quiet, promote=not args.no_promote)
     print(f"\nrun {result['run_id']}: {result['summary']}")
     print(f"gate: {'PASSED' if result['passed'] else 'FAILED'}")
+    print(f"  {result['signal']}")
     for reason in result["reasons"]:
         print(f"  - {reason}")
     print(f"artifacts: {result['run_dir']}")
@@ -145,6 +146,7 @@ def version_searcher(cfg: PipelineConfig, index: Path):
 
 
 def cmd_calibrate(args) -> int:
+    from evals.gate import gating_signal_text
     from evals.harness import evaluate, gate_for_dir
     from pipelines.app.factories import retriever_for
     from pipelines.app.steps import answer_model_corpus
@@ -171,6 +173,7 @@ def cmd_calibrate(args) -> int:
     print(f"reused from {index}: {reused or 'nothing'}")
     gate = gate_for_dir(cfg, out, run_info={"index": str(index), "questions": args.questions})
     print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")
+    print(f"  {gating_signal_text(gate)}")
     for reason in gate["reasons"]:
         print(f"  - {reason}")
     print(f"calibration: {out}/calibration.json\nreport: {out}/report.html")

@@ -7,6 +7,7 @@ promote only if the gate passed -> retention. A failed night leaves the live ind
 from __future__ import annotations
 
 from artifact_io import read_json
+from evals.gate import gating_signal_text
 from pipelines.app import factories, staging, steps
 from pipelines.config import PipelineConfig
 from pipelines.versions.lock import writer_lock
@@ -54,6 +55,7 @@ def _run_locked(cfg: PipelineConfig, run_id: str, progress: bool, promote: bool)
         "run_dir": str(steps.run_dir(cfg, run_id)),
         "passed": gate["passed"],
         "reasons": gate["reasons"],
+        "signal": gating_signal_text(gate),
         "summary": summary,
         "live": factories.open_store(cfg).live(),
         "built": built,
