@@ -263,3 +263,24 @@ def test_check_questions_that_ask_a_fit_question_again_are_held_to_the_check_but
     html = render_report(cal, None, gate, {})
     assert "39 should-answer and 5 should-decline questions remain unseen" in html
     assert "2 more ask a fit question again (c-a-0 ~ a-3, c-a-40 ~ a-4)" in html
+
+
+def test_accepting_a_first_night_says_the_check_set_is_now_empty(tmp_path, capsys):
+    """A new corpus's first accepted threshold has seen every check question, so all of them move to the fit set;
+    the next night refuses the empty check set, so accept must say to write a new one, not leave it to that night."""
+    check_rows = records([0.5, 0.6], [0.0], prefix="c-")
+    run = _run_folder(tmp_path, check_rows, adjacent=0.1)
+    fit = _jsonl(tmp_path / "fit.jsonl", _evalset_rows(FIT))
+    check = _jsonl(tmp_path / "check.jsonl", _evalset_rows(check_rows))
+    sets = [
+        f"evals.calibration_set={fit}",
+        f"evals.check_set={check}",
+        f"evals.check_moves={tmp_path / 'moves.jsonl'}",
+        "answerability.combiner=null",
+    ]
+    args = ["accept", str(run), "--out", str(tmp_path / "baseline.json")]  # no baseline yet: the first accept
+    assert main([a for s in sets for a in ("--set", s)] + args) == 0
+    assert check.read_text().strip() == ""
+    out = capsys.readouterr().out
+    assert "0 unseen check questions remain" in out
+    assert f"the check set is now empty: write new should-answer questions into {check}, blind" in out

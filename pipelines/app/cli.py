@@ -241,6 +241,11 @@ def cmd_accept(args) -> int:
             f"(the accepted threshold {baseline['threshold']} has seen them); {moved['remaining']} unseen check "
             f"questions remain in {cfg.evals.check_set}; logged in {cfg.evals.check_moves}"
         )
+        if not moved["remaining"]:  # the next night refuses an empty check set (exit 2): say so now
+            print(
+                f"the check set is now empty: write new should-answer questions into {cfg.evals.check_set}, blind, "
+                "before the next night (a night with no check set stops before scoring, exit 2)"
+            )
     if fitted is not None:
         cv = fitted["cross_validated"]
         print(
