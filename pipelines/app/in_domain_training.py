@@ -76,14 +76,16 @@ def distillation_pairs(rows: list[dict], teacher, window: int = PASSAGES) -> lis
     should-answer one, its labelled passages among the fused top (`training_pairs`), each pair once, its target
     the teacher's logit: an ensemble's mean over its members, the pair's share of what the ensemble reads."""
     members = getattr(teacher, "members", [teacher])
-    pairs, seen = [], set()
-    for r in rows:
-        texts = [t for _, t in r["passages"][:window]] + [t for q, t, y in training_pairs([r], window) if y]
-        for text in texts:
-            if (r["query"], text) not in seen:
-                seen.add((r["query"], text))
-                pairs.append((r["query"], text, float(np.mean([m.logit(r["query"], text) for m in members]))))
-    return pairs
+    asked = list(
+        dict.fromkeys(
+            (r["query"], text)
+            for r in rows
+            for text in [t for _, t in r["passages"][:window]] + [t for _, t, y in training_pairs([r], window) if y]
+        )
+    )
+    for m in members:
+        m.prefetch(asked)  # side by side, one pair per run: the logits `logit` then reads
+    return [(q, p, float(np.mean([m.logit(q, p) for m in members]))) for q, p in asked]
 
 
 def judged_copies(items: list[dict], judged: Mapping[str, str | None], vectors=None) -> dict[str, list]:
