@@ -1,4 +1,4 @@
-"""`sourcegate` command line: run, promote, query, calibrate, beir, accept, runs, verify, rollback, diff, config-schema."""
+"""`sourcegate` command line: run, promote, query, serve, calibrate, beir, accept, runs, verify, rollback, diff, config-schema."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from pipelines import config as config_mod
+from pipelines.app.answering import query_notice  # noqa: F401 - where tests and callers have found it
 from pipelines.config import PipelineConfig
 from pipelines.retrieval import combiner
 from pipelines.versions.object_store import is_remote
@@ -65,33 +66,14 @@ def cmd_query(args) -> int:
     """Answer under the decision the live version's (or `--index`'s) passed verdict proved; a config value or a
     model on disk that differs is refused (exit 2) unless --unproven, which says so on its first line. Exit 2
     too when the proven decision could not be applied (its gating signal could not be computed)."""
+    from pipelines.app.answering import ask
     from pipelines.app.factories import serving_for
-    from pipelines.retrieval.answer import decide
 
     cfg = load_config(args)
     serving = serving_for(cfg, args.index, unproven=args.unproven)
-    retrieval = serving.retriever.retrieve(args.question, args.context or [])
-    answer = decide(retrieval, serving.decision)
-    notice = query_notice(serving, answer)
-    payload = {
-        "question": args.question,
-        "context": args.context or [],
-        "query": retrieval.query,
-        "mode": answer.mode,
-        "signal": answer.signal,
-        "value": answer.value,
-        "threshold": answer.threshold,
-        "proven_by": None if serving.overridden else serving.proven_by,
-        "unproven": bool(serving.overridden),
-        "overridden": serving.overridden,
-        "decision_applied": answer.applied,
-        "notice": notice,
-        "calibrated_by": cfg.answer.calibrated_by,
-        "reranked": retrieval.reranked,
-        "signals": retrieval.signals,
-        "dropped_as_noise": answer.dropped_as_noise,
-        "passages": [c.to_dict() for c in answer.passages],
-    }
+    answered = ask(cfg, serving, args.question, args.context or [])
+    retrieval, answer, payload = answered.retrieval, answered.answer, answered.payload
+    notice = payload["notice"]
     code = 0 if answer.applied else 2
     if args.json:
         print(json.dumps(payload, indent=2, sort_keys=True))
@@ -115,21 +97,11 @@ def cmd_query(args) -> int:
     return code
 
 
-def query_notice(serving, answer) -> str | None:
-    """The first line of a query that is not the proven decision applied: answered unproven, and/or its gating
-    signal missing (a decline that measured nothing)."""
-    notes = []
-    if serving.overridden:
-        notes.append(
-            "UNPROVEN: answered with the config as it is, not a proven decision: " + "; ".join(serving.overridden)
-        )
-    if not answer.applied:
-        decision = "the decision" if serving.overridden else f"the proven decision ({serving.proven_by})"
-        notes.append(
-            f"NOT APPLIED: {decision} could not be applied: its gating signal {serving.decision['signal']} could "
-            "not be computed (see the log, -v), so the question is declined"
-        )
-    return " | ".join(notes) or None
+def cmd_serve(args) -> int:
+    """Answer over HTTP what `query` answers (pipelines/app/serve.py), until SIGINT or SIGTERM."""
+    from pipelines.app.serve import serve
+
+    return serve(load_config(args), args.host, args.port, unproven=args.unproven)
 
 
 def _fmt(value, spec: str = ".4f") -> str:
@@ -532,6 +504,14 @@ def main(argv=None) -> int:
     )
     p.set_defaults(func=cmd_query)
 
+    p = sub.add_parser("serve", help="answer queries over HTTP (GET /health, POST /query) from one warm process")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default loopback: no auth)")
+    p.add_argument("--port", type=int, default=8765, help="default 8765; 0 picks a free port (printed)")
+    p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--artifacts")
+    p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
+    p.add_argument("--unproven", action="store_true", help="as query --unproven: the config as it is, said so")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("calibrate", help="sweep + precision evals of an existing index with a labelled set")
     p.add_argument("--index", required=True, help="a run folder (its chunks; its index on --backend)")
     p.add_argument("--questions", required=True), p.add_argument("--out", required=True)
@@ -663,14 +643,15 @@ def main(argv=None) -> int:
 def run_command(args) -> int:
     """The one top-level handler (G10): every exception is exit 2 with one line naming its cause and step;
     1 only ever comes from a command's own gate verdict. The traceback is shown only with -v."""
-    from pipelines.app.errors import ERROR, exit_line
-    from pipelines.search.opensearch.client import config_from_env, redact_url
-
     try:
         return args.func(args)
     except BaseException as exc:  # noqa: BLE001 - the one place every failure becomes an exit code
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             raise
+        # imported only on failure: errors.py reaches the evaluation harness, a second of a query's cold start
+        from pipelines.app.errors import ERROR, exit_line
+        from pipelines.search.opensearch.client import config_from_env, redact_url
+
         try:
             url = redact_url(config_from_env().url)
         except ValueError as bad:

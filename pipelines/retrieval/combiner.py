@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from evals.sweep import roc_auc
 from pipelines.config import PipelineConfig
 from pipelines.versions.manifest import sha256_file, sha256_json
 
@@ -122,6 +121,8 @@ def cross_validate(rows: Sequence[Mapping], k: int = FOLDS, seed: int = SEED, l2
     by_kind = {
         str(kd): round(float(declined[~is_answer & (kinds == kd)].mean()), 4) for kd in sorted(set(kinds[~is_answer]))
     }
+    from evals.sweep import roc_auc  # here, not at the top: scipy costs a second on every query's start
+
     return {
         "protocol": f"stratified {k}-fold (seed {seed}); threshold = lowest training-fold should-answer probability",
         "auc": round(roc_auc(held_out[is_answer], held_out[~is_answer]), 4),

@@ -1,0 +1,166 @@
+"""Benchmark 26: `sourcegate serve` under a bounded load on loopback, and `sourcegate query` cold.
+
+Warm: one `serve` process over an artifacts folder's live version; after a few warm-up questions, N requests per
+level are sent by 1, 4 and 16 concurrent clients (threads, one request at a time each, a new connection per
+request). Every question is asked once in the whole run (a question seen before would be answered from the
+cross-encoders' pair memo): they are the labelled riders' training questions (config/evals/riders-train.jsonl,
+no check set), in file order. The latency is what a client waits (request sent to body read); each answer's
+`timings_s` says where the server spent it (queued behind the model lock, embed, search, rerank, signals).
+
+Cold: `sourcegate query` as a new process, the wall time of the command, `--cold-reps` times per source tree,
+the trees interleaved (before and after a change, side by side on the same load); plus the wall time of importing
+the bi-encoder's library alone (`import sentence_transformers`) in a new process.
+
+    python -m benchmarks.serve_load --artifacts /tmp/serve-art --requests 32 \\
+        --cold-tree after=. --cold-tree before=/tmp/main-s --cold-reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks._common import ROOT, Result, log, stats_ms
+
+LEVELS = (1, 4, 16)
+QUESTIONS = ROOT / "config" / "evals" / "riders-train.jsonl"
+STAGES = ("queued", "embed", "search", "rerank", "signals")
+COLD_QUESTION = "How much does a monthly pass cost?"
+
+
+def questions(path: Path) -> list[str]:
+    seen, out = set(), []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            q = json.loads(line)["question"]
+            if q not in seen:
+                seen.add(q)
+                out.append(q)
+    return out
+
+
+def env_for(tree: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def start_serve(artifacts: str, config: str | None) -> tuple[subprocess.Popen, str, float]:
+    cmd = [sys.executable, "-m", "pipelines.app.cli", *(["--config", config] if config else [])]
+    cmd += ["serve", "--artifacts", artifacts, "--port", "0"]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env_for(ROOT), stdout=subprocess.PIPE, text=True)
+    first = proc.stdout.readline().strip()
+    started = time.perf_counter() - t
+    if "(version " not in first:
+        proc.terminate()
+        raise SystemExit(f"serve did not start serving: {first!r}")
+    return proc, first.split()[2], started
+
+
+def ask(url: str, question: str) -> tuple[float, int, dict]:
+    body = json.dumps({"question": question}).encode()
+    req = urllib.request.Request(url + "/query", data=body, method="POST")
+    t = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            status, data = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, data = err.code, err.read()
+    return time.perf_counter() - t, status, json.loads(data)
+
+
+def level(url: str, clients: int, asked: list[str]) -> dict:
+    """`asked` sent by `clients` concurrent clients; per request: latency, status, server timings."""
+    lock, rows = threading.Lock(), []
+
+    def one(q: str) -> None:
+        seconds, status, payload = ask(url, q)
+        with lock:
+            rows.append((seconds, status, payload.get("timings_s") or {}, payload.get("mode")))
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, asked))
+    wall = time.perf_counter() - t
+    return {
+        "clients": clients,
+        "requests": len(asked),
+        "wall_s": round(wall, 2),
+        "per_second": round(len(asked) / wall, 2),
+        "statuses": {str(s): sum(1 for r in rows if r[1] == s) for s in sorted({r[1] for r in rows})},
+        "modes": {str(m): sum(1 for r in rows if r[3] == m) for m in sorted({str(r[3]) for r in rows})},
+        "latency": stats_ms([r[0] for r in rows]),
+        "server_stages": {s: stats_ms([r[2][s] for r in rows if s in r[2]]) for s in STAGES},
+    }
+
+
+def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) -> dict:
+    """`sourcegate query` as a new process per tree, interleaved; and `import sentence_transformers` alone."""
+    out = {name: [] for name in trees}
+    for _ in range(reps):
+        for name, tree in trees.items():
+            cmd = [sys.executable, "-m", "pipelines.app.cli", *(["--config", config] if config else [])]
+            cmd += ["query", "--artifacts", artifacts, COLD_QUESTION]
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, env=env_for(tree))
+            out[name].append(time.perf_counter() - t)
+    imports = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import sentence_transformers"], check=True, env=env_for(ROOT))
+        imports.append(time.perf_counter() - t)
+    return {
+        "question": COLD_QUESTION,
+        "query_wall": {name: stats_ms(seconds) for name, seconds in out.items()},
+        "import_sentence_transformers": stats_ms(imports),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--artifacts", required=True, help="an artifacts folder with a live version (serve's)")
+    ap.add_argument("--config", help="the pipeline config (default: config/pipeline.yaml)")
+    ap.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    ap.add_argument("--warm-up", type=int, default=4)
+    ap.add_argument("--label", default="demo", help="names the result file: serve_load_<label>.json")
+    ap.add_argument("--cold-tree", action="append", default=[], metavar="NAME=PATH", help="a source tree to time")
+    ap.add_argument("--cold-reps", type=int, default=3)
+    args = ap.parse_args()
+    res = Result(f"serve_load_{args.label}", target={"p50_ms_4_clients": 100, "p95_ms_4_clients": 250, "cold_s": 3})
+    asked = questions(QUESTIONS)
+    need = args.warm_up + args.requests * len(LEVELS)
+    if len(asked) < need:
+        raise SystemExit(f"{QUESTIONS} has {len(asked)} distinct questions; {need} are needed")
+    proc, url, started = start_serve(args.artifacts, args.config)
+    try:
+        res["serve_start_s"] = round(started, 2)
+        res["health"] = json.loads(urllib.request.urlopen(url + "/health", timeout=60).read())
+        log(f"serve at {url} after {started:.1f} s: {res['health']['version']}")
+        for q in asked[: args.warm_up]:
+            ask(url, q)
+        rest, levels = asked[args.warm_up :], []
+        for i, clients in enumerate(LEVELS):
+            levels.append(level(url, clients, rest[i * args.requests : (i + 1) * args.requests]))
+            log(f"{clients} clients: {levels[-1]['latency']}")
+            res["levels"] = levels
+            res.write()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    if args.cold_tree:
+        trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.cold_tree)}
+        res["cold"] = cold(trees, args.artifacts, args.config, args.cold_reps)
+        log(f"cold: {res['cold']['query_wall']}")
+    res.write()
+
+
+if __name__ == "__main__":
+    main()
