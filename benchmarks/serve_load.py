@@ -74,6 +74,8 @@ def ask(url: str, question: str) -> tuple[float, int, dict]:
             status, data = resp.status, resp.read()
     except urllib.error.HTTPError as err:
         status, data = err.code, err.read()
+    except OSError as exc:  # refused, reset: counted, not fatal to the run
+        return time.perf_counter() - t, f"{type(exc).__name__}", {}
     return time.perf_counter() - t, status, json.loads(data)
 
 
@@ -95,11 +97,42 @@ def level(url: str, clients: int, asked: list[str]) -> dict:
         "requests": len(asked),
         "wall_s": round(wall, 2),
         "per_second": round(len(asked) / wall, 2),
-        "statuses": {str(s): sum(1 for r in rows if r[1] == s) for s in sorted({r[1] for r in rows})},
+        "statuses": {str(s): sum(1 for r in rows if r[1] == s) for s in sorted({r[1] for r in rows}, key=str)},
         "modes": {str(m): sum(1 for r in rows if r[3] == m) for m in sorted({str(r[3]) for r in rows})},
-        "latency": stats_ms([r[0] for r in rows]),
+        "latency": stats_ms([r[0] for r in rows if r[1] in (200, 503)]),  # answered requests only
         "server_stages": {s: stats_ms([r[2][s] for r in rows if s in r[2]]) for s in STAGES},
     }
+
+
+PHASES = """
+import json, sys, time
+t = time.perf_counter(); laps = {}
+def lap(name):
+    global t
+    now = time.perf_counter(); laps[name] = round(now - t, 3); t = now
+from pipelines.app import cli; lap("import_cli")
+import sentence_transformers; lap("import_sentence_transformers")
+from pipelines.app.factories import answer_scorer_for, get_embedder, scorer_for, serving_for; lap("import_factories")
+cfg = cli.config_mod.load(cli.DEFAULT_CONFIG, {"artifacts": sys.argv[1]})
+get_embedder(cfg); lap("load_bi_encoder")
+scorer_for(cfg.reranker.kind, cfg.reranker.model_path); lap("load_reranker")
+answer_scorer_for(cfg.answerability.answer_model_path); lap("load_answer_model")
+serving = serving_for(cfg); lap("open_version_and_check_decision")
+from pipelines.app.answering import ask
+answered = ask(cfg, serving, sys.argv[2]); lap("answer")
+print(json.dumps({"phases_s": laps, "stages_s": answered.retrieval.timings}))
+"""
+
+
+def cold_phases(artifacts: str, reps: int) -> list[dict]:
+    """Where a cold query's seconds go: each phase of `query` timed in a new process (the interpreter's own
+    start excluded)."""
+    runs = []
+    for _ in range(reps):
+        cmd = [sys.executable, "-c", PHASES, artifacts, COLD_QUESTION]
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env_for(ROOT))
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
 
 
 def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) -> dict:
@@ -110,7 +143,7 @@ def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) 
             cmd = [sys.executable, "-m", "pipelines.app.cli", *(["--config", config] if config else [])]
             cmd += ["query", "--artifacts", artifacts, COLD_QUESTION]
             t = time.perf_counter()
-            subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, env=env_for(tree))
+            subprocess.run(cmd, check=True, capture_output=True, cwd=tree, env=env_for(tree))  # cwd first on sys.path
             out[name].append(time.perf_counter() - t)
     imports = []
     for _ in range(reps):
@@ -131,6 +164,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     ap.add_argument("--warm-up", type=int, default=4)
     ap.add_argument("--label", default="demo", help="names the result file: serve_load_<label>.json")
+    ap.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), choices=LEVELS, help="clients per level")
     ap.add_argument("--cold-tree", action="append", default=[], metavar="NAME=PATH", help="a source tree to time")
     ap.add_argument("--cold-reps", type=int, default=3)
     args = ap.parse_args()
@@ -147,7 +181,8 @@ def main() -> None:
         for q in asked[: args.warm_up]:
             ask(url, q)
         rest, levels = asked[args.warm_up :], []
-        for i, clients in enumerate(LEVELS):
+        for clients in args.levels:
+            i = LEVELS.index(clients)  # each level its own questions, the same ones whichever levels run
             levels.append(level(url, clients, rest[i * args.requests : (i + 1) * args.requests]))
             log(f"{clients} clients: {levels[-1]['latency']}")
             res["levels"] = levels
@@ -159,6 +194,8 @@ def main() -> None:
         trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.cold_tree)}
         res["cold"] = cold(trees, args.artifacts, args.config, args.cold_reps)
         log(f"cold: {res['cold']['query_wall']}")
+        res.write()
+        res["cold_phases"] = cold_phases(args.artifacts, args.cold_reps)
     res.write()
 
 
