@@ -189,14 +189,17 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(self.live.health)
 
     def do_POST(self):  # noqa: N802
-        if self.path.split("?", 1)[0] != "/query":
-            return self.send_json(404, {"error": f"no such endpoint: POST {self.path} (GET /health, POST /query)"})
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            return self.send_json(411, {"error": "a Content-Length header is required"})
-        if int(length) > MAX_BODY:
-            self.close_connection = True  # the body is not read: the connection cannot be reused
-            return self.send_json(413, {"error": f"the body is {length} bytes; at most {MAX_BODY}"})
+        refused = None  # (status, error) of a request whose body is not read
+        if self.path.split("?", 1)[0] != "/query":
+            refused = 404, f"no such endpoint: POST {self.path} (GET /health, POST /query)"
+        elif length is None or not length.isdigit():
+            refused = 411, "a Content-Length header is required"
+        elif int(length) > MAX_BODY:
+            refused = 413, f"the body is {length} bytes; at most {MAX_BODY}"
+        if refused:
+            self.close_connection = True  # its body was not read: the connection cannot carry another request
+            return self.send_json(refused[0], {"error": refused[1]})
         body = self.rfile.read(int(length))
         self.answer(lambda: self.live.query(body))
 
