@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log
 
 DATASETS = (Path(os.environ.get("SOURCEGATE_SHARED", ROOT.parent / "shared")) / "datasets").resolve()
@@ -92,7 +93,7 @@ def chunk_texts(dataset: Path) -> tuple[list[str], list[str]]:
     )
     steps.ingest_step(cfg, "bm25")
     steps.chunk_step(cfg, "bm25")
-    table = pq.read_table(steps.run_dir(cfg, "bm25") / "chunks.text.parquet", columns=["doc_id", "text"])
+    table = pq.read_table(RunFolder(cfg.artifacts, "bm25").path / "chunks.text.parquet", columns=["doc_id", "text"])
     return table["text"].to_pylist(), table["doc_id"].to_pylist()
 
 

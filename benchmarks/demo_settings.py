@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log, peak_rss_mb
 
 
@@ -30,7 +31,7 @@ def main() -> None:
     from artifact_io import read_json
     from evals.harness import evaluate
     from pipelines import config as config_mod
-    from pipelines.app import factories, steps
+    from pipelines.app import factories
     from pipelines.app.run import build
     from pipelines.retrieval.rerank import load_scorer
     from pipelines.retrieval.retriever import Retriever
@@ -58,7 +59,7 @@ def main() -> None:
             out.mkdir()
             evaluate(
                 Retriever.from_config(searcher, embedder, scorer, c),
-                steps.run_dir(c, "demo") / "chunks.parquet",
+                RunFolder(c.artifacts, "demo").path / "chunks.parquet",
                 c,
                 out,
             )

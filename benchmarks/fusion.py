@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log, peak_rss_mb
 
 DEPTH = 100  # the cached lists' depth; every setting reads a prefix of them
@@ -127,7 +128,7 @@ def content_key(*parts) -> str:
 def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     """The demo corpus built once under `cache/demo` (keyed by its files, embedding, chunking, analyser)."""
     from pipelines import config as config_mod
-    from pipelines.app import factories, steps
+    from pipelines.app import factories
     from pipelines.app.run import build
     from pipelines.search.analyzer import ANALYZER_ID
 
@@ -136,7 +137,7 @@ def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     content = [(str(p.relative_to(corpus)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
     run_id = "demo-" + content_key(content, cfg.embedding.model_dump(), cfg.chunking.model_dump(), ANALYZER_ID)
     dcfg = config_mod.replace(cfg, {"artifacts": str(cache / "demo" / "cache"), "corpus.path": str(corpus)})
-    marker = steps.run_dir(dcfg, run_id) / "loaded-embedded.json"
+    marker = RunFolder(dcfg.artifacts, run_id).path / "loaded-embedded.json"
     if not (marker.exists() and run_id in factories.open_store(dcfg).versions()):
         build(dcfg, run_id)
         marker.write_text(json.dumps({"version": run_id}) + "\n")
@@ -147,7 +148,7 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
     """Queries, labels, the searcher and chunk table of one dataset (its index built if missing)."""
     from evals.evalset import load_evalset
     from evals.evaluate import qrels_for
-    from pipelines.app import factories, steps
+    from pipelines.app import factories
     from pipelines.app.beir import index_dataset, load_queries
     from pipelines.build.validate import loadable_chunks
     from pipelines.retrieval.retriever import effective_query
@@ -155,7 +156,7 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
     if name == "demo":
         dcfg, version = demo_index(cfg, cache)
         items = [it for it in load_evalset(ROOT / cfg.evals.precision_set) if it["label"] == "answer"]
-        chunks_parquet = steps.run_dir(dcfg, version) / "chunks.parquet"
+        chunks_parquet = RunFolder(dcfg.artifacts, version).path / "chunks.parquet"
         chunks = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id", "section_id"]).to_pylist()
         qrels = qrels_for(items, chunks)
         queries = {it["id"]: effective_query(it["question"], it.get("context", [])) for it in items}
@@ -163,7 +164,7 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
         dcfg, version = index_dataset(cfg, SHARED / DATASETS[name], cache / name, progress=False)
         queries, qrels = load_queries(SHARED / DATASETS[name])
         items = None
-        chunks_parquet = loadable_chunks(steps.run_dir(dcfg, version))
+        chunks_parquet = loadable_chunks(RunFolder(dcfg.artifacts, version).path)
     table = pq.read_table(chunks_parquet, columns=["chunk_id", "doc_id"])
     doc_of = dict(zip(table.column("chunk_id").to_pylist(), table.column("doc_id").to_pylist()))
     searcher = factories.open_store(dcfg).open(version)

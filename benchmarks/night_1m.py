@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log
 
 WORK = Path("/tmp/sgbench-night")
@@ -118,7 +119,8 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
     from artifact_io import atomic_write
     from pipelines.app import steps
 
-    folder = steps.run_dir(cfg, run_id)
+    run = RunFolder(cfg.artifacts, run_id)
+    folder = run.path
     model_id, fingerprint, dim = cfg.embedding.model_id, steps.embedding_fingerprint(cfg), 384
     source = pq.ParquetFile(folder / "chunks.text.parquet")
     rows = 0
@@ -139,9 +141,7 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
         writer.close()
 
     atomic_write(folder / "chunks.parquet", write)
-    steps.update_run_info(
-        folder, models={"embedding": {"id": model_id, "dimension": dim, "fingerprint": fingerprint}}, counts={}
-    )
+    run.update_info(models={"embedding": {"id": model_id, "dimension": dim, "fingerprint": fingerprint}}, counts={})
     return {"rows": rows, "synthetic": True}
 
 
@@ -167,7 +167,7 @@ def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
 def run_step(step: str, cfg: dict, run_id: str) -> object:
     from pipelines.app import steps
 
-    stats_file = steps.run_dir(cfg, run_id) / "embed" / "stats.json"  # embed's stats, read by merge
+    stats_file = RunFolder(cfg.artifacts, run_id).path / "embed" / "stats.json"  # embed's stats, read by merge
 
     def embed(cfg: dict, run_id: str) -> dict:
         stats = steps.embed_step(cfg, run_id, 0, 1)

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-QUESTIONS = "questions.jsonl"
+from artifact_io.run_folder import QUESTIONS
+
 _COLUMNS = (
     "{'set': 'VARCHAR', 'id': 'VARCHAR', 'kind': 'VARCHAR', 'label': 'VARCHAR', 'question': 'VARCHAR', "
     "'gating_signal': 'VARCHAR', 'gating_score': 'DOUBLE', 'mode': 'VARCHAR', 'labelled_rank': 'INTEGER'}"

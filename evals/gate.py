@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from artifact_io import jsonable, write_json, write_text
+from artifact_io import run_folder as rf
 from evals.coverage import headline_text
 from evals.junit import junit_xml
 from evals.regression import compare, describe
@@ -497,4 +498,4 @@ def gating_signal_text(gate: Mapping) -> str:
 def write_gate(gate: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write gate.json and junit.xml into out_dir, each atomically."""
     out = Path(out_dir)
-    return {"gate": write_json(gate, out / "gate.json"), "junit": write_text(junit_xml(gate), out / "junit.xml")}
+    return {"gate": write_json(gate, out / rf.GATE), "junit": write_text(junit_xml(gate), out / rf.JUNIT)}

@@ -16,6 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from artifact_io import read_json, write_json, write_jsonl
+from artifact_io import run_folder as rf
+from artifact_io.run_folder import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS
 from evals import check_log
 from evals.calibration import calibrate
 from evals.diff import QUESTIONS, diff_runs
@@ -26,11 +28,6 @@ from evals.precision import precision_eval
 from evals.regression import check_baseline
 from evals.report import write_report
 from evals.signal_choice import resolve
-
-# What a night's evaluation keeps for the next one: values that depend on texts alone
-TEXT_VECTORS = "text_vectors.parquet"  # question, word and sentence vectors, under the bi-encoder's fingerprint
-RERANK_PAIRS = "rerank_pairs.parquet"  # question-passage logits, under the cross-encoder's fingerprint
-ANSWER_PAIRS = "answer_pairs.parquet"  # question-passage logits of the answer-support model, under its fingerprint
 
 
 class NotAVerdict(RuntimeError):
@@ -144,7 +141,7 @@ def evaluate(
         except EvalSetError as exc:
             errors.append(str(exc))
             sets[name] = []
-    write_json({"errors": errors}, out_dir / "eval_errors.json")
+    write_json({"errors": errors}, out_dir / rf.EVAL_ERRORS)
     records = run_questions(retriever, sets["calibration"], progress=progress)
     combiner = before_sweep(records) if before_sweep else None
     # after before_sweep: the check set is scored with the combiner the fit set was swept with
@@ -167,7 +164,7 @@ def evaluate(
             part["shortlist_recall"] = shortlist_recall(recs, by_id, cfg.retrieval.rerank_depth)
             if part.get("shipped"):
                 part["shipped"]["wrongly_declined"] = with_source_rank(part["shipped"]["wrongly_declined"], recs, rels)
-    write_json(calibration, out_dir / "calibration.json")
+    write_json(calibration, out_dir / rf.CALIBRATION)
 
     p_records = run_questions(retriever, sets["precision"], progress=progress)
     precision = (
@@ -182,12 +179,12 @@ def evaluate(
         else {"error": "no questions"}
     )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
-    write_json(precision, out_dir / "precision.json")
+    write_json(precision, out_dir / rf.PRECISION)
     answer = resolved_answer(cfg.answer, choice)
     rows = question_rows("calibration", records, qrels["calibration"], answer)
     rows += question_rows("check", c_records, qrels["check"], answer)
     rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), answer)
-    write_jsonl(rows, out_dir / "questions.jsonl")
+    write_jsonl(rows, out_dir / rf.QUESTIONS)
     return {
         "questions": len(records) + len(c_records) + len(p_records),
         "eval_errors": len(errors),
@@ -247,7 +244,7 @@ def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
     if live_folder is None or live_folder == folder or not (live_folder / QUESTIONS).exists():
         return None
     diff = {**diff_runs(live_folder, folder), "live": live_folder.name}
-    write_json(diff, folder / "diff_live.json")
+    write_json(diff, folder / rf.DIFF_LIVE)
     return diff
 
 
@@ -289,10 +286,10 @@ def gate_for_dir(
     folder, for the per-question diff since it. NotAVerdict when the precision eval ran without the configured
     reranker: nothing is written.
     """
-    calibration = read_json(folder / "calibration.json")
-    precision = read_json(folder / "precision.json")
+    calibration = read_json(folder / rf.CALIBRATION)
+    precision = read_json(folder / rf.PRECISION)
     check_reranker_ran(cfg, precision)
-    errors = read_json(folder / "eval_errors.json")["errors"]
+    errors = read_json(folder / rf.EVAL_ERRORS)["errors"]
     baseline_path = Path(cfg.evals.baseline) if cfg.evals.baseline else None  # None: none accepted yet
     baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path else {}
     chosen = (calibration.get("signal_choice") or {}).get("signal")  # answer.signal: auto
@@ -317,6 +314,6 @@ def gate_for_dir(
     if decision is not None:
         gate["decision"] = decision
     write_gate(gate, folder)
-    diff = diff_with(folder, live_folder) if (folder / "questions.jsonl").exists() else None
-    write_report(calibration, precision, gate, run_info, folder / "report.html", diff)
+    diff = diff_with(folder, live_folder) if (folder / rf.QUESTIONS).exists() else None
+    write_report(calibration, precision, gate, run_info, folder / rf.REPORT, diff)
     return gate

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from tests.check_guard import GUARDED as CHECK_SETS
 from tests.check_guard import install as refuse_check_sets
 from tests.promotable import promotable_config
@@ -130,7 +131,7 @@ def demo_index(tmp_path_factory, embedder):
     steps.merge_step(cfg, run_id, [stats])
     steps.validate_step(cfg, run_id)
     steps.load_step(cfg, run_id)
-    return cfg, run_id, EmbeddedSearcher(steps.run_dir(cfg, run_id) / "index")
+    return cfg, run_id, EmbeddedSearcher(RunFolder(cfg.artifacts, run_id).path / "index")
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from pipelines.app.cli import main
 from tests.promotable import PROMOTABLE, promotable_args
 
@@ -13,7 +14,6 @@ pytestmark = pytest.mark.models
 
 def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_path, capsys):
     cfg, run_id, _ = demo_index
-    from pipelines.app import steps
 
     # labelled should-answer, yet about nothing in the corpus: the real cross-encoder scores it far
     # below the shipped threshold, as it would a rider's question the articles do not word
@@ -26,7 +26,7 @@ def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_p
     argv += [
         "calibrate",
         "--index",
-        str(steps.run_dir(cfg, run_id)),
+        str(RunFolder(cfg.artifacts, run_id).path),
         "--questions",
         PROMOTABLE["evals.calibration_set"],
     ]

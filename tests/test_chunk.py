@@ -4,6 +4,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from pipelines import models
 from pipelines.build.chunk import MAX_CHARS_PER_TOKEN, Degenerate, chunk_documents, cut, slug, split_sections
 from pipelines.build.ingest import ingest
@@ -75,8 +76,8 @@ def test_nightly_chunking_redoes_only_changed_documents(make_cfg, small_corpus):
     def night(cfg, run_id):
         steps.ingest_step(cfg, run_id)
         steps.chunk_step(cfg, run_id)
-        (steps.run_dir(cfg, run_id) / "chunks.parquet").touch()  # what makes a run a chunk baseline
-        folder = steps.run_dir(cfg, run_id)
+        (RunFolder(cfg.artifacts, run_id).path / "chunks.parquet").touch()  # what makes a run a chunk baseline
+        folder = RunFolder(cfg.artifacts, run_id).path
         return folder, read_json(folder / "run.json")["counts"]
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
@@ -158,7 +159,7 @@ def test_chunk_step_quarantines_degenerate_documents_and_counts_them(make_cfg, s
     steps.ingest_step(cfg, "r1")
     steps.chunk_step(cfg, "r1")
     steps.chunk_step(cfg, "r1")  # a retried step rewrites its own quarantine rows, never duplicates them
-    folder = steps.run_dir(cfg, "r1")
+    folder = RunFolder(cfg.artifacts, "r1").path
     rows = [json.loads(line) for line in (folder / "quarantine.jsonl").read_text().splitlines()]
     assert [(r["stage"], r["doc_id"]) for r in rows] == [("chunk", "one-long-token")]
     assert read_json(folder / "run.json")["quarantine"] == {

@@ -4,6 +4,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from pipelines.app import steps
 from pipelines.build.embed import embedding_matrix
 
@@ -28,7 +29,7 @@ def test_cache_encodes_only_what_changed(make_cfg, small_corpus, embedder):
 
     edited = sorted(small_corpus.glob("*.md"))[0]
     edited.write_text(edited.read_text().replace("\n## ", "\nAn added sentence.\n\n## ", 1))
-    rows = pq.read_table(steps.run_dir(cfg, "r2") / "chunks.parquet").to_pylist()
+    rows = pq.read_table(RunFolder(cfg.artifacts, "r2").path / "chunks.parquet").to_pylist()
     own = sum(r["doc_id"] == edited.stem for r in rows)
     _, third = build(cfg, "r3", embedder)
     assert 1 <= third["encoded"] <= own  # only the edited article's changed chunks
@@ -45,8 +46,8 @@ def test_embeddings_are_unit_norm_float32_and_deterministic(make_cfg, small_corp
     b_cfg = make_cfg(**{"corpus.path": str(small_corpus), "artifacts": str(tmp_path / "other")})
     build(a_cfg, "r1", embedder)
     build(b_cfg, "r1", embedder)
-    a = pq.read_table(steps.run_dir(a_cfg, "r1") / "chunks.parquet")
-    b = pq.read_table(steps.run_dir(b_cfg, "r1") / "chunks.parquet")
+    a = pq.read_table(RunFolder(a_cfg.artifacts, "r1").path / "chunks.parquet")
+    b = pq.read_table(RunFolder(b_cfg.artifacts, "r1").path / "chunks.parquet")
     assert a["chunk_id"].to_pylist() == b["chunk_id"].to_pylist()
     va, vb = embedding_matrix(a), embedding_matrix(b)
     assert va.dtype == np.float32 and va.shape[1] == 384
@@ -61,6 +62,6 @@ def test_sharded_embedding_merges_back_in_chunk_order(make_cfg, small_corpus, em
     steps.chunk_step(cfg, "r1")
     stats = [steps.embed_step(cfg, "r1", s, 3, embedder=embedder) for s in range(3)]
     steps.merge_step(cfg, "r1", stats)
-    folder = steps.run_dir(cfg, "r1")
+    folder = RunFolder(cfg.artifacts, "r1").path
     order = pq.read_table(folder / "chunks.text.parquet")["chunk_id"].to_pylist()
     assert pq.read_table(folder / "chunks.parquet")["chunk_id"].to_pylist() == order

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from evals.evalset import load_evalset, question_key
 from pipelines.versions.manifest import sha256_file
 from tests.promotable import promotable_config
@@ -27,7 +28,6 @@ def first_of_riders(n: int) -> list[dict]:
 @pytest.mark.models
 def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night_judged_on_one(demo_index, tmp_path):
     from evals.harness import evaluate, gate_for_dir
-    from pipelines.app import steps
     from pipelines.app.factories import answer_scorer_for, retriever_for
     from pipelines.app.in_domain_training import export, fused_tops, train_in_domain
     from pipelines.retrieval.answer_support import AnswerSupportModel
@@ -38,7 +38,7 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
     train_path = tmp_path / "train.jsonl"
     left_out = {[q for q in riders if q["label"] == "answer"][3]["id"]: "~ a fit question (0.90)"}
     train_path.write_text(lines(train + [q for q in riders if q["id"] in left_out]))
-    index = steps.run_dir(cfg, run_id)
+    index = RunFolder(cfg.artifacts, run_id).path
     retriever, _ = retriever_for(cfg, searcher)
     out = tmp_path / "model"
     recipe = train_in_domain(
@@ -87,7 +87,6 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
 
 @pytest.mark.models
 def test_several_seeds_train_one_model_each_read_as_their_mean(demo_index, tmp_path):
-    from pipelines.app import steps
     from pipelines.app.factories import retriever_for
     from pipelines.app.in_domain_training import train_seeds
     from pipelines.retrieval.answer_support import AnswerEnsemble, answer_support, load_answer_model
@@ -98,7 +97,7 @@ def test_several_seeds_train_one_model_each_read_as_their_mean(demo_index, tmp_p
     train_path.write_text(lines(train))
     retriever, _ = retriever_for(cfg, searcher)
     out = tmp_path / "model"
-    index = str(steps.run_dir(cfg, run_id))
+    index = str(RunFolder(cfg.artifacts, run_id).path)
     recipes = train_seeds(retriever, index, [str(train_path)], out, tmp_path / "work", [13, 14], epochs=1)
 
     assert [r["hyperparameters"]["seed"] for r in recipes] == [13, 14]
@@ -249,13 +248,12 @@ def test_the_bi_encoder_finds_a_fit_question_asked_in_other_words_and_drop_judge
 def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_they_were_made(demo_index, tmp_path):
     import pyarrow.parquet as pq
 
-    from pipelines.app import steps
     from pipelines.app.factories import answer_scorer_for, retriever_for
     from pipelines.app.in_domain_training import leave_out_judged, train_in_domain
     from pipelines.app.synthetic_pairs import pseudo_queries
 
     cfg, run_id, searcher = demo_index
-    index = steps.run_dir(cfg, run_id)
+    index = RunFolder(cfg.artifacts, run_id).path
     retriever, _ = retriever_for(cfg, searcher)
     chunks = pq.read_table(index / "chunks.parquet").to_pylist()
     fit = tmp_path / "fit.jsonl"  # a judged set holding one of the sentences the pair maker would ask
@@ -303,11 +301,11 @@ def test_a_training_set_is_found_by_its_content_wherever_it_was_committed(tmp_pa
 
 @pytest.mark.models
 def test_retrain_rebuilds_a_model_from_its_recipe_and_the_recipe_round_trips(demo_index, tmp_path, capsys):
-    from pipelines.app import retrain, steps
+    from pipelines.app import retrain
     from pipelines.app.cli import main
 
     cfg, run_id, _ = demo_index
-    index = steps.run_dir(cfg, run_id)
+    index = RunFolder(cfg.artifacts, run_id).path
     train = tmp_path / "train.jsonl"
     train.write_text(lines(first_of_riders(3)))
     settings = ["--set", "evals.check_set=tests/data/evals/check-pre28.jsonl"]  # tests never open the live check set

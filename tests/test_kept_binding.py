@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from artifact_io import write_json
+from artifact_io.run_folder import RunFolder
 from evals.harness import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS, keep_for_next, keep_from
 from pipelines.app import steps
 from pipelines.retrieval import kept
@@ -129,7 +130,7 @@ def reused_record(folder: Path) -> dict:
 
 def test_an_altered_kept_file_changes_evaluated_and_is_refused_at_promotion(night):  # noqa: F811
     cfg = night.cfg
-    earlier = steps.run_dir(cfg, "20260101-020000")
+    earlier = RunFolder(cfg.artifacts, "20260101-020000").path
     earlier.mkdir(parents=True)
     kept.save(earlier / ANSWER_PAIRS, "sha256:bound", {"k": np.array([2.5])}, 1, np.float64)
     record = reused_record(earlier)
@@ -143,7 +144,7 @@ def test_an_altered_kept_file_changes_evaluated_and_is_refused_at_promotion(nigh
 
     # a verdict that reused the honest file is refused once that file was altered
     night("20260102-020000")
-    gate_path = steps.run_dir(cfg, "20260102-020000") / "gate.json"
+    gate_path = RunFolder(cfg.artifacts, "20260102-020000").path / "gate.json"
     gate = json.loads(gate_path.read_text())
     gate["evaluated"]["reused"] = honest["reused"]
     write_json(gate, gate_path)

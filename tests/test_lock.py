@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from pipelines import config
 from pipelines.versions import lock
 from pipelines.versions.lock import HOLDER_FILE, LockHeld, writer_lock
@@ -146,7 +147,7 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
     synthetic_chunks(tmp_path / "c.parquet", n=6)
     # Loaded (created) in this order: "zzz-old" first, then "manual".
     for run_id, started in (("zzz-old", "2026-01-01T00:00:00+00:00"), ("manual", "2026-01-02T00:00:00+00:00")):
-        folder = steps.run_dir(cfg, run_id)
+        folder = RunFolder(cfg.artifacts, run_id).path
         folder.mkdir(parents=True)
         write_json({"started_at": started}, folder / "run.json")
         open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))

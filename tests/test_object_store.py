@@ -531,18 +531,18 @@ def test_an_evaluate_task_on_the_server_reads_the_kept_values_instead_of_computi
     s3_env, s3_server, make_cfg, tmp_path, caplog
 ):
     """The DAG's evaluate task on the S3 server: the earlier evaluation's kept text vectors and rerank logits are
-    staged with their bytes (steps.earlier_evaluation finds them, kept.load reads them), nothing is written back."""
+    staged with their bytes (RunFolder.earlier_evaluation finds them, kept.load reads them), nothing is written back."""
     import numpy as np
 
-    from pipelines.app import steps
+    from artifact_io.run_folder import RunFolder
     from pipelines.retrieval import kept
 
     uri = s3_server.bucket("kept-values") + "/nightly"
     store = ObjectStore.from_uri(uri)
     bodies = kept_objects(store, tmp_path)
     with staging.task_staged(make_cfg(artifacts=uri), "evaluate", "r3") as local:
-        earlier = steps.earlier_evaluation(local, "r3")
-        assert earlier is not None and earlier.name == "r2"
+        earlier = RunFolder(local.artifacts, "r3").earlier_evaluation()
+        assert earlier is not None and earlier.run_id == "r2"
         vectors = kept.load(earlier / "text_vectors.parquet", "fp", 3)
         logits = kept.load(earlier / "rerank_pairs.parquet", "fp", 1, np.float64)
     assert "computing again" not in caplog.text

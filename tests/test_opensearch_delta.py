@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from pipelines.config import OpenSearch
 from pipelines.search.delta import MAX_DELTA_FRACTION, compute_delta, full_load_reason
 from pipelines.search.opensearch import OpenSearchStore, ids_checksum, indexed_columns
@@ -273,7 +274,7 @@ def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, smal
         OpenSearchStore(os_client, OpenSearch(index_prefix=prefix)).promote(
             run_id
         )  # the gate's verdict is not what is tested here
-        return read_json(steps.run_dir(cfg, run_id) / "run.json")["load"]
+        return read_json(RunFolder(cfg.artifacts, run_id).path / "run.json")["load"]
 
     opensearch = {
         "corpus.path": str(small_corpus),
@@ -291,7 +292,7 @@ def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, smal
         second = night(cfg, "20261202-010000")
         assert (second["mode"], second["from"]) == ("delta", "20261201-010000")
         assert second["removed"] >= 2 and second["added"] >= 2 and second["unchanged"] > 0, second
-        chunks = pq.read_table(steps.run_dir(cfg, "20261202-010000") / "chunks.parquet")
+        chunks = pq.read_table(RunFolder(cfg.artifacts, "20261202-010000").path / "chunks.parquet")
         assert os_client.count(index=prefix)["count"] == chunks.num_rows
         assert OpenSearchStore(os_client, OpenSearch(index_prefix=prefix)).verify(
             "20261202-010000"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from artifact_io import read_json
+from artifact_io.run_folder import RunFolder
 from pipelines import config
 from pipelines.app import steps
 from pipelines.app.cli import main
@@ -145,7 +146,7 @@ def test_each_left_out_location_is_still_bound_by_its_content(make_cfg, build, t
 
 
 def bound_and_now(judged_cfg: config.PipelineConfig, now_cfg: config.PipelineConfig, version: str) -> tuple:
-    gate = read_json(steps.run_dir(judged_cfg, version) / "gate.json")
+    gate = read_json(RunFolder(judged_cfg.artifacts, version).path / "gate.json")
     manifest = open_store(judged_cfg).manifest(version)
     return gate["evaluated"], verdict.current_binding(now_cfg, manifest, gate["evaluated"])
 
@@ -172,7 +173,7 @@ def test_a_verdict_recorded_before_the_judged_values_still_binds_by_its_hash(mak
     gate = build(cfg, "20260101-020000")
     old = {k: v for k, v in gate["evaluated"].items() if k not in ("config", "eval_set_sha256", "reused")}
     old["config_sha256"] = verdict.legacy_config_hash(cfg)
-    write_json({**gate, "evaluated": old}, steps.run_dir(cfg, "20260101-020000") / "gate.json")
+    write_json({**gate, "evaluated": old}, RunFolder(cfg.artifacts, "20260101-020000").path / "gate.json")
     with pytest.raises(verdict.VerdictMismatch, match="before it recorded its values"):
         steps.promote_step(config.replace(cfg, {"retrieval.rrf_k": 60}), "20260101-020000")
     assert steps.promote_step(cfg, "20260101-020000") == "20260101-020000"

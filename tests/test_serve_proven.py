@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from artifact_io import write_json
+from artifact_io.run_folder import RunFolder
 from evals.harness import NotAVerdict
 from pipelines import config
 from pipelines.app import cli, steps
@@ -113,7 +114,7 @@ def test_a_missing_reranker_is_an_error_where_it_is_required_and_a_preference_wh
 
 def test_a_precision_eval_without_its_reranker_writes_no_verdict_and_exits_2(make_cfg, capsys):
     cfg = make_cfg()
-    folder = steps.run_dir(cfg, "r1")
+    folder = RunFolder(cfg.artifacts, "r1").path
     folder.mkdir(parents=True)
     write_json({"shipped": None}, folder / "calibration.json")
     write_json({"by_kind": {}, "reranker_used": False}, folder / "precision.json")

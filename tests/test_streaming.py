@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from artifact_io import read_json
+from artifact_io.run_folder import RunFolder
 from pipelines import batches
 from pipelines.app import steps
 from pipelines.batches import read_rows, shard_range, write_batches
@@ -42,7 +43,7 @@ def test_row_range_reads_touch_only_their_rows_and_shards_tile_the_table(tmp_pat
 def _chunk_night(cfg, run_id):
     steps.ingest_step(cfg, run_id)
     n = steps.chunk_step(cfg, run_id)
-    (steps.run_dir(cfg, run_id) / "chunks.parquet").touch()  # what makes a run a chunk baseline
+    (RunFolder(cfg.artifacts, run_id).path / "chunks.parquet").touch()  # what makes a run a chunk baseline
     return n
 
 
@@ -52,9 +53,9 @@ def test_chunking_in_small_batches_writes_what_one_batch_writes(make_cfg, small_
     _chunk_night(one, "r1")
     tiny_batches(2)  # 6 documents in 3 batches, ~30 chunks in row groups of 2
     n = _chunk_night(many, "r1")
-    a, b = (pq.read_table(steps.run_dir(c, "r1") / "chunks.text.parquet") for c in (one, many))
+    a, b = (pq.read_table(RunFolder(c.artifacts, "r1").path / "chunks.text.parquet") for c in (one, many))
     assert n == a.num_rows > 6 and a.equals(b)
-    assert pq.ParquetFile(steps.run_dir(many, "r1") / "chunks.text.parquet").num_row_groups > 3
+    assert pq.ParquetFile(RunFolder(many.artifacts, "r1").path / "chunks.text.parquet").num_row_groups > 3
 
     # a night with two edited documents reuses the others' rows across batch boundaries
     for path in sorted(small_corpus.glob("*.md"))[1::3]:
@@ -63,7 +64,7 @@ def test_chunking_in_small_batches_writes_what_one_batch_writes(make_cfg, small_
     tiny_batches(1_000_000)
     fresh = make_cfg(**{"corpus.path": str(small_corpus), "artifacts": str(tmp_path / "fresh")})
     _chunk_night(fresh, "r2")
-    night, rebuilt = (steps.run_dir(c, "r2") for c in (many, fresh))
+    night, rebuilt = (RunFolder(c.artifacts, "r2").path for c in (many, fresh))
     assert pq.read_table(night / "chunks.text.parquet").equals(pq.read_table(rebuilt / "chunks.text.parquet"))
     counts = read_json(night / "run.json")["counts"]
     assert counts["documents_rechunked"] == 2
@@ -78,7 +79,9 @@ def test_embedding_in_small_batches_and_shards_writes_what_one_batch_writes(
     steps.chunk_step(one, "r1")
     steps.merge_step(one, "r1", [steps.embed_step(one, "r1", embedder=embedder)])
     many = make_cfg(**{"corpus.path": str(small_corpus), "artifacts": str(tmp_path / "many")})
-    shutil.copytree(steps.run_dir(one, "r1"), steps.run_dir(many, "r1"))  # the same previous night
+    shutil.copytree(
+        RunFolder(one.artifacts, "r1").path, RunFolder(many.artifacts, "r1").path
+    )  # the same previous night
 
     edited = sorted(small_corpus.glob("*.md"))[3]
     edited.write_text(edited.read_text().replace("\n## ", "\nAn added sentence.\n\n## ", 1))
@@ -92,17 +95,17 @@ def test_embedding_in_small_batches_and_shards_writes_what_one_batch_writes(
     steps.chunk_step(many, "r2")
     stats = [steps.embed_step(many, "r2", s, 1, embedder=embedder) for s in range(1)]
     steps.merge_step(many, "r2", stats)
-    a, b = (pq.read_table(steps.run_dir(c, "r2") / "chunks.parquet") for c in (one, many))
+    a, b = (pq.read_table(RunFolder(c.artifacts, "r2").path / "chunks.parquet") for c in (one, many))
     assert 1 <= whole["encoded"] == stats[0]["encoded"] < a.num_rows
     assert a.equals(b)  # same ids, same vectors bit for bit: reused from the cache or encoded in one call
 
     sharded = [steps.embed_step(many, "r2", s, 3, embedder=embedder) for s in range(3)]
     steps.merge_step(many, "r2", sharded)
-    c = pq.read_table(steps.run_dir(many, "r2") / "chunks.parquet")
+    c = pq.read_table(RunFolder(many.artifacts, "r2").path / "chunks.parquet")
     assert c["chunk_id"].equals(a["chunk_id"]) and sum(s["encoded"] for s in sharded) == whole["encoded"]
     va, vc = (t["embedding"].combine_chunks().flatten().to_numpy() for t in (a, c))
     np.testing.assert_allclose(va, vc, atol=1e-6)  # a shard encodes its own texts: other batches of the model
-    assert not list((steps.run_dir(many, "r2") / "embed").glob(".*.tmp"))  # the spilled cache is gone
+    assert not list((RunFolder(many.artifacts, "r2").path / "embed").glob(".*.tmp"))  # the spilled cache is gone
 
 
 def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small_corpus, tiny_batches):
@@ -112,7 +115,7 @@ def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     steps.ingest_step(cfg, "r1")
     total = steps.chunk_step(cfg, "r1")
-    folder = steps.run_dir(cfg, "r1")
+    folder = RunFolder(cfg.artifacts, "r1").path
     stats = []
     for shard in range(2):
         lo, hi = shard_range(total, shard, 2)

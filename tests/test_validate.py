@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from artifact_io import write_json
+from artifact_io.run_folder import RunFolder
 from pipelines.build.validate import VALID_CHUNKS, ValidationFailed, loadable_chunks, validate_chunks
 from tests.conftest import chunks_with_vectors
 
@@ -119,7 +120,7 @@ def test_validate_and_load_steps_go_on_without_the_quarantined_documents(make_cf
     from pipelines.app import steps
 
     cfg = make_cfg()
-    folder = steps.run_dir(cfg, "r1")
+    folder = RunFolder(cfg.artifacts, "r1").path
     _hostile_chunks(folder)
     write_json({"models": {"embedding": {"id": "test-model", "dimension": DIM}}}, folder / "run.json")
     assert steps.validate_step(cfg, "r1")

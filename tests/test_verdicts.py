@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from artifact_io import write_json
+from artifact_io.run_folder import RunFolder
 from pipelines import config
 from pipelines.app import steps
 from pipelines.app.cli import main
@@ -30,7 +31,7 @@ def pass_gate(cfg: config.PipelineConfig, version: str, passed: bool = True) -> 
     facts = verdict.evaluated(cfg, open_store(cfg).manifest(version), verdict.eval_sets(cfg))
     bound = verdict.binding(facts, cfg.evals.baseline)
     gate = {"passed": passed, "reasons": [], "evaluated": bound, "decision": decision.proven(cfg, None, bound)}
-    write_json(gate, steps.run_dir(cfg, version) / "gate.json")
+    write_json(gate, RunFolder(cfg.artifacts, version).path / "gate.json")
     return gate
 
 
@@ -75,7 +76,7 @@ def test_a_bound_verdict_promotes_and_the_promotion_is_logged(night):
         ("20260101-020000", None, "cli"),
         ("20260102-020000", "20260101-020000", "dag:scheduled__x"),
     ]
-    gate = steps.run_dir(night.cfg, "20260102-020000") / "gate.json"
+    gate = RunFolder(night.cfg.artifacts, "20260102-020000").path / "gate.json"
     assert log[-1]["verdict_sha256"] == mf.sha256_file(gate) and log[-1]["time"]
     assert log[-1]["manifest_sha256"] == mf.manifest_hash(night.store.manifest("20260102-020000"))
     lines = night.store.promotions_log.read_text().splitlines()
@@ -131,11 +132,11 @@ def test_failed_unbound_or_missing_verdicts_are_refused(night):
         steps.promote_step(night.cfg, "v1")
     gate = night("v2")
     del gate["evaluated"]
-    write_json(gate, steps.run_dir(night.cfg, "v2") / "gate.json")
+    write_json(gate, RunFolder(night.cfg.artifacts, "v2").path / "gate.json")
     with pytest.raises(verdict.VerdictMismatch, match="records nothing about what it evaluated"):
         steps.promote_step(night.cfg, "v2")
     night("v3")
-    (steps.run_dir(night.cfg, "v3") / "gate.json").unlink()
+    (RunFolder(night.cfg.artifacts, "v3").path / "gate.json").unlink()
     with pytest.raises(verdict.VerdictMismatch, match="no gate verdict"):
         steps.promote_step(night.cfg, "v3")
     assert night.store.live() is None
@@ -228,7 +229,7 @@ def test_rollback_checks_the_full_binding(night):
 
 def test_the_verdict_names_a_changed_code_version_or_model(night):
     night("20260101-020000")
-    gate_path = steps.run_dir(night.cfg, "20260101-020000") / "gate.json"
+    gate_path = RunFolder(night.cfg.artifacts, "20260101-020000").path / "gate.json"
     gate = json.loads(gate_path.read_text())
     assert gate["evaluated"]["code_version"].startswith("0.1.0+src.")
     for field in ("code_version", "reranker_fingerprint", "embedder_fingerprint", "answer_model_fingerprint"):
@@ -255,7 +256,7 @@ def test_a_promotion_retried_after_a_crash_logs_once_and_repairs_run_json(night,
     monkeypatch.setattr(faults, "reached", crash)
     with pytest.raises(SystemExit):
         steps.promote_step(night.cfg, "20260102-020000")
-    run_json = steps.run_dir(night.cfg, "20260102-020000") / "run.json"
+    run_json = RunFolder(night.cfg.artifacts, "20260102-020000").path / "run.json"
     assert not run_json.exists() and night.store.live() == "20260102-020000"
     monkeypatch.undo()
     steps.promote_step(night.cfg, "20260102-020000")  # the retry

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from artifact_io import read_json, write_json
+from artifact_io.run_folder import RunFolder
 from pipelines.app import staging, steps
 from pipelines.app.cli import main
 from pipelines.app.factories import open_store
@@ -28,7 +29,7 @@ def promoted_then_crashed(cfg, chunks: Path) -> Path:
     open_store(cfg).load(VERSION, str(chunks), inputs=INPUTS)
     pass_gate(cfg, VERSION)
     steps.promote_step(cfg, VERSION)
-    run_json = steps.run_dir(cfg, VERSION) / "run.json"
+    run_json = RunFolder(cfg.artifacts, VERSION).path / "run.json"
     info = read_json(run_json)
     del info["promoted"]
     write_json(info, run_json)

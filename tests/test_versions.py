@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from artifact_io.run_folder import RunFolder
 from pipelines import models
 from pipelines.app.cli import main
 from pipelines.app.factories import get_embedder, open_store, retriever_for
@@ -207,7 +208,7 @@ def test_rerunning_a_promoted_night_reuses_it_or_refuses_naming_what_differs(mak
     assert manifest["rows"] == n and manifest["inputs"]["model_fingerprint"] == embedder.fingerprint
     assert manifest["inputs"]["chunker"] and manifest["inputs"]["code_version"]
     store.promote("r1")
-    folder = steps.run_dir(cfg, "r1")
+    folder = RunFolder(cfg.artifacts, "r1").path
     info = json.loads((folder / "run.json").read_text())
     assert info["models"]["embedding"]["fingerprint"] == embedder.fingerprint
     assert info["index_version"] == {"manifest_sha256": mf.manifest_hash(manifest), "reused": False}

@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from artifact_io import read_json, write_json
+from artifact_io import run_folder as rf
+from artifact_io import write_json
+from artifact_io.run_folder import RunFolder
 from evals.harness import calibrate_records
 from evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from pipelines import config
 from pipelines.app import factories, steps
 from pipelines.app.run import build
-from pipelines.build.validate import loadable_chunks
 from pipelines.config import PipelineConfig
 from pipelines.retrieval.retriever import Retriever
 from pipelines.search.analyzer import ANALYZER_ID
@@ -81,15 +82,15 @@ def index_dataset(cfg: PipelineConfig, dataset: Path, out: Path, progress: bool)
     failed half-way is redone, never reused.
     """
     bcfg, run_id = dataset_config(cfg, dataset, out)
-    folder = steps.run_dir(bcfg, run_id)
-    marker = folder / f"loaded-{bcfg.backend.kind}.json"
+    run = RunFolder(bcfg.artifacts, run_id)
+    marker = run / f"loaded-{bcfg.backend.kind}.json"
     store = factories.open_store(bcfg)
     present = run_id in store.versions()
     if marker.exists() and present:
         return bcfg, run_id
     if present:  # from a load that did not finish (or an older cache): build it again
         store.drop(run_id)
-    if (folder / "run.json").exists() and "validate" in read_json(folder / "run.json").get("timings_s", {}):
+    if "validate" in run.info().get("timings_s", {}):
         indexed = steps.load_step(bcfg, run_id)  # built before, for the other backend
     else:
         indexed = build(bcfg, run_id, progress=progress)["indexed"]
@@ -144,7 +145,7 @@ def run_beir(
     t0 = time.perf_counter()
     bcfg, version = index_dataset(cfg, dataset, out, progress)
     t_index = time.perf_counter() - t0
-    chunks = pq.read_table(loadable_chunks(steps.run_dir(bcfg, version)), columns=["chunk_id", "doc_id"])
+    chunks = pq.read_table(RunFolder(bcfg.artifacts, version).loadable_chunks(), columns=["chunk_id", "doc_id"])
     doc_of = dict(zip(chunks.column("chunk_id").to_pylist(), chunks.column("doc_id").to_pylist()))
     searcher = factories.open_store(bcfg).open(version)
     depth = rerank_depth or cfg.retrieval.rerank_depth
@@ -203,4 +204,4 @@ def calibrate_beir(cfg: PipelineConfig, retriever, queries: dict[str, str], decl
     calibration = calibrate_records(run_questions(retriever, items), cfg)
     # the accepted combiner, applied as is (fitted on the demo's questions: never refitted here)
     calibration["combiner"] = describe(retriever.combiner, cfg.answerability.combiner, refit=False)
-    return write_json(calibration, out / "calibration.json")
+    return write_json(calibration, out / rf.CALIBRATION)

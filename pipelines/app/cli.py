@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from artifact_io import run_folder as rf
+from artifact_io.run_folder import RunFolder
 from pipelines import config as config_mod
 from pipelines.app.answering import query_notice  # noqa: F401 - where tests and callers have found it
 from pipelines.config import PipelineConfig
@@ -131,7 +133,7 @@ def cmd_calibrate(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     evaluated = evaluate(
         retriever,
-        index / "chunks.parquet",
+        index / rf.CHUNKS,
         cfg,
         out,
         calibration_set=args.questions,
@@ -139,7 +141,7 @@ def cmd_calibrate(args) -> int:
         progress=not args.quiet,
         before_sweep=combiner.before_sweep(retriever, cfg, out, refit=True),  # a candidate; `accept` adopts it
         kept_from=index,  # the night's vectors and pair scores, under each model's fingerprint: reused, not recomputed
-        answer_model_corpus=answer_model_corpus(cfg, index / "chunks.parquet"),
+        answer_model_corpus=answer_model_corpus(cfg, index / rf.CHUNKS),
     )
     reused = ", ".join(f"{name} {part['reused']}" for name, part in evaluated["kept"].items())
     print(f"reused from {index}: {reused or 'nothing'}")
@@ -148,9 +150,9 @@ def cmd_calibrate(args) -> int:
     print(f"  {gating_signal_text(gate)}")
     for reason in gate["reasons"]:
         print(f"  - {reason}")
-    print(f"calibration: {out}/calibration.json\nreport: {out}/report.html")
-    if (out / "answerability_combiner.json").exists():
-        print(f"answerability combiner (not in use until accepted): {out}/answerability_combiner.json")
+    print(f"calibration: {out / rf.CALIBRATION}\nreport: {out / rf.REPORT}")
+    if (out / rf.COMBINER).exists():
+        print(f"answerability combiner (not in use until accepted): {out / rf.COMBINER}")
     return 0 if gate["passed"] else 1
 
 
@@ -178,19 +180,18 @@ def cmd_accept(args) -> int:
     from evals.check_set import log_move, move_to_fit, seen_check_questions
     from evals.regression import baseline_from
     from pipelines.app import staging
-    from pipelines.app.steps import run_dir
     from pipelines.versions.lock import writer_lock
 
     cfg = load_config(args)
     remote = is_remote(cfg.artifacts)
-    if not remote and not args.artifacts and Path(args.run).resolve().parent.name == "runs":  # lock <artifacts>
+    if not remote and not args.artifacts and Path(args.run).resolve().parent.name == rf.RUNS:  # lock <artifacts>
         cfg = config_mod.replace(cfg, {"artifacts": str(Path(args.run).resolve().parent.parent)})
-    reads = staging.reading(("precision.json", "calibration.json"), args.run) if remote else staging.Reads()
+    reads = staging.reading((rf.PRECISION, rf.CALIBRATION), args.run) if remote else staging.Reads()
     with staging.locked_staged(cfg, f"sourcegate accept {args.run}", None, reads) as local:
-        run = run_dir(local, args.run) if remote else Path(args.run)
+        run = RunFolder(local.artifacts, args.run).path if remote else Path(args.run)
         source = args.run if remote else str(run)
-        calibration = read_json(run / "calibration.json")
-        baseline = baseline_from(read_json(run / "precision.json"), calibration, source)
+        calibration = read_json(run / rf.CALIBRATION)
+        baseline = baseline_from(read_json(run / rf.PRECISION), calibration, source)
         if not (args.out or cfg.evals.baseline):
             raise ValueError("evals.baseline is null (none accepted yet): say where to write it with --out PATH")
         out = Path(args.out or cfg.evals.baseline)
@@ -273,7 +274,7 @@ def cmd_verify(args) -> int:
             for problem in exc.problems:
                 print(f"  - {problem}", file=sys.stderr)
             return 2
-        if repair_promoted(store, Path(local.artifacts) / "runs" / args.version, args.version):
+        if repair_promoted(store, RunFolder(local.artifacts, args.version)):
             print(f"{args.version}: run.json's missing `promoted` written from the promotions log")
     checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count, ids and every document"
     print(
@@ -325,18 +326,18 @@ def default_rollback_target(cfg: PipelineConfig) -> str | None:
 def cmd_diff(args) -> int:
     """Per question: gating score, answer mode and labelled rank, run A against run B (with `--artifacts
     s3://…`, two run ids on the store)."""
-    from evals.diff import QUESTIONS, diff_runs, format_diff
+    from evals.diff import diff_runs, format_diff
     from pipelines.app import staging
-    from pipelines.app.steps import run_dir
 
     cfg = load_config(args) if args.artifacts else None
     if cfg is None or not is_remote(cfg.artifacts):
         diff = diff_runs(args.run_a, args.run_b)
     else:
-        reads = staging.reading((QUESTIONS,), args.run_a, args.run_b)
+        reads = staging.reading((rf.QUESTIONS,), args.run_a, args.run_b)
         with staging.staged(cfg, reads=reads, publish_after=False) as local:
-            diff = diff_runs(run_dir(local, args.run_a), run_dir(local, args.run_b))
-        diff |= {"a": f"{cfg.artifacts}/runs/{args.run_a}", "b": f"{cfg.artifacts}/runs/{args.run_b}"}
+            a, b = RunFolder(local.artifacts, args.run_a), RunFolder(local.artifacts, args.run_b)
+            diff = diff_runs(a.path, b.path)
+            diff |= {"a": a.published(), "b": b.published()}
     print(json.dumps(diff, indent=2, sort_keys=True) if args.json else format_diff(diff))
     return 0
 
@@ -386,7 +387,7 @@ def cmd_train_in_domain(args) -> int:
     if args.synthetic:
         import pyarrow.parquet as pq
 
-        from pipelines.build.validate import loadable_chunks
+        from artifact_io.run_folder import loadable_chunks
 
         # the chunks the version searches; generated questions that copy a judged one are dropped, never refused
         columns = ["doc_id", "title", "section", "section_id", "body", "text"]
@@ -427,20 +428,20 @@ def cmd_retrain(args) -> int:
     """Rebuild a trained answer model from its recipe and the repository's files (pipelines/app/retrain.py)."""
     import shlex
 
+    from artifact_io.run_folder import loadable_chunks
     from pipelines.app import retrain
     from pipelines.app.run import build
-    from pipelines.app.steps import new_run_id, run_dir
-    from pipelines.build.validate import loadable_chunks
+    from pipelines.app.steps import new_run_id
 
     model, out = Path(args.model), Path(args.out)
     recorded = retrain.retrain_argv(model, out, Path("."))[1]["recorded_index"]
     index = Path(args.index or (recorded[0] if recorded else ""))
-    if not (index / "chunks.parquet").is_file():  # the recorded run folder is gone: build the version again
+    if not (index / rf.CHUNKS).is_file():  # the recorded run folder is gone: build the version again
         cfg = config_mod.replace(load_config(args), {"artifacts": str(out.parent / f"{out.name}_work" / "artifacts")})
         run_id = new_run_id()
         print(f"{index} is not here: building the version from {cfg.corpus.path} (run {run_id})")
         build(cfg, run_id)
-        index = run_dir(cfg, run_id)
+        index = RunFolder(cfg.artifacts, run_id).path
     share = retrain.same_content(model, loadable_chunks(index))
     print(f"{index} holds exactly what {model} learned ({share['n_sections']} sections)")
     argv, _ = retrain.retrain_argv(model, out, index)
@@ -455,7 +456,7 @@ def cmd_retrain(args) -> int:
 
 def cmd_record_corpus(args) -> int:
     """Write what a model trained before models recorded it learned, from the version it trained against."""
-    from pipelines.build.validate import loadable_chunks
+    from artifact_io.run_folder import loadable_chunks
     from pipelines.retrieval import learned_corpus
 
     index = Path(args.index)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from artifact_io import run_folder as rf
 from pipelines.build import embed_backends
 from pipelines.build.embed import Embedder
 from pipelines.config import PipelineConfig
@@ -120,7 +121,7 @@ def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: 
         from pipelines.search.embedded import open_run_folder
 
         searcher = open_run_folder(index)
-        path = Path(index) / "gate.json"
+        path = Path(index) / rf.GATE
         gate, where = (json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None), str(path)
     else:
         store = open_store(cfg)

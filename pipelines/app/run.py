@@ -6,7 +6,8 @@ promote only if the gate passed -> retention. A failed night leaves the live ind
 
 from __future__ import annotations
 
-from artifact_io import read_json
+from artifact_io import run_folder as rf
+from artifact_io.run_folder import RunFolder
 from evals.gate import gating_signal_text
 from pipelines.app import factories, staging, steps
 from pipelines.config import PipelineConfig
@@ -16,25 +17,25 @@ from pipelines.versions.lock import writer_lock
 def build(cfg: PipelineConfig, run_id: str, progress: bool = False, shards: int = 1, judged: bool = False) -> dict:
     """Build one index version. `judged`: the configured eval sets will judge it, so they are checked against its
     chunks before anything is embedded (a set that cannot judge this corpus stops the night in seconds)."""
+    run = RunFolder(cfg.artifacts, run_id)
     counts = steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)
     if judged:
-        steps.check_eval_sets(cfg, steps.run_dir(cfg, run_id) / "chunks.text.parquet")
+        steps.check_eval_sets(cfg, run / rf.CHUNKS_TEXT)
     stats = [steps.embed_step(cfg, run_id, s, shards, progress=progress) for s in range(shards)]
     encoded = steps.merge_step(cfg, run_id, stats)
     steps.validate_step(cfg, run_id)
     indexed = steps.load_step(cfg, run_id)
-    quarantined = read_json(steps.run_dir(cfg, run_id) / "run.json")["quarantine"]["total"]  # every step's
+    quarantined = run.info()["quarantine"]["total"]  # every step's
     return {"ingest": counts, "encoded": encoded, "indexed": indexed, "quarantined": quarantined}
 
 
 def run_pipeline(cfg: PipelineConfig, run_id: str | None = None, progress: bool = False, promote: bool = True) -> dict:
     run_id = run_id or steps.new_run_id()
     factories.preflight(cfg)  # a red cluster or a write block fails the night before its first write
-    with writer_lock(cfg, f"sourcegate run {run_id}"):  # the whole night is one writer
-        with staging.staged(cfg, run_id) as local:  # s3:// artifacts: staged in scratch, published after
-            result = _run_locked(local, run_id, progress, promote)
-        return result | {"run_dir": staging.remote_path(cfg, result["run_dir"], local)}
+    # the whole night is one writer; s3:// artifacts: staged in scratch, published after
+    with writer_lock(cfg, f"sourcegate run {run_id}"), staging.staged(cfg, run_id) as local:
+        return _run_locked(local, run_id, progress, promote)
 
 
 def _run_locked(cfg: PipelineConfig, run_id: str, progress: bool, promote: bool) -> dict:
@@ -52,7 +53,7 @@ def _run_locked(cfg: PipelineConfig, run_id: str, progress: bool, promote: bool)
     )
     return {
         "run_id": run_id,
-        "run_dir": str(steps.run_dir(cfg, run_id)),
+        "run_dir": RunFolder(cfg.artifacts, run_id).published(),  # where it is published, not the scratch
         "passed": gate["passed"],
         "reasons": gate["reasons"],
         "signal": gating_signal_text(gate),

@@ -34,7 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from evals.harness import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS
+from artifact_io import run_folder as rf
+from artifact_io.run_folder import ANSWER_PAIRS, PUBLISHED_AS, RERANK_PAIRS, TEXT_VECTORS
 from pipelines import config
 from pipelines.batches import shard_range
 from pipelines.config import PipelineConfig
@@ -43,12 +44,11 @@ from pipelines.versions.decision import PUBLISHED as PUBLISHED_DECISION
 from pipelines.versions.lock import command_line, fence, writer_lock
 from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, local_path, sha256_path
 
-RECORDS = ("run.json", "gate.json", "index/manifest.json")  # every run's: listing, ordering, retention
-INDEX_FILES = "index/"  # a run's index version files: needed only to open or verify that version
+RECORDS = (rf.RUN_INFO, rf.GATE, rf.INDEX_MANIFEST)  # every run's: listing, ordering, retention
+INDEX_FILES = f"{rf.INDEX}/"  # a run's index version files: needed only to open or verify that version
 PROMOTIONS_PREFIX = "promotions/"
 LIVE = "LIVE"
 SKIPPED = (".sourcegate.lock", ".sourcegate.lock.json")
-PUBLISHED_AS = ".published-as"  # in a scratch folder: the s3:// URI it is published to (never itself published)
 
 
 class LiveMoved(RuntimeError):
@@ -67,7 +67,7 @@ class Snapshot:
 
 def run_of(key: str) -> str | None:
     parts = key.split("/")
-    return parts[1] if len(parts) > 2 and parts[0] == "runs" else None
+    return parts[1] if len(parts) > 2 and parts[0] == rf.RUNS else None
 
 
 ANY = "*"  # in a Reads entry: every file of that run folder outside index/
@@ -78,7 +78,7 @@ class Reads:
     """What a step reads beyond every run's RECORDS, LIVE and the promotions log: names (or folder prefixes
     such as "index/", or ANY) inside its own run folder, the previous run's (newest earlier one with
     chunks: ingest diff, chunk reuse, embed cache), the live run's and the earlier evaluation's (newest
-    earlier run that kept its text vectors: steps.earlier_evaluation)."""
+    earlier run that kept its text vectors: RunFolder.earlier_evaluation)."""
 
     own: tuple[str, ...] = ()
     previous: tuple[str, ...] = ()
@@ -97,36 +97,32 @@ def reading(names: tuple[str, ...], *runs: str) -> Reads:
 KEPT = (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS)
 NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,), kept=KEPT)  # `sourcegate run`: every step in one
 STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/steps.py)
-    "ingest": Reads(own=("quarantine.jsonl",), previous=("documents.parquet",)),
-    "chunk": Reads(
-        own=("documents.parquet", "quarantine.jsonl"), previous=("documents.parquet", "chunks.text.parquet")
-    ),
-    "embed": Reads(own=("chunks.text.parquet",), previous=("chunks.parquet",)),
-    "merge": Reads(own=("chunks.text.parquet", "embed/")),
-    "validate": Reads(own=("chunks.parquet", "quarantine.jsonl", "quality.json")),
-    "load": Reads(own=("chunks.parquet", "chunks.valid.parquet"), live=("chunks.parquet", "chunks.valid.parquet")),
-    "evaluate": Reads(own=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet"), kept=KEPT),
-    "gate": Reads(
-        own=("calibration.json", "precision.json", "eval_errors.json", "questions.jsonl"), live=("questions.jsonl",)
-    ),
+    "ingest": Reads(own=(rf.QUARANTINE,), previous=(rf.DOCUMENTS,)),
+    "chunk": Reads(own=(rf.DOCUMENTS, rf.QUARANTINE), previous=(rf.DOCUMENTS, rf.CHUNKS_TEXT)),
+    "embed": Reads(own=(rf.CHUNKS_TEXT,), previous=(rf.CHUNKS,)),
+    "merge": Reads(own=(rf.CHUNKS_TEXT, f"{rf.EMBED_SHARDS}/")),
+    "validate": Reads(own=(rf.CHUNKS, rf.QUARANTINE, rf.QUALITY)),
+    "load": Reads(own=(rf.CHUNKS, rf.CHUNKS_VALID), live=(rf.CHUNKS, rf.CHUNKS_VALID)),
+    "evaluate": Reads(own=(INDEX_FILES, rf.CHUNKS, rf.CHUNKS_VALID), kept=KEPT),
+    "gate": Reads(own=(rf.CALIBRATION, rf.PRECISION, rf.EVAL_ERRORS, rf.QUESTIONS), live=(rf.QUESTIONS,)),
     "promote": Reads(own=(INDEX_FILES,)),
     "cleanup": Reads(),
     # sourcegate_recalibrate: LIVE (read only), then an evaluation of the live version into the recal run's folder
     "live_version": Reads(),
-    "evaluate_live": Reads(live=(INDEX_FILES, "chunks.parquet", "chunks.valid.parquet"), kept=KEPT),
+    "evaluate_live": Reads(live=(INDEX_FILES, rf.CHUNKS, rf.CHUNKS_VALID), kept=KEPT),
 }
 READ_ONLY = {"live_version"}  # tasks that publish nothing: staged without the writer lock
 
 
 def previous_of(keys: dict[str, int], run_id: str | None) -> str | None:
-    """The newest run before `run_id` with chunks (steps.previous_run, on the store's listing)."""
-    with_chunks = sorted({run_of(k) for k in keys if k.endswith("/chunks.parquet") and run_of(k)})
+    """The newest run before `run_id` with chunks (RunFolder.previous, on the store's listing)."""
+    with_chunks = sorted({run_of(k) for k in keys if k.endswith(f"/{rf.CHUNKS}") and run_of(k)})
     earlier = [r for r in with_chunks if run_id is None or r < run_id]
     return earlier[-1] if earlier else None
 
 
 def earlier_evaluation_of(keys: dict[str, int], run_id: str | None) -> str | None:
-    """The newest run before `run_id` whose evaluation kept its text vectors (steps.earlier_evaluation, on the
+    """The newest run before `run_id` whose evaluation kept its text vectors (RunFolder.earlier_evaluation, on the
     store's listing): the evaluation loads its text vectors and rerank logits from that folder."""
     kept = sorted({run_of(k) for k in keys if k.endswith(f"/{TEXT_VECTORS}") and run_of(k)})
     earlier = [r for r in kept if run_id is None or r < run_id]
@@ -305,7 +301,7 @@ def task_staged(
     takes no lock and publishes nothing."""
     reads = STEP_READS[step]
     if shard is not None:
-        reads = replace(reads, shard=("chunks.text.parquet", *shard))
+        reads = replace(reads, shard=(rf.CHUNKS_TEXT, *shard))
     if step in READ_ONLY:
         return staged(cfg, run_id, reads, publish_after=False)
     return locked_staged(cfg, f"{command_line()} [{step}]", run_id, reads, shared=step == "embed")
@@ -315,11 +311,3 @@ def as_published(cfg: PipelineConfig) -> PipelineConfig:
     """`cfg` with `artifacts` as recorded (run.json): the s3:// URI for a staged scratch folder, else as is."""
     marker = Path(cfg.artifacts) / PUBLISHED_AS
     return config.replace(cfg, {"artifacts": marker.read_text(encoding="utf-8")}) if marker.is_file() else cfg
-
-
-def remote_path(cfg: PipelineConfig, local: str | Path, scratch_cfg: PipelineConfig) -> str:
-    """A path under the scratch folder, named as the object-store URL it was published to."""
-    if scratch_cfg is cfg:
-        return str(local)
-    rel = Path(local).relative_to(scratch_cfg.artifacts).as_posix()
-    return f"{cfg.artifacts.rstrip('/')}/{rel}"

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import shutil
-import time
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from artifact_io import read_json, write_json
-from evals.harness import TEXT_VECTORS, evaluate, gate_for_dir
+from artifact_io import read_json
+from artifact_io import run_folder as rf
+from artifact_io.run_folder import RUN_ID, RunFolder
+from evals.harness import evaluate, gate_for_dir
 from evals.preflight import preflight
 from pipelines import faults, models
 from pipelines.app import staging
@@ -26,7 +25,7 @@ from pipelines.build import embed_backends, quarantine
 from pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
 from pipelines.build.embed import embed_shard, merge_shards
 from pipelines.build.ingest import ingest
-from pipelines.build.validate import loadable_chunks, validate_chunks
+from pipelines.build.validate import validate_chunks
 from pipelines.config import PipelineConfig
 from pipelines.retrieval import combiner, learned_corpus
 from pipelines.retrieval.answer_support import AnswerSupportModel
@@ -35,53 +34,10 @@ from pipelines.versions import manifest as mf
 from pipelines.versions.lock import held_since, locked
 
 log = logging.getLogger(__name__)
-RUN_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,100}$")  # also a valid OpenSearch index suffix
 
 
 def new_run_id(when: datetime | None = None) -> str:
     return (when or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
-
-
-def run_dir(cfg: PipelineConfig, run_id: str) -> Path:
-    if not RUN_ID.match(run_id):
-        raise ValueError(f"run id {run_id!r} must match {RUN_ID.pattern}")
-    return Path(cfg.artifacts) / "runs" / run_id
-
-
-def previous_run(cfg: PipelineConfig, run_id: str) -> Path | None:
-    """The newest earlier run that got as far as chunks: the baseline for diffs and the embed cache."""
-    runs = Path(cfg.artifacts) / "runs"
-    earlier = sorted(p for p in runs.glob("*") if p.name < run_id and (p / "chunks.parquet").exists())
-    return earlier[-1] if earlier else None
-
-
-def earlier_evaluation(cfg: PipelineConfig, run_id: str) -> Path | None:
-    """The newest earlier run folder whose evaluation kept its text vectors (and rerank logits)."""
-    runs = Path(cfg.artifacts) / "runs"
-    earlier = sorted(p.parent for p in runs.glob(f"*/{TEXT_VECTORS}") if p.parent.name < run_id)
-    return earlier[-1] if earlier else None
-
-
-# --- run.json bookkeeping ----------------------------------------------------------
-
-
-def update_run_info(folder: Path, **fields) -> dict:
-    path = folder / "run.json"
-    info = read_json(path) if path.exists() else {}
-    for key, value in fields.items():
-        if isinstance(value, dict) and isinstance(info.get(key), dict):
-            info[key].update(value)
-        else:
-            info[key] = value
-    write_json(info, path)
-    return info
-
-
-@contextmanager
-def timed(folder: Path, step: str):
-    start = time.perf_counter()
-    yield
-    update_run_info(folder, timings_s={step: round(time.perf_counter() - start, 3)})
 
 
 def versions() -> dict:
@@ -114,22 +70,23 @@ embedding_fingerprint = verdict.embedding_fingerprint  # also what ingest and lo
 
 @locked("ingest")
 def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
-    folder = run_dir(cfg, run_id)
+    run = RunFolder(cfg.artifacts, run_id)
+    folder = run.path
     existing = open_store(cfg).manifest(run_id)
     out = folder / ".rerun-ingest" if existing else folder  # a complete version's run folder is left alone
     out.mkdir(parents=True, exist_ok=True)
-    if not (folder / "run.json").exists():  # the run's creation time orders versions (pipelines/versions/runs.py)
-        update_run_info(folder, started_at=datetime.now(UTC).isoformat())
-    prev = previous_run(cfg, run_id)
+    if not (run / rf.RUN_INFO).exists():  # the run's creation time orders versions (pipelines/versions/runs.py)
+        run.update_info(started_at=datetime.now(UTC).isoformat())
+    prev = run.previous()
     version = code.code_version()
     try:
-        with timed(folder, "ingest"):
+        with run.timed("ingest"):
             result = ingest(
                 corpus or cfg.corpus.path,
                 out,
                 fmt=fmt or cfg.corpus.format,
                 max_doc_bytes=cfg.corpus.max_doc_bytes,
-                previous_documents=prev / "documents.parquet" if prev else None,
+                previous_documents=prev / rf.DOCUMENTS if prev else None,
             )
         corpus_sha = corpus_hash(result.documents)
         if existing:  # a rerun of a night whose version is complete: same inputs or refuse, before any write
@@ -143,15 +100,14 @@ def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt
     finally:
         if existing:
             shutil.rmtree(out, ignore_errors=True)
-    update_run_info(
-        folder,
+    run.update_info(
         run_id=run_id,
         config=staging.as_published(cfg).model_dump(
             mode="json"
         ),  # where it is published, not the scratch folder it ran in
         corpus=str(corpus or cfg.corpus.path),
         corpus_hash=corpus_sha,
-        previous_run=prev.name if prev else None,
+        previous_run=prev.run_id if prev else None,
         code_version=version,
         versions=versions(),
         counts={"ingest": result.counts},
@@ -163,18 +119,19 @@ def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt
 @locked("chunk")
 def chunk_step(cfg: PipelineConfig, run_id: str) -> int:
     """Chunk the run's documents, re-using the previous run's rows for unchanged documents."""
-    folder = run_dir(cfg, run_id)
+    run = RunFolder(cfg.artifacts, run_id)
+    folder = run.path
     model_dir = str(models.embedding_model_path(cfg.embedding.model_path))
     settings = cfg.chunking.max_tokens, cfg.chunking.overlap_tokens, cfg.chunking.max_split_pieces
     key = chunker_key(Path(model_dir) / "tokenizer.json", *settings)
-    prev = previous_run(cfg, run_id)
-    with timed(folder, "chunk"):
+    prev = run.previous()
+    with run.timed("chunk"):
         previous = None
-        if prev and (prev / "chunks.text.parquet").exists() and read_json(prev / "run.json").get("chunker") == key:
-            previous = PreviousChunks(prev / "documents.parquet", prev / "chunks.text.parquet")
+        if prev and (prev / rf.CHUNKS_TEXT).exists() and prev.info().get("chunker") == key:
+            previous = PreviousChunks(prev / rf.DOCUMENTS, prev / rf.CHUNKS_TEXT)
         rechunked = [0]
         batches = chunk_batches(
-            folder / "documents.parquet",
+            run / rf.DOCUMENTS,
             models.tokenizer(model_dir),
             max_tokens=settings[0],
             overlap=settings[1],
@@ -183,10 +140,9 @@ def chunk_step(cfg: PipelineConfig, run_id: str) -> int:
             rejected=(degenerate := []),
             rechunked=rechunked,
         )
-        count = write_chunks(batches, folder / "chunks.text.parquet")
+        count = write_chunks(batches, run / rf.CHUNKS_TEXT)
         quarantine.write_stage(folder, "chunk", degenerate)
-    update_run_info(
-        folder,
+    run.update_info(
         chunker=key,
         counts={"chunks": count, "documents_rechunked": rechunked[0]},
         quarantine=quarantine.summary(folder),
@@ -208,16 +164,16 @@ def embed_step(
 
     `use_cache=False` (a full rebuild) encodes every text instead of reusing the previous run's vectors.
     """
-    folder = run_dir(cfg, run_id)
+    run = RunFolder(cfg.artifacts, run_id)
     embedder = embedder or get_embedder(cfg)
-    prev = previous_run(cfg, run_id)
+    prev = run.previous()
     stats = embed_shard(
-        folder / "chunks.text.parquet",
-        folder / "embed" / f"shard-{shard:04d}.parquet",
+        run / rf.CHUNKS_TEXT,
+        run.shard(shard),
         embedder,
         shard=shard,
         shards=shards,
-        cache_source=prev / "chunks.parquet" if prev and use_cache else None,
+        cache_source=prev / rf.CHUNKS if prev and use_cache else None,
         progress=progress,
     )
     return {
@@ -232,19 +188,16 @@ def embed_step(
 @locked("merge")
 def merge_step(cfg: PipelineConfig, run_id: str, shard_stats: list[dict]) -> int:
     """Join the embedded shards (contiguous slices) back into chunks.parquet in chunk order, batch by batch."""
-    folder = run_dir(cfg, run_id)
+    run = RunFolder(cfg.artifacts, run_id)
     fingerprints = {s.get("fingerprint") for s in shard_stats}
     if len(fingerprints) != 1:
         raise RuntimeError(f"the embed shards were encoded by different models: {sorted(map(str, fingerprints))}")
-    shard_files = [
-        folder / "embed" / f"shard-{s['shard']:04d}.parquet" for s in sorted(shard_stats, key=lambda s: s["shard"])
-    ]
-    merge_shards(folder / "chunks.text.parquet", shard_files, folder / "chunks.parquet")
+    shard_files = [run.shard(s["shard"]) for s in sorted(shard_stats, key=lambda s: s["shard"])]
+    merge_shards(run / rf.CHUNKS_TEXT, shard_files, run / rf.CHUNKS)
     encoded = sum(s["encoded"] for s in shard_stats)
     embedding = {"id": cfg.embedding.model_id, "dimension": shard_stats[0]["dimension"]}
     embedding |= {"backend": cfg.embedding.backend, "cpu_bf16_kernel": embed_backends.bf16_kernel()}
-    update_run_info(
-        folder,
+    run.update_info(
         counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
         models={"embedding": embedding | {"fingerprint": fingerprints.pop()}},
     )
@@ -253,20 +206,20 @@ def merge_step(cfg: PipelineConfig, run_id: str, shard_stats: list[dict]) -> int
 
 @locked("validate")
 def validate_step(cfg: PipelineConfig, run_id: str) -> bool:
-    folder = run_dir(cfg, run_id)
-    dimension = read_json(folder / "run.json")["models"]["embedding"]["dimension"]  # the model's, not the file's
-    with timed(folder, "validate"):
+    run = RunFolder(cfg.artifacts, run_id)
+    dimension = read_json(run / rf.RUN_INFO)["models"]["embedding"]["dimension"]  # the model's, not the file's
+    with run.timed("validate"):
         try:
-            report = validate_chunks(folder / "chunks.parquet", folder, dimension=dimension)
+            report = validate_chunks(run / rf.CHUNKS, run.path, dimension=dimension)
         finally:  # documents quarantined by a per-row expectation are counted even when the run stops
-            update_run_info(folder, quarantine=quarantine.summary(folder))
-    update_run_info(folder, counts={"validated": report["rows_loaded"]})
+            run.update_info(quarantine=quarantine.summary(run.path))
+    run.update_info(counts={"validated": report["rows_loaded"]})
     return report["success"]
 
 
-def version_inputs(cfg: PipelineConfig, folder: Path) -> dict:
+def version_inputs(cfg: PipelineConfig, run: RunFolder) -> dict:
     """What this run's index version is built from (the manifest's `inputs`), from run.json."""
-    info = read_json(folder / "run.json")
+    info = read_json(run / rf.RUN_INFO)
     embedding = (info.get("models") or {}).get("embedding") or {}
     return {
         "corpus_hash": info.get("corpus_hash"),
@@ -281,7 +234,7 @@ def version_inputs(cfg: PipelineConfig, folder: Path) -> dict:
 def live_chunks(cfg: PipelineConfig, store) -> Path | None:
     """The Parquet the live version was loaded from (its run folder's), None when nothing is live."""
     live = store.live()
-    return loadable_chunks(run_dir(cfg, live)) if live and RUN_ID.match(live) else None
+    return RunFolder(cfg.artifacts, live).loadable_chunks() if live and RUN_ID.match(live) else None
 
 
 @locked("load")
@@ -292,10 +245,10 @@ def load_step(cfg: PipelineConfig, run_id: str, full: bool = False) -> int:
     On OpenSearch the version is built from the live one (clone + the night's delta) when it can,
     unless `full`; run.json's `load` records the mode, the reason and the delta's counts.
     """
-    folder = run_dir(cfg, run_id)
-    inputs = version_inputs(cfg, folder)
+    run = RunFolder(cfg.artifacts, run_id)
+    inputs = version_inputs(cfg, run)
     store = open_store(cfg)
-    with timed(folder, "load"):
+    with run.timed("load"):
         existing = store.manifest(run_id)
         if existing is not None:
             refusal = mf.conflict(run_id, existing, inputs)
@@ -304,12 +257,11 @@ def load_step(cfg: PipelineConfig, run_id: str, full: bool = False) -> int:
             count = existing["rows"]
         elif cfg.backend.kind == "opensearch":
             base = None if full else live_chunks(cfg, store)
-            count = store.load(run_id, str(loadable_chunks(folder)), inputs=inputs, base_chunks=base)
+            count = store.load(run_id, str(run.loadable_chunks()), inputs=inputs, base_chunks=base)
         else:
-            count = store.load(run_id, str(loadable_chunks(folder)), inputs=inputs)
+            count = store.load(run_id, str(run.loadable_chunks()), inputs=inputs)
         manifest = store.manifest(run_id)
-    update_run_info(
-        folder,
+    run.update_info(
         counts={"indexed": count},
         backend=cfg.backend.kind,
         index_version={"manifest_sha256": mf.manifest_hash(manifest), "reused": existing is not None},
@@ -327,8 +279,8 @@ def promote_step(cfg: PipelineConfig, run_id: str, actor: str = "cli", allow_old
     LIVE never moves backwards here: a version created before the live one needs the explicit
     rollback path (`allow_older=True`, `sourcegate rollback`).
     """
-    folder = run_dir(cfg, run_id)
-    gate_path = folder / "gate.json"
+    run = RunFolder(cfg.artifacts, run_id)
+    gate_path = run / rf.GATE
     if not gate_path.is_file():
         raise verdict.VerdictMismatch(f"refusing to promote {run_id}: no gate verdict ({gate_path})")
     store = open_store(cfg)
@@ -338,9 +290,9 @@ def promote_step(cfg: PipelineConfig, run_id: str, actor: str = "cli", allow_old
     decision.of_verdict(gate, str(gate_path))  # what is served is what it proved: a verdict must say what that is
     previous = store.live()
     if previous == run_id:  # a retry after a crash past the swap: finish what the crash left undone
-        return finish_promotion(store, folder, run_id, actor, gate_path, manifest, previous=None)
+        return finish_promotion(store, run, actor, gate_path, manifest, previous=None)
     if previous and not allow_older:
-        older = runs.created_at(folder) < runs.created_at(run_dir(cfg, previous))
+        older = runs.created_at(run.path) < runs.created_at(run.sibling(previous).path)
         if older:
             raise RuntimeError(
                 f"refusing to promote {run_id}: it was created before the live version {previous}; "
@@ -348,15 +300,16 @@ def promote_step(cfg: PipelineConfig, run_id: str, actor: str = "cli", allow_old
             )
     store.promote(run_id)
     faults.reached("promote:swapped")
-    return finish_promotion(store, folder, run_id, actor, gate_path, manifest, previous=previous)
+    return finish_promotion(store, run, actor, gate_path, manifest, previous=previous)
 
 
-def finish_promotion(store, folder: Path, run_id: str, actor: str, gate_path: Path, manifest: dict, previous) -> str:
+def finish_promotion(store, run: RunFolder, actor: str, gate_path: Path, manifest: dict, previous) -> str:
     """After the swap: exactly one log record for this promotion, and run.json's `promoted` from that record.
 
     Idempotent: a retry finds the record a crashed attempt wrote (the newest record naming the live version,
     with this verdict) and only repairs run.json; `previous=None` means the swap happened in an earlier attempt.
     """
+    run_id = run.run_id
     verdict_sha = mf.sha256_file(gate_path)
     log = store.promotions()
     record = promotion_of(log, run_id, verdict_sha)
@@ -368,9 +321,8 @@ def finish_promotion(store, folder: Path, run_id: str, actor: str, gate_path: Pa
         )
         store.log_promotion(record)
         faults.reached("promote:logged")
-    # what the live version proved, beside the pointer for applications (folder: <artifacts>/runs/<run id>)
-    decision.publish(folder.parent.parent, run_id, gate_path)
-    update_run_info(folder, promoted=promoted_field(record))
+    decision.publish(run.root, run_id, gate_path)  # what the live version proved, beside the pointer for applications
+    run.update_info(promoted=promoted_field(record))
     return run_id
 
 
@@ -379,13 +331,13 @@ def promoted_field(record: dict) -> dict:
     return {"version": record["version"], "replaced": record["previous"], "actor": record["actor"]}
 
 
-def repair_promoted(store, folder: Path, version: str) -> bool:
+def repair_promoted(store, run: RunFolder) -> bool:
     """Write run.json's missing `promoted` from the promotions log (a crash after the log write); True if it did."""
-    path = folder / "run.json"
-    records = [r for r in store.promotions() if r.get("version") == version]
+    path = run / rf.RUN_INFO
+    records = [r for r in store.promotions() if r.get("version") == run.run_id]
     if not records or not path.is_file() or "promoted" in read_json(path):
         return False
-    update_run_info(folder, promoted=promoted_field(records[-1]))
+    run.update_info(promoted=promoted_field(records[-1]))
     return True
 
 
@@ -421,7 +373,7 @@ def rollback_step(
             f"refusing to roll back to {version}: it was never promoted (not in the promotions log); "
             "--force makes it live anyway, logged with its actor"
         )
-    gate_path = run_dir(cfg, version) / "gate.json"
+    gate_path = RunFolder(cfg.artifacts, version) / rf.GATE
     gate = read_json(gate_path) if gate_path.is_file() else {}
     manifest = store.verify(version)  # IntegrityError when it no longer verifies
     verdict.check_verdict(gate, cfg, manifest, version)  # the full binding, as promote checks it
@@ -445,7 +397,7 @@ def rollback_step(
 def cleanup_step(cfg: PipelineConfig) -> dict:
     """Retention over whole run folders (and their index versions) plus crashed writers' leftovers."""
     b = cfg.backend
-    runs_dir = Path(cfg.artifacts) / "runs"
+    runs_dir = Path(cfg.artifacts) / rf.RUNS
     return runs.retain_runs(runs_dir, open_store(cfg), b.retention, b.keep_failed_days, before=held_since(cfg))
 
 
@@ -471,17 +423,18 @@ def answer_model_corpus(cfg: PipelineConfig, chunks_parquet: Path) -> dict | Non
 @locked("evaluate")
 def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, progress: bool = False) -> dict:
     """Evaluate index `version` (default: this run's own) into this run's folder."""
-    folder = run_dir(cfg, run_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    version = version or run_id
-    check_eval_sets(cfg, loadable_chunks(run_dir(cfg, version)))  # before any model loads or question is scored
+    run = RunFolder(cfg.artifacts, run_id)
+    folder = run.mkdir()
+    target = run.sibling(version or run_id)  # the version evaluated
+    version = target.run_id
+    check_eval_sets(cfg, target.loadable_chunks())  # before any model loads or question is scored
     searcher = open_store(cfg).open(version)  # verified: a corrupt or incomplete version is never evaluated
     retriever, scorer = retriever_for(cfg, searcher)
     facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))
-    chunks = loadable_chunks(run_dir(cfg, version))
+    chunks = target.loadable_chunks()
     corpus = answer_model_corpus(cfg, chunks)
     faults.reached("evaluate:searching")
-    with timed(folder, "evaluate"):
+    with run.timed("evaluate"):
         out = evaluate(
             retriever,
             chunks,
@@ -489,12 +442,11 @@ def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, 
             folder,
             progress=progress,
             before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
-            kept_from=earlier_evaluation(cfg, run_id),
+            kept_from=kept.path if (kept := run.earlier_evaluation()) else None,
             answer_model_corpus=corpus,
         )
     facts = {**facts, "reused": verdict.reused_facts(out["kept"])}  # values an earlier night computed: bound
-    update_run_info(
-        folder,
+    run.update_info(
         answer_model_corpus=corpus,
         evaluated_version=version,
         evaluated=facts,
@@ -520,14 +472,14 @@ def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, 
 @locked("gate")
 def gate_step(cfg: PipelineConfig, run_id: str) -> dict:
     """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
-    folder = run_dir(cfg, run_id)
-    info = read_json(folder / "run.json") if (folder / "run.json").exists() else {}
+    run = RunFolder(cfg.artifacts, run_id)
+    info = run.info()
     live = open_store(cfg).live()
     evaluated = info.get("evaluated")  # what evaluate_step judged, bound to the baseline the gate compares against
     bound = verdict.binding(evaluated, cfg.evals.baseline) if evaluated is not None else None
-    calibration = folder / "calibration.json"
+    calibration = run / rf.CALIBRATION
     proven = decision.proven(cfg, read_json(calibration) if calibration.is_file() else None, bound)
-    live_folder = run_dir(cfg, live) if live else None
-    gate = gate_for_dir(cfg, folder, info, evaluated=bound, live_folder=live_folder, decision=proven)
-    update_run_info(folder, gate={"passed": gate["passed"], "reasons": gate["reasons"]})
+    live_folder = run.sibling(live).path if live else None
+    gate = gate_for_dir(cfg, run.path, info, evaluated=bound, live_folder=live_folder, decision=proven)
+    run.update_info(gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

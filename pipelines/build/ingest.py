@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
+from artifact_io import run_folder as rf
 from artifact_io import write_jsonl
 from pipelines.batches import batch_rows, write_batches
 from pipelines.build import quarantine as quarantine_file
@@ -71,7 +72,7 @@ class Skipped:
     files: int = 1
 
 
-SKIPPED_FILE = "skipped.jsonl"
+SKIPPED_FILE = rf.SKIPPED
 HIDDEN_FOLDER = "hidden folder: not walked (a tool's files, such as .git, not articles)"
 HIDDEN_FILE = "hidden file without an article suffix: not read (a tool's file, such as .DS_Store or .gitignore)"
 
@@ -126,14 +127,12 @@ def ingest(
             docs = con.sql(f"SELECT {fields} FROM staged WHERE {kept} ORDER BY doc_id").to_arrow_reader(
                 batch_rows(rows)
             )
-            count = write_batches(
-                (pa.Table.from_batches([b]) for b in docs), out_dir / "documents.parquet", DOCUMENT_SCHEMA
-            )
-            manifest_rows = diff_manifest(con, out_dir / "documents.parquet", previous_documents, rows)
-            write_batches(manifest_rows, out_dir / "manifest.parquet", MANIFEST_SCHEMA)
+            count = write_batches((pa.Table.from_batches([b]) for b in docs), out_dir / rf.DOCUMENTS, DOCUMENT_SCHEMA)
+            manifest_rows = diff_manifest(con, out_dir / rf.DOCUMENTS, previous_documents, rows)
+            write_batches(manifest_rows, out_dir / rf.INGEST_MANIFEST, MANIFEST_SCHEMA)
             statuses = dict(
                 con.execute(
-                    "SELECT status, count(*) FROM read_parquet(?) GROUP BY status", [str(out_dir / "manifest.parquet")]
+                    "SELECT status, count(*) FROM read_parquet(?) GROUP BY status", [str(out_dir / rf.INGEST_MANIFEST)]
                 ).fetchall()
             )
     finally:
@@ -146,7 +145,7 @@ def ingest(
         documents=count, quarantined=len(rejected), quarantine_reasons=quarantine_file.reason_counts(rejected)
     )
     counts.update(write_skipped(out_dir, skipped))
-    return IngestResult(out_dir / "documents.parquet", quarantine, out_dir / "manifest.parquet", counts)
+    return IngestResult(out_dir / rf.DOCUMENTS, quarantine, out_dir / rf.INGEST_MANIFEST, counts)
 
 
 def write_skipped(out_dir: Path, skipped: list[dict]) -> dict:

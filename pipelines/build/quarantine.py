@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from artifact_io import run_folder as rf
 from artifact_io import write_text
 
-FILE = "quarantine.jsonl"
+FILE = rf.QUARANTINE
 
 
 def read(folder: str | Path) -> list[dict]:

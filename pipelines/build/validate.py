@@ -25,13 +25,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from artifact_io import run_folder as rf
 from artifact_io import write_json
+from artifact_io.run_folder import CHUNKS_VALID as VALID_CHUNKS
+from artifact_io.run_folder import loadable_chunks  # noqa: F401  (the validated chunks, where they are read)
 from pipelines.batches import iter_batches, write_batches
 from pipelines.build import quarantine
 from pipelines.build.embed import embedding_matrix
 
 log = logging.getLogger(__name__)
-VALID_CHUNKS = "chunks.valid.parquet"
 TABLE_WIDE = {("ExpectColumnValuesToBeUnique", "chunk_id"), ("ExpectColumnValuesToBeBetween", "embedding_dim")}
 GE_SAMPLE_ROWS = 1_000
 EXAMPLES = 10
@@ -56,12 +58,6 @@ def expectations(dimension: int, max_chars: int):
         E.ExpectColumnValuesToBeBetween(column="embedding_norm", min_value=0.99, max_value=1.01),
         E.ExpectColumnValuesToBeInSet(column="embedding_has_nan", value_set=[False]),
     ]
-
-
-def loadable_chunks(folder: str | Path) -> Path:
-    """The chunks to load and evaluate: the validated ones when validation quarantined any, else all."""
-    valid = Path(folder) / VALID_CHUNKS
-    return valid if valid.exists() else Path(folder) / "chunks.parquet"
 
 
 def derived_columns(table: pa.Table) -> pa.Table:
@@ -179,7 +175,7 @@ def validate_chunks(
             }
         )
     ge_sample = great_expectations_on_sample(sample, dimension, max_chars)
-    rejected = quarantine_rows(failing, out_dir / "documents.parquet")
+    rejected = quarantine_rows(failing, out_dir / rf.DOCUMENTS)
     bad_docs = pa.array([r["doc_id"] for r in rejected], pa.string())
     kept = total
     if len(bad_docs):
@@ -199,7 +195,7 @@ def validate_chunks(
     if kept == 0:
         report["error"] = "no chunks: nothing to index" + (" after quarantine" if len(bad_docs) else "")
     quarantine.write_stage(out_dir, "validate", rejected)
-    write_json(report, out_dir / "quality.json")
+    write_json(report, out_dir / rf.QUALITY)
     if len(bad_docs):
         log.warning("validation quarantined %d document(s): %s", len(bad_docs), ", ".join(bad_docs.to_pylist()[:10]))
     else:

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from artifact_io import read_json
+from artifact_io import run_folder as rf
 from pipelines.versions.manifest import read_manifest
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def created_at(folder: Path) -> float:
 
 def _info(folder: Path) -> dict:
     try:
-        return read_json(folder / "run.json")
+        return read_json(folder / rf.RUN_INFO)
     except (OSError, ValueError):
         return {}
 
