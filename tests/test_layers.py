@@ -160,6 +160,63 @@ def test_every_first_party_import_names_something_that_exists():
     assert not dangling, "\n".join(dangling)
 
 
+def import_graph(packages: tuple[str, ...] = ("artifact_io", "evals", "pipelines")) -> dict[str, set[str]]:
+    """module -> the first-party modules it imports, at any depth (type-checking and lazy imports included)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(p for package in packages for p in (ROOT / package).rglob("*.py")):
+        here = module_name(path)
+        graph[here] = set()
+        for _, module, names in imports(path):
+            if module.split(".")[0] in packages:
+                targets = [f"{module}.{n}" for n in names if module_file(f"{module}.{n}")] or [module]
+                graph[here] |= set(targets) - {here}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a longer loop (strongly connected
+    components of more than one module), each sorted."""
+    order, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm; the graph is a few hundred modules deep at most
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for target in graph.get(module, ()):
+            if target not in graph:
+                continue
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_two_modules_import_each_other():
+    """A circle (the OpenSearch store calling the loader that types itself by the store) makes neither side
+    readable or testable alone; the loader depends on a protocol of what it needs instead."""
+    found = circles(import_graph())
+    assert not found, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_check_sees_a_loop_of_any_length():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
 def test_the_checks_see_a_dangling_and_an_upward_import(tmp_path):
     """The scanner reads imports inside functions too (where this project puts its lazy ones)."""
     source = tmp_path / "m.py"

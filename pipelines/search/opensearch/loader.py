@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,14 +23,34 @@ from pipelines.search import delta as delta_mod
 from pipelines.search.base import refuse_rebuilding_live
 from pipelines.search.delta import Delta
 from pipelines.search.opensearch import content
-from pipelines.search.opensearch.bulk import embedding_dimension
+from pipelines.search.opensearch.bulk import BulkLoader, embedding_dimension
 from pipelines.search.opensearch.mapping import REQUIRED_COLUMNS, ids_checksum, index_body, indexed_columns
 from pipelines.versions import manifest as mf
 
-if TYPE_CHECKING:
-    from pipelines.search.opensearch.store import OpenSearchStore
-
 log = logging.getLogger(__name__)
+
+
+class VersionWriter(Protocol):
+    """What building a version needs of the OpenSearch store (OpenSearchStore is one). The loader depends on
+    this, not on the store, so the store can call the loader without the two importing each other."""
+
+    client: Any  # opensearchpy.OpenSearch
+    bulk: BulkLoader
+    prefix: str
+    shards: int
+    replicas: int
+
+    def index_name(self, version: str) -> str: ...
+
+    def live(self) -> str | None: ...
+
+    def meta(self, index: str) -> dict | None: ...
+
+    def set_meta(self, index: str, meta: dict) -> None: ...
+
+    def verify(self, version: str, hashes: bool = True) -> dict: ...
+
+    def ids_checksum(self, index: str) -> str: ...
 
 
 @dataclass
@@ -59,7 +79,7 @@ class _Night:
 
 
 def load_version(
-    store: OpenSearchStore,
+    store: VersionWriter,
     version: str,
     chunks_parquet: str,
     inputs: Mapping | None = None,
@@ -114,7 +134,7 @@ def load_version(
     return count
 
 
-def reuse_or_clear(store: OpenSearchStore, index: str, version: str, inputs: Mapping | None) -> int | None:
+def reuse_or_clear(store: VersionWriter, index: str, version: str, inputs: Mapping | None) -> int | None:
     """The row count of a complete `index` built from `inputs` (reused); else clear what is there."""
     existing = store.meta(index)
     if existing is None:
@@ -136,7 +156,7 @@ def reuse_or_clear(store: OpenSearchStore, index: str, version: str, inputs: Map
     return None
 
 
-def plan(store: OpenSearchStore, night: _Night, base_chunks: str | Path | None) -> Delta | None:
+def plan(store: VersionWriter, night: _Night, base_chunks: str | Path | None) -> Delta | None:
     """The delta from the live version, or None for a full load; `night.build` says why."""
     live = store.live()
     if live is None:
@@ -170,7 +190,7 @@ def plan(store: OpenSearchStore, night: _Night, base_chunks: str | Path | None) 
     return delta
 
 
-def load_full(store: OpenSearchStore, version: str, index: str, meta: dict, pf: pq.ParquetFile, night: _Night) -> int:
+def load_full(store: VersionWriter, version: str, index: str, meta: dict, pf: pq.ParquetFile, night: _Night) -> int:
     store.client.indices.create(index=index, body=index_body(night.dim, shards=store.shards, meta=meta))
     log.info("loading %d chunks (dim %d) from %s into %s", night.rows, night.dim, night.chunks_parquet, index)
     try:
@@ -187,7 +207,7 @@ def load_full(store: OpenSearchStore, version: str, index: str, meta: dict, pf: 
 
 
 def load_delta(
-    store: OpenSearchStore, version: str, index: str, meta: dict, pf: pq.ParquetFile, night: _Night, delta: Delta
+    store: VersionWriter, version: str, index: str, meta: dict, pf: pq.ParquetFile, night: _Night, delta: Delta
 ) -> int:
     """Clone the live index to `index`, apply `delta`, verify it against the Parquet.
 
@@ -223,7 +243,7 @@ def load_delta(
         raise
 
 
-def complete(store: OpenSearchStore, version: str, index: str, meta: dict, night: _Night, *, check_ids: bool) -> int:
+def complete(store: VersionWriter, version: str, index: str, meta: dict, night: _Night, *, check_ids: bool) -> int:
     """Refresh, check `_count` (and with `check_ids` the ids the index holds) against the Parquet, set
     the write block, then write the manifest (content digest, shards' max_seq_no) with the complete mark,
     in one request: the completion mark."""
