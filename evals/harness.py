@@ -281,8 +281,8 @@ def gate_for_dir(
     """Gate verdict, gate.json, junit.xml and report.html from the evals in `folder`.
 
     `evaluated` is what the evaluation judged, already bound to the baseline it is compared against
-    (`pipelines.versions.verdict.binding`), stored in gate.json as is; `decision` what a pass proves about
-    answering (`pipelines.versions.decision.proven`), stored as is; `live_folder` is the live version's run
+    (`pipelines.release.verdict.binding`), stored in gate.json as is; `decision` what a pass proves about
+    answering (`pipelines.release.decision.proven`), stored as is; `live_folder` is the live version's run
     folder, for the per-question diff since it. NotAVerdict when the precision eval ran without the configured
     reranker: nothing is written.
     """

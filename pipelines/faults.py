@@ -5,7 +5,7 @@ uncatchable kill at a chosen place, so a test can crash a real `sourcegate run` 
 `SOURCEGATE_STOP_AT=<point>` makes it SIGSTOP itself there instead: the test sees the process stopped
 (state T), breaks something (stops the OpenSearch node), then SIGCONTs it, so the fault lands at exactly
 that place without polling the run's output. Points: `before:<step>` / `after:<step>` around every locked
-step (pipelines/versions/lock.py), plus `embed:encoded` (vectors computed, shard not yet written),
+step (pipelines/release/lock.py), plus `embed:encoded` (vectors computed, shard not yet written),
 `load:partial` (half the index files written), `evaluate:searching` (the version opened, the models
 loaded, no question asked yet), `promote:swapped` and `promote:logged`. Unset (always, outside tests),
 `reached` is two dictionary lookups.

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from pipelines.versions.object_lock import CLAIMS, LOCK_KEY
+from pipelines.release.object_lock import CLAIMS, LOCK_KEY
 from tests.celery_pool import RedisBroker, Worker
 from tests.test_dag_runs import ARTIFACT_FILES, ROOT, tree, write_config
 from tests.test_scheduler_night import Scheduler, cluster_env, prepare_home, published_store, run_night, tiny_evals

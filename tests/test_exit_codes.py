@@ -13,7 +13,7 @@ import pytest
 from pipelines import config
 from pipelines.app import cli
 from pipelines.app.errors import exit_line
-from pipelines.versions.lock import locked, step_of, writer_lock
+from pipelines.release.lock import locked, step_of, writer_lock
 
 
 def run_raising(exc: BaseException, capsys, *, verbose: bool = False, command: str = "run"):
@@ -61,7 +61,7 @@ def test_a_locked_step_names_itself_and_an_outer_step_does_not_rename_it(tmp_pat
 
 def test_a_failing_lock_release_never_replaces_the_original_error(tmp_path, monkeypatch, caplog):
     """A unit test of a failure path: the release is made to fail as it does when the node went away."""
-    from pipelines.versions import lock
+    from pipelines.release import lock
 
     real = lock.acquire_folder
 

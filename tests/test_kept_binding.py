@@ -3,7 +3,7 @@
 A kept text vector or pair logit is found under a binding of the model's files, the code and settings that turn
 the text or pair into model input (max length, truncation, pair assembly) and the runtime's versions
 (pipelines/retrieval/kept.py); a row kept under any other binding is computed again. The kept files a night
-reused are part of gate.json's `evaluated` (pipelines/versions/verdict.py), so a changed one refuses promotion.
+reused are part of gate.json's `evaluated` (pipelines/release/verdict.py), so a changed one refuses promotion.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from artifact_io import write_json
 from artifact_io.run_folder import RunFolder
 from evals.harness import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS, keep_for_next, keep_from
 from pipelines.app import steps
+from pipelines.release import verdict
 from pipelines.retrieval import kept
-from pipelines.versions import verdict
 from pipelines.versions.manifest import sha256_file
 from tests.test_verdicts import night  # noqa: F401  (the fixture)
 

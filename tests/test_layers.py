@@ -3,8 +3,9 @@
 artifact_io (atomic artifact files) is the bottom; evals/ (plain data in, plain data out) sits on it;
 pipelines/ (steps, backends, CLI) sits on both. Inside pipelines/ the rooms are layered too (PIPELINE_LAYERS,
 bottom first): the foundation (config, Parquet batches, fault points, packaged models) and a version's records
-(manifest, promotions log); building a version; the search backends; retrieval and answering; the gate
-policy over versions (verdict, runs, lock); the application. A lower layer never imports a higher one, not
+(pipelines/versions: manifest, stamps, promotions log, object store, lock holders); building a version; the search
+backends; retrieval and answering; release policy over versions (pipelines/release: verdict, decision, runs, lock);
+the application. A lower layer never imports a higher one, not
 even inside a function, so an evaluation never reaches up into the pipeline it judges and a backend never
 reaches into gate policy.
 """
@@ -20,29 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifact_io", "evals", "pipelines", "benchmarks", "dags", "plugins", "tests")  # first-party
 # A lower layer and the first-party packages it may import (besides itself).
 MAY_IMPORT = {"artifact_io": set(), "evals": {"artifact_io"}}
-PIPELINE_LAYERS = [
-    [
-        "pipelines.config",
-        "pipelines.batches",
-        "pipelines.faults",
-        "pipelines.models",
-        "pipelines.versions.manifest",
-        "pipelines.versions.promotions",
-        "pipelines.versions.object_store",
-        "pipelines.versions.stamp",
-        "pipelines.versions.holder",
-    ],
+PIPELINE_LAYERS = [  # each room (folder) in exactly one layer: a folder is a layer
+    ["pipelines.config", "pipelines.batches", "pipelines.faults", "pipelines.models", "pipelines.versions"],
     ["pipelines.build"],
     ["pipelines.search"],
     ["pipelines.retrieval"],
-    [
-        "pipelines.versions.verdict",
-        "pipelines.versions.decision",
-        "pipelines.versions.runs",
-        "pipelines.versions.lock",
-        "pipelines.versions.code",
-        "pipelines.versions.object_lock",
-    ],
+    ["pipelines.release"],
     ["pipelines.app"],
 ]
 
@@ -125,6 +109,21 @@ def test_every_pipelines_module_has_a_layer_and_every_room_a_docstring():
     rooms = [p for p in (ROOT / "pipelines").rglob("__init__.py")]
     undocumented = [str(p.relative_to(ROOT)) for p in rooms if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not undocumented, f"a room says in one line what it is: {undocumented}"
+
+
+def test_a_folder_is_one_layer():
+    """Rooms are layered whole: no entry names a module inside a room, so a folder cannot straddle layers."""
+    inside = [prefix for layer in PIPELINE_LAYERS for prefix in layer if prefix.count(".") != 1]
+    assert not inside, f"layer rooms, not modules inside them: {inside}"
+    rooms = {d.name for d in (ROOT / "pipelines").iterdir() if (d / "__init__.py").is_file()}
+    layered = {prefix.split(".")[1] for layer in PIPELINE_LAYERS for prefix in layer}
+    assert rooms <= layered, f"give these rooms a layer: {sorted(rooms - layered)}"
+
+
+def test_records_sit_below_the_search_backends_and_release_policy_above_retrieval():
+    """The floors: a backend may write a version's records but never judge it; the verdict may read retrieval."""
+    assert layer_of("pipelines.versions") < layer_of("pipelines.build") < layer_of("pipelines.search")
+    assert layer_of("pipelines.retrieval") < layer_of("pipelines.release") < layer_of("pipelines.app")
 
 
 def test_a_pipelines_room_imports_nothing_above_it():

@@ -16,8 +16,8 @@ import pytest
 
 from artifact_io.run_folder import RunFolder
 from pipelines import config
-from pipelines.versions import lock
-from pipelines.versions.lock import HOLDER_FILE, LockHeld, writer_lock
+from pipelines.release import lock
+from pipelines.release.lock import HOLDER_FILE, LockHeld, writer_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HOLDER = """
 import sys
 from pipelines import config
-from pipelines.versions.lock import writer_lock
+from pipelines.release.lock import writer_lock
 cfg = config.load(None, {"artifacts": sys.argv[1], "backend.kind": sys.argv[2],
                          "backend.opensearch.index_prefix": sys.argv[3], "lock.timeout_s": float(sys.argv[4])})
 with writer_lock(cfg, "test holder", shared=sys.argv[5] == "shared"):
@@ -151,7 +151,7 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
         folder.mkdir(parents=True)
         write_json({"started_at": started}, folder / "run.json")
         open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))
-        pass_gate(cfg, run_id)  # a passed verdict bound to this version (pipelines/versions/verdict.py)
+        pass_gate(cfg, run_id)  # a passed verdict bound to this version (pipelines/release/verdict.py)
     steps.promote_step(cfg, "manual")
     with pytest.raises(RuntimeError, match="created before the live version manual"):
         steps.promote_step(cfg, "zzz-old")  # newer by name, older by creation time
@@ -189,7 +189,7 @@ LEASED_HOLDER = """
 import socket, sys
 socket.gethostname = lambda: "worker-b.example"
 from pipelines import config
-from pipelines.versions import lock
+from pipelines.release import lock
 lock.ALIAS_LEASE_S = float(sys.argv[3])
 cfg = config.load(None, {"artifacts": sys.argv[1], "backend.kind": "opensearch",
                          "backend.opensearch.index_prefix": sys.argv[2], "lock.timeout_s": 0.0})

@@ -20,9 +20,10 @@ import pytest
 from pipelines import config
 from pipelines.app import staging
 from pipelines.app.version_cache import CachedStore
-from pipelines.versions import object_lock, promotions
+from pipelines.release import object_lock
+from pipelines.release.lock import writer_lock
+from pipelines.versions import promotions
 from pipelines.versions.holder import LockHeld, LockLost
-from pipelines.versions.lock import writer_lock
 from pipelines.versions.object_store import ObjectStore, UnsafeKey, local_path
 
 ROOT = Path(__file__).resolve().parents[1]

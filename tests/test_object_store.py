@@ -204,7 +204,7 @@ def sourcegate(args, env, cwd, config: Path, timeout=1800) -> subprocess.Complet
 HOLDER = """
 import sys, time
 from pipelines import config
-from pipelines.versions.lock import writer_lock
+from pipelines.release.lock import writer_lock
 cfg = config.load(None, {"artifacts": sys.argv[1], "lock.timeout_s": 120})
 with writer_lock(cfg, "writer " + sys.argv[2]):
     with open(sys.argv[3], "a") as log:
@@ -235,8 +235,8 @@ def test_two_writers_with_separate_working_directories_are_serialised_by_the_loc
 
 @pytest.mark.s3
 def test_an_expired_lock_object_is_broken_and_a_live_one_is_named(s3_server, monkeypatch, caplog):
-    from pipelines.versions import object_lock
-    from pipelines.versions.lock import LockHeld
+    from pipelines.release import object_lock
+    from pipelines.release.lock import LockHeld
 
     for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)

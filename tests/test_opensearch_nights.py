@@ -244,7 +244,7 @@ def test_the_node_stopped_while_a_night_evaluates(tiny, tmp_path):
         assert line.startswith(cause), err
         assert err.splitlines()[-1] == line  # the cause is the last word, not the cleanup after it
         beside = [x for x in err.splitlines() if "Connection refused" in x and x != line]
-        assert all(x.startswith("WARNING pipelines.versions.lock: could not release the lock") for x in beside), err
+        assert all(x.startswith("WARNING pipelines.release.lock: could not release the lock") for x in beside), err
 
         node.start()  # same port, same data
         client.cluster.health(wait_for_status="yellow", request_timeout=120)

@@ -2,7 +2,7 @@
 
 `run --corpus <folder>`, a DAG (every path absolute, connection ids set: dags/_common.py) and the CLI from the
 project root (paths relative to it) are one judged config. A real difference is refused naming each key with the
-judged value and today's (pipelines/versions/verdict.py).
+judged value and today's (pipelines/release/verdict.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pipelines import config
 from pipelines.app import steps
 from pipelines.app.cli import main
 from pipelines.app.factories import open_store
-from pipelines.versions import verdict
+from pipelines.release import verdict
 from tests.promotable import promotable_args
 from tests.test_embedded_backend import synthetic_chunks
 from tests.test_verdicts import INPUTS, pass_gate

@@ -26,10 +26,10 @@ from pipelines import config
 from pipelines.app import cli, steps
 from pipelines.app.cli import main
 from pipelines.app.factories import Serving, answer_scorer_for, scorer_for
+from pipelines.release import decision
 from pipelines.retrieval.answer import decide
 from pipelines.retrieval.rerank import ModelUnavailable
 from pipelines.retrieval.retriever import Retrieval
-from pipelines.versions import decision
 from pipelines.versions.manifest import sha256_file
 from tests.test_faults import ARTICLES, DEMO, tiny_night
 
@@ -277,7 +277,7 @@ def test_a_missing_reranker_stops_the_night_with_exit_2_not_a_failed_gate(night_
 
 def test_where_a_model_lives_is_not_what_was_proven():
     from pipelines import config
-    from pipelines.versions import decision
+    from pipelines.release import decision
 
     cfg = config.load("config/pipeline.yaml")
     proven = decision.proven(cfg, None)

@@ -19,8 +19,9 @@ from pipelines import config
 from pipelines.app import steps
 from pipelines.app.cli import main
 from pipelines.app.factories import open_store
-from pipelines.versions import decision, promotions, verdict
+from pipelines.release import decision, verdict
 from pipelines.versions import manifest as mf
+from pipelines.versions import promotions
 from tests.test_embedded_backend import synthetic_chunks
 
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}

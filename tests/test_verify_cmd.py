@@ -72,7 +72,7 @@ def upload(folder: Path, store) -> None:
 
 @pytest.mark.s3
 def test_verify_on_s3_repairs_run_json_on_the_store_under_the_lock_object(local_night, s3_server, s3_env, capsys):
-    from pipelines.versions.object_lock import acquire_object
+    from pipelines.release.object_lock import acquire_object
     from pipelines.versions.object_store import ObjectStore
     from tests.test_object_store import _server_fs
 

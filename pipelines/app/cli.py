@@ -180,7 +180,7 @@ def cmd_accept(args) -> int:
     from evals.check_set import log_move, move_to_fit, seen_check_questions
     from evals.regression import baseline_from
     from pipelines.app import staging
-    from pipelines.versions.lock import writer_lock
+    from pipelines.release.lock import writer_lock
 
     cfg = load_config(args)
     remote = is_remote(cfg.artifacts)
@@ -259,7 +259,7 @@ def cmd_verify(args) -> int:
     from pipelines.app import staging
     from pipelines.app.factories import open_store
     from pipelines.app.steps import repair_promoted
-    from pipelines.versions.lock import writer_lock
+    from pipelines.release.lock import writer_lock
     from pipelines.versions.manifest import IntegrityError, manifest_hash
 
     cfg = load_config(args)

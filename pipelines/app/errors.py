@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from evals.harness import NotAVerdict
+from pipelines.release.decision import NotProven
+from pipelines.release.lock import step_of
 from pipelines.retrieval.rerank import ModelUnavailable
 from pipelines.search.opensearch.health import RECOVERY, PreflightFailed
-from pipelines.versions.decision import NotProven
 from pipelines.versions.holder import LockHeld
-from pipelines.versions.lock import step_of
 from pipelines.versions.manifest import IntegrityError
 
 GATE_FAILED = 1

@@ -15,7 +15,7 @@ from artifact_io import run_folder as rf
 from pipelines.build import embed_backends
 from pipelines.build.embed import Embedder
 from pipelines.config import PipelineConfig
-from pipelines.versions import decision as decisions
+from pipelines.release import decision as decisions
 from pipelines.versions import manifest as mf
 from pipelines.versions.object_store import ObjectStore, is_remote
 

@@ -11,7 +11,7 @@ from artifact_io.run_folder import RunFolder
 from evals.gate import gating_signal_text
 from pipelines.app import factories, staging, steps
 from pipelines.config import PipelineConfig
-from pipelines.versions.lock import writer_lock
+from pipelines.release.lock import writer_lock
 
 
 def build(cfg: PipelineConfig, run_id: str, progress: bool = False, shards: int = 1, judged: bool = False) -> dict:

@@ -39,9 +39,9 @@ from artifact_io.run_folder import ANSWER_PAIRS, PUBLISHED_AS, RERANK_PAIRS, TEX
 from pipelines import config
 from pipelines.batches import shard_range
 from pipelines.config import PipelineConfig
+from pipelines.release.decision import PUBLISHED as PUBLISHED_DECISION
+from pipelines.release.lock import command_line, fence, writer_lock
 from pipelines.versions import promotions
-from pipelines.versions.decision import PUBLISHED as PUBLISHED_DECISION
-from pipelines.versions.lock import command_line, fence, writer_lock
 from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, local_path, sha256_path
 
 RECORDS = (rf.RUN_INFO, rf.GATE, rf.INDEX_MANIFEST)  # every run's: listing, ordering, retention

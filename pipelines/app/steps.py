@@ -27,11 +27,12 @@ from pipelines.build.embed import embed_shard, merge_shards
 from pipelines.build.ingest import ingest
 from pipelines.build.validate import validate_chunks
 from pipelines.config import PipelineConfig
+from pipelines.release import decision, runs, verdict
+from pipelines.release.lock import held_since, locked
 from pipelines.retrieval import combiner, learned_corpus
 from pipelines.retrieval.answer_support import AnswerSupportModel
-from pipelines.versions import code, decision, promotions, runs, verdict
+from pipelines.versions import code, promotions
 from pipelines.versions import manifest as mf
-from pipelines.versions.lock import held_since, locked
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt
     existing = open_store(cfg).manifest(run_id)
     out = folder / ".rerun-ingest" if existing else folder  # a complete version's run folder is left alone
     out.mkdir(parents=True, exist_ok=True)
-    if not (run / rf.RUN_INFO).exists():  # the run's creation time orders versions (pipelines/versions/runs.py)
+    if not (run / rf.RUN_INFO).exists():  # the run's creation time orders versions (pipelines/release/runs.py)
         run.update_info(started_at=datetime.now(UTC).isoformat())
     prev = run.previous()
     version = code.code_version()

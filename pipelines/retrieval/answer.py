@@ -1,5 +1,5 @@
 """Answer modes, decided in code from calibrated signals and thresholds (evals/answer_modes.py): those of the
-decision the live version's verdict proved (pipelines/versions/decision.py; `answer.*` of the config only when
+decision the live version's verdict proved (pipelines/release/decision.py; `answer.*` of the config only when
 answering unproven, which says so).
 
 decline  : the gating signal < adjacent (or `open`, if `below` says so) — with the three closest

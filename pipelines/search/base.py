@@ -180,7 +180,7 @@ def refuse_rebuilding_live(store: IndexStore, version: str) -> None:
 def retain(store: IndexStore, keep: int) -> list[str]:
     """Delete all but the newest `keep` index versions, never the live one. Returns what was dropped.
 
-    Index versions only: the nightly retention works on whole run folders (pipelines.versions.runs.retain_runs).
+    Index versions only: the nightly retention works on whole run folders (pipelines.release.runs.retain_runs).
     """
     live = store.live()
     versions = store.versions()

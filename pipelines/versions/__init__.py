@@ -1,1 +1,1 @@
-"""Index versions over time: manifests, bound verdicts, promotions, the writer lock, retention."""
+"""A version's records: manifests, stamps, the promotions log, the code version, the object store, lock holders."""

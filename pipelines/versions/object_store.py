@@ -11,7 +11,7 @@ that block, in that task only). `s3_filesystem()` is the one place the filesyste
 secret is ever kept in a value this module returns or logs.
 
 pyarrow.fs exposes no conditional PUT (If-None-Match), so "write once" is enforced by the writer that
-holds the lock (pipelines/versions/object_lock.py): an object that exists with other bytes is never
+holds the lock (pipelines/release/object_lock.py): an object that exists with other bytes is never
 overwritten (`WriteOnceViolation`), one with the same bytes is left as it is. A key becomes a local path only
 through `local_path`, which refuses one that could leave its folder (`UnsafeKey`).
 """

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pipelines.search.opensearch.mapping import DEFAULT_PREFIX
 from pipelines.versions.promotions import PROMOTIONS_INDEX
 
-LOCK_INDEX = ".sourcegate-locks"  # the alias lock's documents (pipelines/versions/lock.py)
+LOCK_INDEX = ".sourcegate-locks"  # the alias lock's documents (pipelines/release/lock.py)
 WRITE_BLOCK_ID = "8"  # `index.blocks.write` ("index write (api)"): every complete version carries it (G1)
 RECOVERY = "free disk, then clear the block (docs/operations.md: a full disk)"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from artifact_io import read_json, write_json
 from pipelines.config import PipelineConfig
-from pipelines.versions import verdict
+from pipelines.release import verdict
 from pipelines.versions.manifest import sha256_file
 
 PUBLISHED = "LIVE.decision.json"  # in the artifacts folder, beside LIVE (and the promotions log)

@@ -42,9 +42,9 @@ from pathlib import Path
 from artifact_io import write_json
 from pipelines import faults
 from pipelines.config import PipelineConfig
+from pipelines.release.object_lock import Lease, acquire_object
 from pipelines.search.opensearch.health import LOCK_INDEX
 from pipelines.versions.holder import POLL_S, LockHeld, describe, holder_record, is_stale
-from pipelines.versions.object_lock import Lease, acquire_object
 from pipelines.versions.object_store import ObjectStore, is_remote
 
 log = logging.getLogger(__name__)

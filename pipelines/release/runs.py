@@ -4,7 +4,7 @@ Versions are ordered by when they were created, never by name (`--run-id manual`
 Retention keeps the last `backend.retention` promoted versions, the live one and the newest rollback
 target, and failed or never-promoted runs for `backend.keep_failed_days` (for inspection); everything
 else goes as a whole folder (documents, chunks, embed shards, index), not only its index. It also
-clears what crashed writers left behind. Callers hold the writer lock (pipelines/versions/lock.py), so no
+clears what crashed writers left behind. Callers hold the writer lock (pipelines/release/lock.py), so no
 other writer is mid-way through anything this deletes.
 """
 
