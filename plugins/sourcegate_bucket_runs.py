@@ -20,6 +20,7 @@ from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
 from sourcegate_reports import ALLOWED, NOSNIFF, gate_status, live_name, not_found, valid_run_id
 
+from artifact_io import run_folder as rf
 from pipelines.app.staging import LIVE, run_of
 from pipelines.versions.object_store import CHUNK, ObjectStore, connection, key_problem
 
@@ -108,9 +109,9 @@ class BucketRuns:
         return {
             "name": run,
             "live": run == live,
-            "gate": gate_status(read("gate.json")),
+            "gate": gate_status(read(rf.GATE)),
             "files": [n for n in ALLOWED if n in names] if valid else [],
-            "started": started(read("run.json")),
+            "started": started(read(rf.RUN_INFO)),
         }
 
     def response(self, run_id: str, name: str) -> StreamingResponse:

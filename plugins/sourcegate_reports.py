@@ -24,6 +24,8 @@ from urllib.parse import quote
 from airflow.plugins_manager import AirflowPlugin
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from artifact_io import run_folder as rf
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 URL_PREFIX = "/sourcegate"
 # The runs page: autoescaped like the report, so a run folder's name is text, never markup.
@@ -34,24 +36,18 @@ _TEMPLATES.filters["urlencode_all"] = lambda value: quote(str(value), safe="")
 
 # name -> media type. Everything else in a run folder (Parquet, index files, ...) is not served.
 ALLOWED = {
-    "report.html": "text/html; charset=utf-8",
-    "gate.json": "application/json",
-    "calibration.json": "application/json",
-    "precision.json": "application/json",
-    "junit.xml": "application/xml",
-    "run.json": "application/json",
+    rf.REPORT: "text/html; charset=utf-8",
+    rf.GATE: "application/json",
+    rf.CALIBRATION: "application/json",
+    rf.PRECISION: "application/json",
+    rf.JUNIT: "application/xml",
+    rf.RUN_INFO: "application/json",
 }
-
-
-def _run_id_pattern():
-    from pipelines.app.steps import RUN_ID  # the one definition of a valid run id
-
-    return RUN_ID
 
 
 def valid_run_id(run_id: str) -> bool:
     """One run folder's name: the pipeline's run id pattern, never `.` or `..`."""
-    return bool(_run_id_pattern().match(run_id)) and run_id not in (".", "..")
+    return bool(rf.RUN_ID.match(run_id)) and run_id not in (".", "..")
 
 
 def dag_common():
@@ -167,7 +163,7 @@ class FolderRuns:
             {
                 "name": folder.name,
                 "live": folder.name == live,
-                "gate": gate_status(_read(folder / "gate.json")),
+                "gate": gate_status(_read(folder / rf.GATE)),
                 "files": [n for n in ALLOWED if (folder / n).is_file()] if valid_run_id(folder.name) else [],
             }
             for folder in self.run_folders()
