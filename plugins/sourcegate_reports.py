@@ -89,7 +89,7 @@ def create_app(artifacts_root: str | Path, *, require_auth: bool = True, aws_con
 
         source = BucketRuns(str(artifacts_root), aws_conn_id)
     else:
-        source = FolderRuns(Path(artifacts_root).expanduser().resolve() / "runs")
+        source = FolderRuns(Path(artifacts_root).expanduser().resolve() / rf.RUNS)
     dependencies = []
     if require_auth:
         from airflow.api_fastapi.core_api.security import get_user

@@ -72,7 +72,7 @@ def open_store(cfg: PipelineConfig):
 
         return CachedStore(cfg.artifacts)
     root = Path(cfg.artifacts)
-    return EmbeddedStore(root / "runs", root / "LIVE")
+    return EmbeddedStore(root / rf.RUNS, root / "LIVE")
 
 
 def retriever_for(cfg: PipelineConfig, searcher, required: bool = True):

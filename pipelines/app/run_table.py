@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from artifact_io import run_folder as rf
+
 COLUMNS = (
     "run",
     "started",
@@ -59,7 +61,7 @@ def list_runs(artifacts: str | Path, promoted: set[str] | None = None) -> list[d
     the promotions log names (the truth: run.json's `promoted` can lag a crash); None reads run.json."""
     import duckdb
 
-    runs = Path(artifacts) / "runs"
+    runs = Path(artifacts) / rf.RUNS
     params = {
         "info": sorted(str(p) for p in runs.glob("*/run.json")),
         "gate": sorted(str(p) for p in runs.glob("*/gate.json")),

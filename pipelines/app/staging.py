@@ -164,7 +164,7 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     live = store.get(LIVE)
     snap.live = live.decode().strip() if live else None
     if snap.live:
-        local_path(scratch / "runs", snap.live)  # a run id: the steps make it a folder name
+        local_path(scratch / rf.RUNS, snap.live)  # a run id: the steps make it a folder name
         (scratch / LIVE).write_text(snap.live + "\n", encoding="utf-8")
     roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live, earlier_evaluation_of(keys, run_id))
     snap.runs = {r for k in keys if (r := run_of(k))}
@@ -191,7 +191,7 @@ def record_key(record: dict) -> str:
 
 
 def local_files(scratch: Path) -> list[str]:
-    runs = scratch / "runs"
+    runs = scratch / rf.RUNS
     found = [p.relative_to(scratch).as_posix() for p in runs.rglob("*") if p.is_file()] if runs.is_dir() else []
     return sorted(k for k in found if not Path(k).name.startswith(".") and ".tmp" not in k)
 
@@ -228,7 +228,7 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
         if moves_live:
             store.put(LIVE, (live + "\n").encode())
     with store_errors(store, "removing the run folders retention dropped", live_changed=live != snap.live):
-        runs = scratch / "runs"
+        runs = scratch / rf.RUNS
         # no runs folder at all: nothing was staged there, so nothing was dropped
         dropped = sorted(snap.runs - {p.name for p in runs.iterdir() if p.is_dir()}) if runs.is_dir() else []
         if dropped:

@@ -232,10 +232,10 @@ def version_inputs(cfg: PipelineConfig, run: RunFolder) -> dict:
     }
 
 
-def live_chunks(cfg: PipelineConfig, store) -> Path | None:
-    """The Parquet the live version was loaded from (its run folder's), None when nothing is live."""
+def live_chunks(run: RunFolder, store) -> Path | None:
+    """The Parquet the live version was loaded from (its run folder, beside `run`'s), None when nothing is live."""
     live = store.live()
-    return RunFolder(cfg.artifacts, live).loadable_chunks() if live and RUN_ID.match(live) else None
+    return run.sibling(live).loadable_chunks() if live and RUN_ID.match(live) else None
 
 
 @locked("load")
@@ -257,7 +257,7 @@ def load_step(cfg: PipelineConfig, run_id: str, full: bool = False) -> int:
                 raise refusal
             count = existing["rows"]
         elif cfg.backend.kind == "opensearch":
-            base = None if full else live_chunks(cfg, store)
+            base = None if full else live_chunks(run, store)
             count = store.load(run_id, str(run.loadable_chunks()), inputs=inputs, base_chunks=base)
         else:
             count = store.load(run_id, str(run.loadable_chunks()), inputs=inputs)

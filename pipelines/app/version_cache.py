@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from artifact_io import run_folder as rf
 from pipelines.search.embedded import EmbeddedSearcher, EmbeddedStore
 from pipelines.versions import manifest as mf
 from pipelines.versions.object_store import ObjectStore, local_path
@@ -63,7 +64,7 @@ class CachedStore:
         entry = self.root / mf.manifest_hash(manifest)
         if not local_path(entry, f"runs/{version}/index/manifest.json").is_file():
             fill(self.store, entry, f"runs/{version}/index/")
-        return EmbeddedStore(entry / "runs", entry / "LIVE")
+        return EmbeddedStore(entry / rf.RUNS, entry / "LIVE")
 
     def verify(self, version: str, hashes: bool = True) -> dict:
         return self.local(version).verify(version, hashes=hashes)

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from artifact_io import run_folder as rf
 from pipelines import models
 from pipelines.build import embed_backends
 from pipelines.config import PipelineConfig
@@ -184,7 +185,7 @@ def reused_now(cfg: PipelineConfig, recorded: Mapping | None) -> dict:
     the values it lent are in the verdict's own calibration.json."""
     now = {}
     for name, fact in (recorded or {}).items():
-        path = Path(cfg.artifacts) / "runs" / str(fact.get("from_run")) / name
+        path = Path(cfg.artifacts) / rf.RUNS / str(fact.get("from_run")) / name
         present = path.is_file() and path.stat().st_size > 0
         now[name] = {**fact, "sha256": sha256_file(path) if present else fact.get("sha256")}
     return now
