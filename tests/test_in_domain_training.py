@@ -119,7 +119,6 @@ def test_a_student_learns_its_teachers_logits_in_fewer_layers_and_inherits_what_
     """One small model where several ran: the student learns the teacher's (here an ensemble's) logits on the
     passages a night reads, starts from evenly spaced layers of the base model, and is in-sample wherever its
     teacher was."""
-    from pipelines.app import steps
     from pipelines.app.answer_training import kept_layers
     from pipelines.app.factories import retriever_for
     from pipelines.app.in_domain_training import distillation_pairs, fused_tops, train_in_domain, train_seeds
@@ -128,7 +127,7 @@ def test_a_student_learns_its_teachers_logits_in_fewer_layers_and_inherits_what_
     cfg, run_id, searcher = demo_index
     assert kept_layers(6, 12) == [1, 3, 5, 7, 9, 11] and kept_layers(4, 12) == [2, 5, 8, 11]
     retriever, _ = retriever_for(cfg, searcher)
-    index = str(steps.run_dir(cfg, run_id))
+    index = str(RunFolder(cfg.artifacts, run_id).path)
     teacher_set, student_set = tmp_path / "teacher.jsonl", tmp_path / "student.jsonl"
     own = [first_of_riders(3)[i] for i in (2, 5)]  # a should-answer and an off-topic question the teacher never saw
     teacher_set.write_text(lines(first_of_riders(2)))
