@@ -10,7 +10,8 @@ folder; on success `publish` writes back what changed, in this order:
 1. run files, each index version's files before its `index/manifest.json` (G2: the manifest is last);
    a complete version's files are write-once (object_store.WriteOnceViolation on other bytes, G1);
 2. each new promotions record as its own object `promotions/<time>-<sha>.json` (append-only by unique key,
-   so two writers never rewrite one log object);
+   so two writers never rewrite one log object), and each new check-set scoring as `check_scorings/<run>-<design>.json`
+   (the log evals/check_log.py keeps as check_scorings.jsonl in a local artifacts folder);
 3. `LIVE` as one PUT; 4. the run folders retention removed.
 
 Publication is fenced: before it writes anything, before the manifests, before the promotion records and LIVE,
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from artifact_io import run_folder as rf
 from artifact_io.run_folder import ANSWER_PAIRS, PUBLISHED_AS, RERANK_PAIRS, TEXT_VECTORS
+from evals import check_log
 from pipelines import config
 from pipelines.batches import shard_range
 from pipelines.config import PipelineConfig
@@ -47,6 +49,7 @@ from pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_re
 RECORDS = (rf.RUN_INFO, rf.GATE, rf.INDEX_MANIFEST)  # every run's: listing, ordering, retention
 INDEX_FILES = f"{rf.INDEX}/"  # a run's index version files: needed only to open or verify that version
 PROMOTIONS_PREFIX = "promotions/"
+CHECK_SCORINGS_PREFIX = "check_scorings/"  # one object per scoring of a check set: two writers never share one
 LIVE = "LIVE"
 SKIPPED = (".sourcegate.lock", ".sourcegate.lock.json")
 
@@ -63,6 +66,7 @@ class Snapshot:
     runs: set[str] = field(default_factory=set)
     live: str | None = None
     records: int = 0
+    scorings: int = 0  # check-set scorings staged into check_scorings.jsonl (the newer lines are this writer's)
 
 
 def run_of(key: str) -> str | None:
@@ -86,6 +90,7 @@ class Reads:
     kept: tuple[str, ...] = ()  # read in the earlier evaluation's run folder (staged read-only)
     named: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (run id, names) for a command on given runs
     shard: tuple[str, int, int] | None = None  # (own Parquet name, shard, shards): only that shard's row groups
+    check_log: bool = False  # the log of check-set scorings (the gate reads and appends to it)
 
 
 def reading(names: tuple[str, ...], *runs: str) -> Reads:
@@ -95,7 +100,9 @@ def reading(names: tuple[str, ...], *runs: str) -> Reads:
 
 # values an evaluation keeps for the next one (pipelines/retrieval/kept.py)
 KEPT = (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS)
-NIGHT = Reads(own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,), kept=KEPT)  # `sourcegate run`: every step in one
+NIGHT = Reads(
+    own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,), kept=KEPT, check_log=True
+)  # `sourcegate run`: every step in one
 STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/steps.py)
     "ingest": Reads(own=(rf.QUARANTINE,), previous=(rf.DOCUMENTS,)),
     "chunk": Reads(own=(rf.DOCUMENTS, rf.QUARANTINE), previous=(rf.DOCUMENTS, rf.CHUNKS_TEXT)),
@@ -104,7 +111,9 @@ STEP_READS = {  # a DAG task stages only what its step reads (pipelines/app/step
     "validate": Reads(own=(rf.CHUNKS, rf.QUARANTINE, rf.QUALITY)),
     "load": Reads(own=(rf.CHUNKS, rf.CHUNKS_VALID), live=(rf.CHUNKS, rf.CHUNKS_VALID)),
     "evaluate": Reads(own=(INDEX_FILES, rf.CHUNKS, rf.CHUNKS_VALID), kept=KEPT),
-    "gate": Reads(own=(rf.CALIBRATION, rf.PRECISION, rf.EVAL_ERRORS, rf.QUESTIONS), live=(rf.QUESTIONS,)),
+    "gate": Reads(
+        own=(rf.CALIBRATION, rf.PRECISION, rf.EVAL_ERRORS, rf.QUESTIONS), live=(rf.QUESTIONS,), check_log=True
+    ),
     "promote": Reads(own=(INDEX_FILES,)),
     "cleanup": Reads(),
     # sourcegate_recalibrate: LIVE (read only), then an evaluation of the live version into the recal run's folder
@@ -182,7 +191,17 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     for record in records:
         promotions.append_record(record, scratch / promotions.PROMOTIONS_LOG)
     snap.records = len(records)
+    if reads.check_log:
+        scorings = [json.loads(store.get(k)) for k in sorted(store.listing(CHECK_SCORINGS_PREFIX))]
+        for scoring in scorings:
+            check_log.append(scratch / check_log.LOG, scoring)
+        snap.scorings = len(check_log.read(scratch / check_log.LOG))
     return snap
+
+
+def scoring_key(record: dict) -> str:
+    """One object per (run, design): a rerun of a night's gate under the same design is the same look."""
+    return f"{CHECK_SCORINGS_PREFIX}{record['run']}-{record['design_sha256'].removeprefix('sha256:')[:16]}.json"
 
 
 def record_key(record: dict) -> str:
@@ -222,6 +241,8 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
             live_unmoved(store, snap, live)
         for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
             store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+        for scoring in check_log.read(scratch / check_log.LOG)[snap.scorings :]:
+            store.put_once(scoring_key(scoring), json.dumps(scoring, sort_keys=True).encode())
         decision = scratch / PUBLISHED_DECISION  # never staged: present only when this task promoted or rolled back
         if decision.is_file():  # before LIVE moves, so a reader of LIVE finds the decision it serves
             store.put(PUBLISHED_DECISION, decision.read_bytes())
