@@ -17,6 +17,7 @@ from typing import Any
 
 from artifact_io import jsonable, write_json, write_text
 from artifact_io import run_folder as rf
+from evals.acceptance import decision_acceptance
 from evals.coverage import headline_text
 from evals.junit import junit_xml
 from evals.regression import compare, describe
@@ -461,6 +462,7 @@ def evaluate_gate(
             "coverage": calibration.get("coverage"),
             "promise": headline_text(calibration["coverage"]) if calibration.get("coverage") else None,
             "unseen_check_questions": unseen_check_questions(calibration.get("check")),
+            "decision_accepted": decision_acceptance(calibration, baseline),
             "reasons": [c["detail"] for c in checks if not c["passed"]],
             "checks": checks,
             "gating_signal": gating_signal,

@@ -1,11 +1,13 @@
-"""Issue #28: placement rules, cross-fitted coverage, the exact bound, the check set in the gate,
-and `accept` moving the check questions a new threshold has seen into the fit set."""
+"""Placement rules, cross-fitted coverage, the exact bound, the check set in the gate, and `accept` retiring the
+check set a new threshold has seen (its questions into the fit set, the next-check set in its place)."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from scipy.stats import beta, binomtest
 
 from artifact_io import write_json
@@ -188,14 +190,43 @@ def _evalset_rows(rows):
     ]
 
 
-def test_accept_moves_the_check_questions_a_new_threshold_has_seen(tmp_path, capsys):
-    check_rows = records([0.5, 0.6], [0.0], prefix="c-")
+ROLES = """# roles (comments kept)
+sets:
+  - file: fit.jsonl
+    role: fit
+    provenance: the fit set
+  - file: check.jsonl
+    role: check
+    provenance: written blind
+  - file: next.jsonl
+    role: next-check
+    provenance: written blind later; never scored
+"""
+
+
+def _accept_folder(tmp_path, check_rows, extra_check=()):
+    """A run that scored `check_rows` under a new threshold (0.1; accepted: 0.14), and the eval sets it names."""
     run = _run_folder(tmp_path, check_rows, adjacent=0.1)
-    fit = _jsonl(tmp_path / "fit.jsonl", _evalset_rows(FIT))
-    check = _jsonl(tmp_path / "check.jsonl", _evalset_rows(check_rows) + _evalset_rows(records([0.7], [], "new-")))
-    baseline, moves = tmp_path / "baseline.json", tmp_path / "moves.jsonl"
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    fit = _jsonl(evals / "fit.jsonl", _evalset_rows(FIT))
+    check = _jsonl(evals / "check.jsonl", _evalset_rows(check_rows) + _evalset_rows(list(extra_check)))
+    _jsonl(evals / "next.jsonl", _evalset_rows(records([0.8], [0.0], prefix="n-")))
+    (evals / "sets.yaml").write_text(ROLES)
+    baseline = tmp_path / "baseline.json"
     old = baseline_from(json.loads((run / "precision.json").read_text()), calibrate(FIT, config(0.14)), "old")
-    write_json(old, baseline)  # accepted with 0.14; the run ships 0.1: a new threshold
+    write_json(old, baseline)
+    return run, fit, check, baseline
+
+
+def _ids(path):
+    return [json.loads(line)["id"] for line in path.read_text().splitlines()]
+
+
+def test_accept_retires_the_check_set_a_new_threshold_has_seen_and_the_next_check_set_takes_its_place(tmp_path, capsys):
+    check_rows = records([0.5, 0.6], [0.0], prefix="c-")
+    run, fit, check, baseline = _accept_folder(tmp_path, check_rows, records([0.7], [], "new-"))
+    moves = tmp_path / "moves.jsonl"
     sets = [
         f"evals.calibration_set={fit}",
         f"evals.check_set={check}",
@@ -205,17 +236,58 @@ def test_accept_moves_the_check_questions_a_new_threshold_has_seen(tmp_path, cap
     args = ["accept", str(run), "--out", str(baseline)]
     assert main([a for s in sets for a in ("--set", s)] + args) == 0
     moved = ["c-a-0", "c-a-1", "c-d-0"]
-    fit_ids = [json.loads(line)["id"] for line in fit.read_text().splitlines()]
+    fit_ids = _ids(fit)
     assert fit_ids[-3:] == moved and len(fit_ids) == len(FIT) + 3
-    assert [json.loads(line)["id"] for line in check.read_text().splitlines()] == ["new-a-0"]  # never scored: unseen
+    assert _ids(check) == []  # retired: what it scored is fit data, ...
+    assert _ids(tmp_path / "evals" / "next.jsonl") == [
+        "n-a-0",
+        "n-d-0",
+        "new-a-0",
+    ]  # ... what it never scored is carried
+    roles = {e["file"]: e["role"] for e in yaml.safe_load((tmp_path / "evals" / "sets.yaml").read_text())["sets"]}
+    assert roles == {"fit.jsonl": "fit", "check.jsonl": "retired", "next.jsonl": "check"}
+    assert (tmp_path / "evals" / "sets.yaml").read_text().startswith("# roles (comments kept)")
     log = [json.loads(line) for line in moves.read_text().splitlines()]
     assert log[0]["moved"] == moved and log[0]["previous_threshold"]["adjacent"] == 0.14
-    assert log[0]["threshold"]["adjacent"] == 0.1 and log[0]["remaining"] == 1
+    assert log[0]["threshold"]["adjacent"] == 0.1 and log[0]["carried_to_next_check"] == ["new-a-0"]
+    assert log[0]["next_check"] == str(tmp_path / "evals" / "next.jsonl")
     assert json.loads(baseline.read_text())["check_moved"]["moved"] == moved
-    assert "1 unseen check questions remain" in capsys.readouterr().out
-    # accepting again with the same threshold moves nothing: the check questions left stay unseen
+    out = capsys.readouterr().out
+    assert f"the check set {check} is retired" in out and "evals.check_set was given by --set" in out
+    # accepting again with the same threshold moves nothing: the decision is the accepted one
     assert main([a for s in sets for a in ("--set", s)] + args) == 0
     assert len(moves.read_text().splitlines()) == 1
+
+
+def test_accept_switches_the_config_files_check_set_and_keeps_its_comments(tmp_path, capsys):
+    run, fit, check, baseline = _accept_folder(tmp_path, records([0.5], [0.0], prefix="c-"))
+    config_file = tmp_path / "pipeline.yaml"
+    text = Path("config/pipeline.yaml").read_text()
+    text = text.replace("calibration_set: config/evals/calibration.jsonl", f"calibration_set: {fit}")
+    text = text.replace("check_set: config/evals/riders-final-4.jsonl", f"check_set: {check}")
+    text = text.replace("check_moves: config/evals/check_moves.jsonl", f"check_moves: {tmp_path / 'moves.jsonl'}")
+    text = text.replace("combiner: config/baselines/answerability_combiner.json", "combiner: null")
+    config_file.write_text(text)
+    assert main(["--config", str(config_file), "accept", str(run), "--out", str(baseline)]) == 0
+    after = config_file.read_text()
+    assert f"check_set: {tmp_path / 'evals' / 'next.jsonl'}" in after
+    assert after.replace(f"check_set: {tmp_path / 'evals' / 'next.jsonl'}", f"check_set: {check}") == text  # one line
+    assert f"{config_file}: evals.check_set switched" in capsys.readouterr().out
+
+
+def test_without_a_next_check_set_the_check_set_keeps_only_what_the_decision_never_saw(tmp_path, capsys):
+    run, fit, check, baseline = _accept_folder(tmp_path, records([0.5], [0.0], prefix="c-"))
+    roles = tmp_path / "evals" / "sets.yaml"
+    roles.write_text(ROLES.replace("role: next-check", "role: retired"))
+    before = roles.read_bytes()
+    moves = tmp_path / "moves.jsonl"
+    sets = [f"evals.calibration_set={fit}", f"evals.check_set={check}", f"evals.check_moves={moves}"]
+    args = [a for s in sets + ["answerability.combiner=null"] for a in ("--set", s)]
+    assert main([*args, "accept", str(run), "--out", str(baseline)]) == 0
+    assert _ids(check) == [] and _ids(fit)[-2:] == ["c-a-0", "c-d-0"]
+    assert roles.read_bytes() == before  # no set to rotate in: the roles stay as they are
+    assert "next_check" not in json.loads(moves.read_text().splitlines()[0])
+    assert f"the check set is now empty: write new should-answer questions into {check}" in capsys.readouterr().out
 
 
 def test_the_same_threshold_has_seen_no_check_question():
@@ -284,3 +356,22 @@ def test_accepting_a_first_night_says_the_check_set_is_now_empty(tmp_path, capsy
     out = capsys.readouterr().out
     assert "0 unseen check questions remain" in out
     assert f"the check set is now empty: write new should-answer questions into {check}, blind" in out
+
+
+def test_a_decision_edited_into_the_config_without_accept_is_named_in_the_gate_and_the_report():
+    from evals.report import render_report
+
+    cal = calibrate(FIT, config(0.1), records([0.5], [0.0], prefix="c-"), "check.jsonl")
+    accepted = {"threshold": {"signal": SIGNAL, "adjacent": 0.14}, "accepted_from": "runs/old"}
+    edited = evaluate_gate(cal, None, accepted, gating_signal=SIGNAL)["decision_accepted"]
+    assert edited["accepted"] is False and edited["accepted_decision"]["adjacent"] == 0.14
+    assert "rerank_top >= 0.1) was not accepted: the last accepted decision is rerank_top >= 0.14" in edited["note"]
+    html = render_report(cal, None, evaluate_gate(cal, None, accepted, gating_signal=SIGNAL), {})
+    assert "Decision not accepted." in html and "rerank_top &gt;= 0.14 (from runs/old)" in html
+
+    same = evaluate_gate(
+        cal, None, {**accepted, "threshold": {"signal": SIGNAL, "adjacent": 0.1}}, gating_signal=SIGNAL
+    )
+    assert same["decision_accepted"]["accepted"] is True
+    assert "Decision not accepted." not in render_report(cal, None, same, {})
+    assert evaluate_gate(cal, None, None, gating_signal=SIGNAL)["decision_accepted"]["accepted"] is False

@@ -391,6 +391,15 @@ def test_accept_reads_a_run_on_the_store(nights, tmp_path):
     sets = {key: tmp_path / Path(PROMOTABLE[key]).name for key in ("evals.calibration_set", "evals.check_set")}
     for key, copy in sets.items():
         copy.write_text((ROOT / PROMOTABLE[key]).read_text())
+    # a new decision retires the check set it saw: the next-check set beside it takes its place
+    fresh = {"id": "n-a-1", "question": "Where do I buy a day pass?", "label": "answer", "kind": "single"}
+    (tmp_path / "next.jsonl").write_text(json.dumps(fresh | {"expected": ["fares-and-passes#day-passes"]}) + "\n")
+    roles = [
+        (sets["evals.calibration_set"].name, "fit"),
+        (sets["evals.check_set"].name, "check"),
+        ("next.jsonl", "next-check"),
+    ]
+    (tmp_path / "sets.yaml").write_text("sets:\n" + "".join(f"  - file: {f}\n    role: {r}\n" for f, r in roles))
     moves = [f"evals.check_moves={tmp_path / 'check_moves.jsonl'}"]
     overrides = [f"{key}={copy}" for key, copy in sets.items()] + moves + [f"answerability.combiner={fitted}"]
     args = [a for o in overrides for a in ("--set", o)] + ["accept", nights.first, "--artifacts", nights.uri]
@@ -403,6 +412,8 @@ def test_accept_reads_a_run_on_the_store(nights, tmp_path):
     assert accepted["accepted_from"] == nights.first
     assert set(accepted["questions"]["precision"]) == set(precision["per_question"])
     assert fitted.is_file() and not list(work.iterdir())
+    assert accepted["check_moved"]["next_check"] == str(tmp_path / "next.jsonl")
+    assert "role: retired" in (tmp_path / "sets.yaml").read_text()
 
 
 @pytest.mark.s3

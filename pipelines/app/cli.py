@@ -175,43 +175,44 @@ def cmd_beir(args) -> int:
 
 def cmd_accept(args) -> int:
     """Accept a run's per-question precision and decline outcomes as the baseline (with `--artifacts s3://…`,
-    RUN is a run id on the store, read under its lock object)."""
-    from artifact_io import read_json, write_json
-    from evals.check_set import log_move, move_to_fit, seen_check_questions
-    from evals.regression import baseline_from
+    RUN is a run id on the store, read under its lock object); a new decision retires the check set it saw and
+    switches in the next-check set (pipelines/app/accepting.py)."""
+    from artifact_io import read_json
     from pipelines.app import staging
+    from pipelines.app.accepting import accept_run
     from pipelines.release.lock import writer_lock
 
     cfg = load_config(args)
     remote = is_remote(cfg.artifacts)
     if not remote and not args.artifacts and Path(args.run).resolve().parent.name == rf.RUNS:  # lock <artifacts>
         cfg = config_mod.replace(cfg, {"artifacts": str(Path(args.run).resolve().parent.parent)})
+    config_path = Path(args.config) if args.config else Path(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).exists() else None
     reads = staging.reading((rf.PRECISION, rf.CALIBRATION), args.run) if remote else staging.Reads()
     with staging.locked_staged(cfg, f"sourcegate accept {args.run}", None, reads) as local:
         run = RunFolder(local.artifacts, args.run).path if remote else Path(args.run)
         source = args.run if remote else str(run)
-        calibration = read_json(run / rf.CALIBRATION)
-        baseline = baseline_from(read_json(run / rf.PRECISION), calibration, source)
         if not (args.out or cfg.evals.baseline):
             raise ValueError("evals.baseline is null (none accepted yet): say where to write it with --out PATH")
         out = Path(args.out or cfg.evals.baseline)
-        fitted = accepted_combiner(cfg, calibration)
+        fitted = accepted_combiner(cfg, read_json(run / rf.CALIBRATION))
         with writer_lock(local, f"sourcegate accept {source}"):
-            previous = read_json(out) if out.exists() else None
-            seen = seen_check_questions(calibration, previous)
-            if seen:  # a threshold chosen after these check questions were scored is tuned to them: now fit data
-                moved = move_to_fit(cfg.evals.check_set, cfg.evals.calibration_set, seen)
-                record = {"accepted_from": source, "threshold": baseline["threshold"], **moved}
-                log_move(record | {"previous_threshold": (previous or {}).get("threshold")}, cfg.evals.check_moves)
-                baseline["check_moved"] = record
-            write_json(baseline, out)
+            accepted = accept_run(cfg, run, source, out, config_path, Path.cwd())
             if fitted is not None:
                 combiner.write(fitted, cfg.answerability.combiner)
     print(f"baseline written: {out} (from {source})")
-    if seen:
+    moved, fresh = accepted["moved"], accepted["next_check"]
+    if moved and fresh:
+        print(
+            f"the check set {cfg.evals.check_set} is retired: {len(moved['moved'])} questions moved to the fit set "
+            f"{cfg.evals.calibration_set} (the accepted decision {accepted['threshold']} has seen them), logged in "
+            f"{cfg.evals.check_moves}; the next check is {fresh}"
+        )
+        if accepted["check_set_by_override"]:
+            print(f"evals.check_set was given by --set: set it to {fresh} where you keep it")
+    elif moved:  # no next-check set named beside it: the check set keeps only what this decision never saw
         print(
             f"check questions moved to the fit set {cfg.evals.calibration_set}: {len(moved['moved'])} "
-            f"(the accepted threshold {baseline['threshold']} has seen them); {moved['remaining']} unseen check "
+            f"(the accepted threshold {accepted['threshold']} has seen them); {moved['remaining']} unseen check "
             f"questions remain in {cfg.evals.check_set}; logged in {cfg.evals.check_moves}"
         )
         if not moved["remaining"]:  # the next night refuses an empty check set (exit 2): say so now
@@ -219,6 +220,8 @@ def cmd_accept(args) -> int:
                 f"the check set is now empty: write new should-answer questions into {cfg.evals.check_set}, blind, "
                 "before the next night (a night with no check set stops before scoring, exit 2)"
             )
+    if accepted["config_written"]:
+        print(f"{config_path}: {', '.join(accepted['config_written'])} switched")
     if fitted is not None:
         cv = fitted["cross_validated"]
         print(
