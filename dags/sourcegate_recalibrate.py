@@ -1,6 +1,12 @@
-"""sourcegate_recalibrate: re-run the calibration sweep, precision evals and gate against the LIVE index.
+"""sourcegate_recalibrate: re-run the calibration sweep, precision evals and gate against the LIVE index, and retrain
+the answer model when the corpus outgrew it.
 
-No reindexing and no promotion: live_version -> evaluate -> gate. Runs when the eval sets asset
+No reindexing and no promotion: live_version -> evaluate -> gate. Beside it, live_version -> corpus_share ->
+retrain -> judge -> ship: when the configured corpus-specific answer model learned less than
+`answerability.retrain_below_share` of the live version's sections, it is retrained by its recipe on that version,
+judged in the run folder `recal-…-retrained` and shipped only through accept when the fit set has a gap and the check
+set passes (pipelines/app/retrain_step.py); otherwise corpus_share skips the rest, or ship keeps the old model, and
+the task log and `retrain.json` say why. Runs when the eval sets asset
 (`config/evals`) gets an event (UI "Create Asset Event" or the REST API after editing the sets) and
 on manual trigger. Artifacts go to the run folder `recal-<logical date or run_after>`; a failed gate
 fails the run. The live alias is never touched here.
@@ -25,12 +31,17 @@ from _common import (
     DEFAULT_ARGS,
     EVAL_SETS,
     START_DATE,
+    absolute,
+    cfg,
     config_params,
     enforce_gate,
     in_store,
     live_version,
+    log,
+    params,
     recal_run_id,
 )
+from _common import PROJECT_ROOT as ROOT
 
 
 @dag(
@@ -66,7 +77,37 @@ def sourcegate_recalibrate():
 
         return enforce_gate(in_store("gate", lambda c: steps.gate_step(c, recal_run_id()), run=recal_run_id()))
 
-    evaluate(live()) >> gate()
+    @task.short_circuit(task_id="corpus_share")
+    def corpus_share(version: str) -> dict | bool:
+        from pipelines.app import retrain_step
+
+        decided = retrain_step.needed(cfg(), version)
+        log.info("retrain: %s", decided["why"])
+        return {**decided, "version": version} if decided["retrain"] else False
+
+    @task(task_id="retrain")
+    def retrain(decided: dict) -> dict:
+        from pipelines.app import retrain_step
+
+        return retrain_step.train_candidate(cfg(), recal_run_id(), decided["version"], decided["model"])
+
+    @task
+    def judge(trained: dict) -> dict:
+        from pipelines.app import retrain_step
+
+        return retrain_step.judge(cfg(), recal_run_id(), trained["version"])
+
+    @task
+    def ship(judged: dict) -> dict:
+        from pipelines.app import retrain_step
+
+        shipped = retrain_step.ship(cfg(), recal_run_id(), Path(absolute(params()["config"])), ROOT)
+        (log.info if shipped["shipped"] else log.warning)("retrain: %s", shipped)
+        return shipped
+
+    version = live()
+    evaluate(version) >> gate()
+    ship(judge(retrain(corpus_share(version))))
 
 
 sourcegate_recalibrate()

@@ -206,6 +206,12 @@ class Answerability(Section):
         ge=0,
         le=1,
     )
+    retrain_below_share: Number | None = Field(
+        0.95,
+        description="the recalibrate DAG retrains a corpus-specific answer model by its recipe on the live version "
+        "once it learned less than this share of today's sections (null: never); at or above min_corpus_share, so a "
+        "retrain is tried while the old model still gates and a retrain that fails its check leaves it gating",
+    )
     answer_passages: int = Field(
         3,
         ge=1,
@@ -213,6 +219,16 @@ class Answerability(Section):
         description="how many of the fused top passages `answer_support` reads (its highest probability over them); "
         "`train-in-domain` draws should-decline pairs from the same window",
     )
+
+    @model_validator(mode="after")
+    def _retrain_share(self) -> Answerability:
+        share = self.retrain_below_share
+        if share is not None and not self.min_corpus_share <= share <= 1:
+            raise ValueError(
+                f"answerability.retrain_below_share {share} must be null or between min_corpus_share "
+                f"({self.min_corpus_share}) and 1: a model is retrained before it stops gating, never after"
+            )
+        return self
 
     @model_validator(mode="after")
     def _known_features(self) -> Answerability:

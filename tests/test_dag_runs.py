@@ -34,6 +34,7 @@ RUN_TIMEOUT_S = 1800
 FIRST_NIGHT = "2025-01-02T02:00:00+00:00"
 FAILED_NIGHT = "2025-01-03T02:00:00+00:00"
 RECAL_DAY = "2025-01-04T09:30:00+00:00"
+RETRAIN_DAY = "2025-01-04T15:00:00+00:00"
 OPENSEARCH_NIGHT = "2025-01-05T02:00:00+00:00"
 ARTIFACT_FILES = (
     "documents.parquet",
@@ -297,7 +298,9 @@ def test_recalibrate_evaluates_the_live_version(airflow, workspace, first_night)
     conf = {"config": workspace["passing"], "backend": "embedded"}
     run = airflow.test_dag("sourcegate_recalibrate", RECAL_DAY, conf)
     assert run["state"] == "success", failed_tasks(run)
-    assert run["tasks"] == {"live_version": "success", "evaluate": "success", "gate": "success"}
+    # the answer model of these nights is generic: nothing to retrain, corpus_share skips the rest
+    retrain = {"corpus_share": "success", "retrain": "skipped", "judge": "skipped", "ship": "skipped"}
+    assert run["tasks"] == {"live_version": "success", "evaluate": "success", "gate": "success", **retrain}
     folder = workspace["artifacts"] / "runs" / "recal-20250104-093000"
     info = read_json(folder / "run.json")
     assert info["evaluated_version"] == "20250102-020000"
@@ -305,6 +308,43 @@ def test_recalibrate_evaluates_the_live_version(airflow, workspace, first_night)
         assert (folder / name).is_file(), name
     assert read_json(folder / "gate.json")["passed"] is True
     assert not (folder / "index").exists()  # no reindexing
+    assert (workspace["artifacts"] / "LIVE").read_text().strip() == "20250102-020000"
+
+
+def test_recalibrate_retrains_an_answer_model_the_corpus_outgrew_and_judges_it(
+    airflow, workspace, first_night, tmp_path
+):
+    """The live version holds sections the configured answer model never learned (tests/outgrown.py: a tiny model
+    whose record leaves out a fifth of them): the recalibrate DAG retrains it by its recipe on the live version,
+    judges it in its own run folder and ships it through accept only if it passed; the run says which and why."""
+    from pipelines.app import retrain_step
+    from tests.outgrown import outgrown
+
+    assert first_night["state"] == "success", "needs a live index"
+    made = outgrown(tmp_path, workspace["artifacts"], "20250102-020000")
+    files = [made["config_file"], *sorted((tmp_path / "evals").iterdir()), tmp_path / "baseline.json"]
+    before = {p: p.read_bytes() for p in files}
+    run = airflow.test_dag(
+        "sourcegate_recalibrate", RETRAIN_DAY, {"config": str(made["config_file"]), "backend": "embedded"}
+    )
+    for task in ("live_version", "evaluate", "corpus_share", "retrain", "judge", "ship"):
+        assert run["tasks"][task] == "success", failed_tasks(run)
+    folder = workspace["artifacts"] / "runs" / "recal-20250104-150000-retrained"
+    record = read_json(folder / retrain_step.RECORD)
+    assert record["trained"]["version"] == "20250102-020000" and record["trained"]["seeds"] == ["13"]
+    assert (folder / "answer_model" / "learned_corpus.json").is_file() and (folder / "report.html").is_file()
+    gate = read_json(folder / "gate.json")
+    assert gate["gating_signal"] == "answer_support"
+    assert record["judged"]["ship"] == all(c["passed"] for c in gate["checks"] if c["name"] in retrain_step.SHIP_CHECKS)
+    assert record["shipped"]["shipped"] == record["judged"]["ship"]
+    log = Path(run["log"]).read_text(errors="replace")
+    assert "retrain: " in log and "below 95%" in log
+    if record["shipped"]["shipped"]:
+        assert read_json(tmp_path / "baseline.json")["accepted_from"] == "runs/recal-20250104-150000-retrained"
+        assert "role: retired" in (tmp_path / "evals" / "sets.yaml").read_text()
+    else:  # the old model stays: nothing of the deployment changed, and the record says why
+        assert {p: p.read_bytes() for p in files} == before
+        assert record["shipped"]["why"].startswith("the old model stays: ")
     assert (workspace["artifacts"] / "LIVE").read_text().strip() == "20250102-020000"
 
 

@@ -28,7 +28,16 @@ NIGHTLY_UPSTREAM = {
     "promote": {"gate"},
     "cleanup": {"promote"},
 }
-RECAL_UPSTREAM = {"live_version": set(), "evaluate": {"live_version"}, "gate": {"evaluate"}}
+RECAL_UPSTREAM = {
+    "live_version": set(),
+    "evaluate": {"live_version"},
+    "gate": {"evaluate"},
+    # beside the gate: retrain the answer model when the corpus outgrew it, judge it, ship it only through accept
+    "corpus_share": {"live_version"},
+    "retrain": {"corpus_share"},
+    "judge": {"retrain"},
+    "ship": {"judge"},
+}
 
 
 @pytest.fixture(scope="module")

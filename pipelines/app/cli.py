@@ -367,11 +367,16 @@ def cmd_train_answerability(args) -> int:
 
 def cmd_train_in_domain(args) -> int:
     """Train an answer-support model on this corpus's labelled questions over one version (docs/calibration.md)."""
+    return train_in_domain(load_config(args), args)
+
+
+def train_in_domain(cfg: PipelineConfig, args) -> int:
+    """`train-in-domain` under `cfg` with the command's parsed arguments (the recalibrate DAG's retrain calls it with
+    a recipe's arguments, pipelines/app/retrain_step.py)."""
     from evals.evalset import load_evalset
     from pipelines.app.factories import retriever_for
     from pipelines.app.in_domain_training import EPOCHS, SEED, TIME_BUDGET_S, leave_out_judged, train_seeds
 
-    cfg = load_config(args)
     if not args.train and not args.synthetic:
         raise ValueError("train-in-domain: give --train sets, --synthetic N (questions made from the corpus), or both")
     # a model that saw a question of the fit or check set fails every night's gate: copies are refused (or left
@@ -470,6 +475,16 @@ def cmd_record_corpus(args) -> int:
 
 
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    if not args.verbose:  # the client logs every failed request with its traceback; the exit line names the cause
+        logging.getLogger(OPENSEARCH_CLIENT_LOGGER).setLevel(logging.ERROR)
+    return run_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sourcegate", description=__doc__)
     parser.add_argument("--config", help=f"pipeline config (default: {DEFAULT_CONFIG} if present)")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -635,13 +650,7 @@ def main(argv=None) -> int:
     )
     p.set_defaults(func=cmd_config_schema)
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
-    if not args.verbose:  # the client logs every failed request with its traceback; the exit line names the cause
-        logging.getLogger(OPENSEARCH_CLIENT_LOGGER).setLevel(logging.ERROR)
-    return run_command(args)
+    return parser
 
 
 def run_command(args) -> int:

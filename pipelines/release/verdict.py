@@ -67,7 +67,7 @@ def answer_model_fingerprint(cfg: PipelineConfig) -> str | None:
         return None
 
 
-# Config keys that say where things live or how a task reaches them, not what was judged. Each one's content is
+# Config keys that say where things live or how a task reaches them (or when a DAG acts), not what was judged. Each one's content is
 # bound on its own, so a version built by a DAG (absolute paths, connection ids) is promoted from the CLI (paths
 # relative to the project) and the other way round:
 LOCATION_KEYS = (
@@ -84,9 +84,14 @@ LOCATION_KEYS = (
     "evals.precision_set",
     "evals.baseline",  # baseline.sha256
     "evals.check_moves",  # `accept`'s log of moved questions: never read by an evaluation
+    # when the recalibrate DAG retrains the answer model: no night's scores depend on it (the retrained model's
+    # fingerprint is bound when it ships)
+    "answerability.retrain_below_share",
 )
 # What config_sha256 left out before every location was: a verdict recorded then still matches an unchanged config.
 LEGACY_LOCATION_KEYS = ("artifacts", "artifacts_airflow_conn_id")
+# Keys that joined the config after those verdicts and judge nothing: a legacy verdict never held them.
+NOT_JUDGED_SINCE = ("answerability.retrain_below_share",)
 ABSENT = "(absent)"
 
 
@@ -126,7 +131,7 @@ def config_hash(cfg: PipelineConfig) -> str:
 def legacy_config_hash(cfg: PipelineConfig) -> str:
     """config_sha256 as verdicts recorded it before they recorded the judged values (every key but
     LEGACY_LOCATION_KEYS; tests/test_config.py pins the shipped config's)."""
-    return sha256_json(cfg.model_dump(mode="json", exclude=set(LEGACY_LOCATION_KEYS)))
+    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LEGACY_LOCATION_KEYS + NOT_JUDGED_SINCE)))
 
 
 def eval_set_roles(cfg: PipelineConfig) -> dict[str, str]:
