@@ -143,3 +143,25 @@ def test_a_candidate_ships_only_on_a_gap_a_passed_check_and_no_judged_question_l
     assert verdict(gate(threshold_gap="no gap"))["ship"] is False
     assert verdict(gate(answer_model_unseen="trained on c-a-1"))["ship"] is False
     assert verdict({**gate(), "gating_signal": "auto"})["ship"] is False
+
+
+def test_a_config_value_is_rewritten_in_place_its_comment_kept_and_a_folded_old_value_dropped(tmp_path):
+    from pipelines import config
+    from pipelines.app.accepting import planned, with_value
+
+    text = (ROOT / "config" / "pipeline.yaml").read_text()
+    folded = text.replace(
+        "  calibrated_by: runs/20261205-064931 (fit set calibration.jsonl; check set riders-final-4.jsonl kept 45/45,",
+        "  calibrated_by: runs/20261205-064931 (fit set calibration.jsonl; check set riders-final-4.jsonl kept 45/45,\n"
+        "    continued on a line of its own,",
+    )  # a long scalar folded onto two lines, as yaml.safe_dump writes it
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(folded)
+    written = planned(path, {"answer.calibrated_by": "runs/r-retrained", "answer.adjacent": 0.00123})
+    assert "continued on a line of its own" not in written and path.read_text() == folded  # planned: not written
+    path.write_text(written)
+    after = config.load(path)
+    assert (after.answer.calibrated_by, after.answer.adjacent) == ("runs/r-retrained", 0.00123)
+    assert "  adjacent: 0.00123      # `placement: tightest` on the fit set" in written  # its comment kept
+    with pytest.raises(ValueError, match="has no key no_such_key"):
+        with_value(text, "answer.no_such_key", 1)

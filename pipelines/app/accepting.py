@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,33 @@ def with_value(text: str, dotted: str, value: Any) -> str:
         found = re.match(rf"^(\s+{re.escape(key)}:\s*)([^#\r\n]*?)(\s+#[^\r\n]*)?(\r?\n)?$", line)
         if found:
             lines[i] = f"{found.group(1)}{_yaml_scalar(value)}{found.group(3) or ''}{found.group(4) or ''}"
-            return "".join(lines)
+            indent = len(line) - len(line.lstrip())
+            end = i + 1  # the old value's continuation lines (a long scalar or list folded), not comments, go too
+            while end < len(lines) and _continues(lines[end], indent):
+                end += 1
+            return "".join(lines[: i + 1] + lines[end:])
     raise ValueError(f"the config file's section {section} has no key {key}: write {dotted} there")
+
+
+def _continues(line: str, indent: int) -> bool:
+    body = line.strip()
+    return bool(body) and not body.startswith("#") and len(line) - len(line.lstrip()) > indent
+
+
+def planned(config_path: Path, values: Mapping[str, Any]) -> str:
+    """The config file's text with `values` written, checked by the loader before anything is written: a key it
+    cannot write or a value it would not take stops the caller here."""
+    text = config_path.read_text(encoding="utf-8")
+    for dotted, value in values.items():
+        text = with_value(text, dotted, value)
+    with tempfile.TemporaryDirectory(prefix="sourcegate-config-") as scratch:
+        trial = Path(scratch) / config_path.name
+        trial.write_text(text, encoding="utf-8")
+        loaded = config_mod.load(trial)
+    wrong = [k for k, v in values.items() if config_mod.get(loaded, k) != v]
+    if wrong:
+        raise ValueError(f"{config_path}: {', '.join(wrong)} would not read back as written")
+    return text
 
 
 def file_value(config_path: Path, dotted: str) -> Any:
@@ -69,22 +95,10 @@ def same_path(a: str | Path | None, b: str | Path | None, root: Path) -> bool:
 
 
 def switch(config_path: Path | None, values: Mapping[str, Any]) -> list[str]:
-    """Write `values` (dotted key -> value) into the config file, checked by loading it; the keys written."""
+    """Write `values` (dotted key -> value) into the config file, each line rewritten in place; the keys written."""
     if config_path is None or not values:
         return []
-    before = config_path.read_text(encoding="utf-8")
-    text = before
-    for dotted, value in values.items():
-        text = with_value(text, dotted, value)
-    write_text(text, config_path)
-    try:  # read back through the loader: a value it would not take leaves the file as it was
-        loaded = config_mod.load(config_path)
-        wrong = [k for k, v in values.items() if config_mod.get(loaded, k) != v]
-        if wrong:
-            raise ValueError(f"{config_path}: {', '.join(wrong)} did not read back as written")
-    except Exception:
-        write_text(before, config_path)
-        raise
+    write_text(planned(config_path, values), config_path)
     return list(values)
 
 
@@ -113,10 +127,10 @@ def accept_run(
         load_evalset(fresh)  # a broken next-check set is refused before anything moves
         if from_file:
             values["evals.check_set"] = str(Path(file_value(config_path, "evals.check_set")).parent / fresh.name)
-    if values:  # the config edit is planned in memory first: a key it cannot write stops accept here
-        text = config_path.read_text(encoding="utf-8") if config_path else ""
-        for dotted, value in values.items():
-            text = with_value(text, dotted, value)
+    if values:  # the config edit is planned and loaded first: a key it cannot write stops accept here
+        if config_path is None:
+            raise ValueError(f"no config file to write {', '.join(values)} into")
+        planned(config_path, values)
     if seen and check is not None:
         moved = move_to_fit(check, cfg.evals.calibration_set, seen)
         record = {"accepted_from": source, "threshold": baseline["threshold"], **moved}
