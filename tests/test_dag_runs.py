@@ -339,7 +339,16 @@ def test_recalibrate_retrains_an_answer_model_the_corpus_outgrew_and_judges_it(
     assert record["shipped"]["shipped"] == record["judged"]["ship"]
     log = Path(run["log"]).read_text(errors="replace")
     assert "retrain: " in log and "below 95%" in log
-    if record["shipped"]["shipped"]:
+    if record["shipped"]["shipped"]:  # through accept: the config names the new model, the check set is retired
+        from pipelines import config
+
+        after = config.load(made["config_file"])
+        assert after.answerability.answer_model_path == record["shipped"]["model"]
+        assert (after.answer.signal, after.answer.adjacent) == (
+            "answer_support",
+            record["judged"]["threshold"]["adjacent"],
+        )
+        assert after.evals.check_set == str(tmp_path / "evals" / "next.jsonl")
         assert read_json(tmp_path / "baseline.json")["accepted_from"] == "runs/recal-20250104-150000-retrained"
         assert "role: retired" in (tmp_path / "evals" / "sets.yaml").read_text()
     else:  # the old model stays: nothing of the deployment changed, and the record says why
