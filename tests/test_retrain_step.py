@@ -22,13 +22,13 @@ RECAL = "recal-20260102-093000"
 
 @pytest.fixture(scope="module")
 def workspace(demo_index, tmp_path_factory):
+    from artifact_io.run_folder import RunFolder
     from pipelines import config
-    from pipelines.app import steps
 
     cfg, run_id, _ = demo_index
     root = tmp_path_factory.mktemp("retrain")
     artifacts = root / "artifacts"
-    shutil.copytree(steps.run_dir(cfg, run_id), artifacts / "runs" / run_id)
+    shutil.copytree(RunFolder(cfg.artifacts, run_id).path, artifacts / "runs" / run_id)
     (artifacts / "LIVE").write_text(run_id + "\n")
     made = outgrown(root, artifacts, run_id)
     return {**made, "cfg": config.load(made["config_file"])}

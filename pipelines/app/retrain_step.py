@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from artifact_io import read_json, write_json
+from artifact_io.run_folder import RunFolder, loadable_chunks
 from evals.check_set import threshold_of
 from pipelines import config as config_mod
 from pipelines.app import retrain
 from pipelines.app.accepting import accept_run, file_value
-from pipelines.app.steps import answer_model_corpus, evaluate_step, gate_step, run_dir
-from pipelines.build.validate import loadable_chunks
+from pipelines.app.steps import answer_model_corpus, evaluate_step, gate_step
 from pipelines.config import PipelineConfig
+from pipelines.release.lock import writer_lock
 from pipelines.retrieval.answer_support import AnswerSupportModel
-from pipelines.versions.lock import writer_lock
 from pipelines.versions.object_store import is_remote
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,10 @@ SHIP_CHECKS = ("threshold_gap", "check_set", "answer_model_unseen")  # the gate 
 
 def candidate_run(recal_run: str) -> str:
     return f"{recal_run}-retrained"
+
+
+def run_dir(cfg: PipelineConfig, run_id: str) -> Path:
+    return RunFolder(cfg.artifacts, run_id).path
 
 
 def needed(cfg: PipelineConfig, version: str) -> dict[str, Any]:
