@@ -530,7 +530,9 @@ def test_recalibrate_on_the_s3_server_shares_nothing_and_reads_the_store_through
     conf = {"config": s3_night["config"], "backend": "embedded"}
     run = airflow.test_dag("sourcegate_recalibrate", S3_RECAL_DAY, conf, env=env, task_dirs=task_dirs)
     assert run["state"] == "success", failed_tasks(run)
-    assert run["tasks"] == {"live_version": "success", "evaluate": "success", "gate": "success"}
+    # retraining needs a local model folder: on a bucket corpus_share skips the rest (and says so in its log)
+    retrain = {"corpus_share": "success", "retrain": "skipped", "judge": "skipped", "ship": "skipped"}
+    assert run["tasks"] == {"live_version": "success", "evaluate": "success", "gate": "success", **retrain}
     assert run["live"] == "20250106-020000"
 
     folder = "runs/recal-20250107-093000/"
@@ -543,12 +545,15 @@ def test_recalibrate_on_the_s3_server_shares_nothing_and_reads_the_store_through
     assert json.loads(store.get(folder + "gate.json"))["passed"] is True
     assert store.get("LIVE").decode().strip() == "20250106-020000"
     # nothing else written but the lock's own fence record (its generation moves with every holder, by design)
-    others = (folder, ".sourcegate.lock")
+    # and the one check scoring this evaluation made (the check log: one object per scoring)
+    scoring = "check_scorings/recal-20250107-093000-"
+    assert len([k for k in store.listing("check_scorings/") if k.startswith(scoring)]) == 1
+    others = (folder, ".sourcegate.lock", scoring)
     assert {k: v for k, v in store.listing().items() if not k.startswith(others)} == {
         k: v for k, v in before.items() if not k.startswith(others)
     }
 
-    assert task_dir_names(task_dirs) == ["evaluate--1", "gate--1", "live_version--1"]
+    assert task_dir_names(task_dirs) == ["corpus_share--1", "evaluate--1", "gate--1", "live_version--1"]
     assert not left_behind(task_dirs, scratch)
     assert tree(ROOT / "artifacts") == s3_night["project_artifacts"]
     log = Path(run["log"]).read_text(errors="replace")
