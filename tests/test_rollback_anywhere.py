@@ -66,6 +66,7 @@ def test_the_judged_config_leaves_out_exactly_the_dags_locations_and_connection_
     judged = verdict.judged_config(config.load(ROOT / "config" / "pipeline.yaml"))
     assert "retrieval.rrf_k" in judged and "answer.adjacent" in judged and "corpus.format" in judged
     assert not set(judged) & set(verdict.LOCATION_KEYS)
+    assert not set(judged) & set(verdict.NOT_JUDGED)  # retraining's trigger: no night's score depends on it
 
 
 def test_a_dag_built_version_is_promoted_from_the_cli_and_the_other_way_round(make_cfg, build):

@@ -84,14 +84,13 @@ LOCATION_KEYS = (
     "evals.precision_set",
     "evals.baseline",  # baseline.sha256
     "evals.check_moves",  # `accept`'s log of moved questions: never read by an evaluation
-    # when the recalibrate DAG retrains the answer model: no night's scores depend on it (the retrained model's
-    # fingerprint is bound when it ships)
-    "answerability.retrain_below_share",
 )
+# Keys that are no location but judge nothing a night measures, and that joined the config after the legacy
+# verdicts (which never held them). When the recalibrate DAG retrains the answer model: no night's scores depend
+# on it (the retrained model's fingerprint is bound when it ships).
+NOT_JUDGED = ("answerability.retrain_below_share",)
 # What config_sha256 left out before every location was: a verdict recorded then still matches an unchanged config.
 LEGACY_LOCATION_KEYS = ("artifacts", "artifacts_airflow_conn_id")
-# Keys that joined the config after those verdicts and judge nothing: a legacy verdict never held them.
-NOT_JUDGED_SINCE = ("answerability.retrain_below_share",)
 ABSENT = "(absent)"
 
 
@@ -119,19 +118,19 @@ def flatten(values: Mapping, prefix: str = "") -> dict:
 
 
 def judged_config(cfg: PipelineConfig) -> dict:
-    """The config a verdict judged, by dotted key: every key but LOCATION_KEYS."""
-    return flatten(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS)))
+    """The config a verdict judged, by dotted key: every key but LOCATION_KEYS and NOT_JUDGED."""
+    return flatten(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS + NOT_JUDGED)))
 
 
 def config_hash(cfg: PipelineConfig) -> str:
     """The hash of the config a verdict judged (`judged_config`, nested as the config is)."""
-    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS)))
+    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS + NOT_JUDGED)))
 
 
 def legacy_config_hash(cfg: PipelineConfig) -> str:
     """config_sha256 as verdicts recorded it before they recorded the judged values (every key but
     LEGACY_LOCATION_KEYS; tests/test_config.py pins the shipped config's)."""
-    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LEGACY_LOCATION_KEYS + NOT_JUDGED_SINCE)))
+    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LEGACY_LOCATION_KEYS + NOT_JUDGED)))
 
 
 def eval_set_roles(cfg: PipelineConfig) -> dict[str, str]:
