@@ -180,6 +180,8 @@ def train_in_domain(
     t_start = time.time()
     if export_as not in EXPORTS:
         raise ValueError(f"export {export_as!r}: one of {EXPORTS}")
+    if teacher and synthetic:  # refused before anything is scored
+        raise ValueError("--distil-from learns the teacher's logits on labelled sets' passages: not with --synthetic")
     left_out = dict(left_out or {})
     items = [q for path in train_sets for q in load_evalset(path) if q["id"] not in left_out]
     out, work = Path(out), Path(work)
@@ -199,15 +201,13 @@ def train_in_domain(
         items, pairs = items + made_items, pairs + made_pairs
     if taught_by is None and (not any(y for *_, y in pairs) or all(y for *_, y in pairs)):
         raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
-    if taught_by is not None and synthetic:
-        raise ValueError("--distil-from learns the teacher's logits on labelled sets' passages: not with --synthetic")
     base = at.packaged_base(work / "base")
     start, shrunk = base, None
     if layers:
         start = str(work / f"base-{layers}")
         shrunk = at.shrink(base, Path(start), layers)
     hyper = {"lr": LR, "batch_size": 16, "warmup_steps": 20, "freeze_word_embeddings": True, "seed": seed}
-    hyper["loss"] = "mse" if taught_by else "bce"
+    hyper |= {"loss": "mse" if taught_by else "bce"}  # a student learns its teacher's logits, not labels
     trained = at.train(
         pairs * epochs, work / "hf", start, log_path=out / "training.log", threads=threads, time_budget_s=time_budget_s,
         **hyper,
