@@ -5,7 +5,7 @@
         --test config/evals/calibration.jsonl --work /tmp/in_domain --out FILE.json
 
 The answer-support model learnt what SQuAD's negatives teach and did not move (§23). Here the packaged
-cross-encoder (ms-marco-MiniLM-L-12-v2, dequantised: pipelines.app.answer_training.packaged_base) is
+cross-encoder (ms-marco-MiniLM-L-12-v2, dequantised: pipelines.training.base_model.packaged_base) is
 fine-tuned with the same trainer on pairs from labelled sets of this corpus: each should-answer question
 with up to two of its labelled passages among the fused top 10 (1), each should-decline question (off-topic
 and near-topic) with its fused top 3 (0). A question's score is the model's highest logit over its fused top
@@ -26,9 +26,11 @@ from benchmarks.question_views import retriever_on
 from benchmarks.signal_candidates import judged
 from evals.evalset import load_evalset
 from evals.placement import place
-from pipelines.app import answer_training, in_domain_training
-from pipelines.app.in_domain_training import EPOCHS, LR, training_pairs
 from pipelines.retrieval.answer_support import PASSAGES
+from pipelines.training import in_domain
+from pipelines.training.base_model import packaged_base
+from pipelines.training.in_domain import EPOCHS, LR, training_pairs
+from pipelines.training.train import train
 
 PLACEMENTS = ("tightest", "midpoint")  # not logit_midpoint: the scores are logits already
 MAX_LENGTH = 192  # the demo's chunks fit; shorter than the shipped 256 for speed on two cores
@@ -40,7 +42,7 @@ def fused_tops(run: Path, sets: dict[str, list[dict]], cache: Path) -> dict[str,
     missing = [name for name in sets if name not in tops]
     if missing:
         retriever = retriever_on(run)
-        tops |= {name: in_domain_training.fused_tops(retriever, sets[name]) for name in missing}
+        tops |= {name: in_domain.fused_tops(retriever, sets[name]) for name in missing}
         cache.write_text(json.dumps(tops), encoding="utf-8")
     return {name: tops[name] for name in sets}
 
@@ -95,13 +97,11 @@ def main(argv=None) -> int:
     pairs = training_pairs(train_rows)
     base = work / "base"
     if not (base / "config.json").exists():
-        answer_training.packaged_base(base)
+        packaged_base(base)
     model_dir = work / "model"
     result = {"machine": machine(), "load_start": uptime(), "train": [Path(p).stem for p in args.train]}
     result["pairs"] = {"positive": sum(p[2] for p in pairs), "negative": sum(1 - p[2] for p in pairs)}
-    trained = answer_training.train(
-        pairs * EPOCHS, model_dir, str(base), lr=LR, max_length=MAX_LENGTH, time_budget_s=60 * 60
-    )
+    trained = train(pairs * EPOCHS, model_dir, str(base), lr=LR, max_length=MAX_LENGTH, time_budget_s=60 * 60)
     result["training"] = {k: trained[k] for k in ("steps", "train_seconds", "final_loss_mean_last_50")}
     result["training"]["epochs"] = EPOCHS
     score = scorer(model_dir)

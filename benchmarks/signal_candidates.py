@@ -33,9 +33,9 @@ from benchmarks._common import finished, machine, uptime
 from benchmarks.question_views import content_view, retriever_on
 from evals.evalset import load_evalset
 from evals.sweep import roc_auc
-from pipelines.app.answer_training import load_squad
 from pipelines.retrieval.answer_support import answer_support
 from pipelines.retrieval.rerank import sigmoid
+from pipelines.training.squad import load_squad
 
 SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 SHIPPED = ["rerank_top", "cosine_top", "bm25_top", "concept_coverage", "sentence_cosine", "answer_support"]

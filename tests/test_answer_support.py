@@ -1,4 +1,4 @@
-"""The answer-support model and its signal (pipelines/retrieval/answer_support.py, pipelines/app/answer_training.py)."""
+"""The answer-support model and its signal (pipelines/retrieval/answer_support.py, pipelines/training/)."""
 
 import json
 import math
@@ -6,8 +6,8 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.app import answer_training
 from pipelines.retrieval.answer_support import SHIPPED, answer_support
+from pipelines.training import base_model, squad
 from pipelines.versions.manifest import sha256_file
 
 ROOT = SHIPPED.parents[1]
@@ -30,7 +30,7 @@ def test_the_shipped_files_are_the_ones_the_recipe_recorded():
     assert sha256_file(SHIPPED / "model.onnx") == RECIPE["onnx_sha256"]
     assert sha256_file(SHIPPED / "tokenizer.json") == RECIPE["tokenizer_sha256"]
     assert (SHIPPED / "model.onnx").stat().st_size <= 30 * 2**20  # committed: at most 30 MB
-    assert RECIPE["data"]["json_sha256"] == answer_training.SQUAD_DEV_JSON_SHA256
+    assert RECIPE["data"]["json_sha256"] == squad.SQUAD_DEV_JSON_SHA256
 
 
 def test_answer_support_is_the_highest_probability_over_the_passages():
@@ -79,10 +79,10 @@ SQUAD = {
 
 
 def test_the_split_is_by_article_and_the_pairs_of_each_kind_are_made_as_the_recipe_says():
-    train, held = answer_training.split_articles(SQUAD)
+    train, held = squad.split_articles(SQUAD)
     assert len(train) == 25 and len(held) == 10 and not set(train) & set(held)
-    assert answer_training.split_articles(SQUAD) == (train, held)  # seeded
-    pairs = answer_training.make_pairs_typed(answer_training.articles_by_title(SQUAD, held), 13)
+    assert squad.split_articles(SQUAD) == (train, held)  # seeded
+    pairs = squad.make_pairs_typed(squad.articles_by_title(SQUAD, held), 13)
     assert {p[0] for p in pairs} <= {f"{k}{t[1:].lstrip('0') or '0'}.{j}" for t in held for k in "qu" for j in (0, 1)}
     kinds = [p[3] for p in pairs]
     assert kinds.count("answerable_own") == kinds.count("near_topic") == kinds.count("unanswerable_own") == 20
@@ -114,7 +114,7 @@ def test_the_trainable_base_reproduces_the_packaged_cross_encoder(tmp_path):
 
     from pipelines.retrieval.rerank import OnnxCrossEncoder
 
-    folder = answer_training.packaged_base(tmp_path / "base")
+    folder = base_model.packaged_base(tmp_path / "base")
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     onnx = OnnxCrossEncoder()

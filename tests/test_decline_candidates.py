@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from evals.evalset import load_evalset, near_duplicates
-from pipelines.app.decline_candidates import borrowing_candidates, corpus_names, sections_of_chunks, text_names
 from pipelines.build.chunk import slug, split_sections
 from pipelines.build.ingest import parse_article
+from pipelines.training.decline_candidates import borrowing_candidates, corpus_names, sections_of_chunks, text_names
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "config" / "evals" / "pool" / "off-topic.jsonl"

@@ -29,8 +29,8 @@ def first_of_riders(n: int) -> list[dict]:
 def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night_judged_on_one(demo_index, tmp_path):
     from evals.harness import evaluate, gate_for_dir
     from pipelines.app.factories import answer_scorer_for, retriever_for
-    from pipelines.app.in_domain_training import export, fused_tops, train_in_domain
     from pipelines.retrieval.answer_support import AnswerSupportModel
+    from pipelines.training.in_domain import export, fused_tops, train_in_domain
 
     cfg, run_id, searcher = demo_index
     riders = load_evalset(RIDERS)
@@ -88,8 +88,8 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
 @pytest.mark.models
 def test_several_seeds_train_one_model_each_read_as_their_mean(demo_index, tmp_path):
     from pipelines.app.factories import retriever_for
-    from pipelines.app.in_domain_training import train_seeds
     from pipelines.retrieval.answer_support import AnswerEnsemble, answer_support, load_answer_model
+    from pipelines.training.in_domain import train_seeds
 
     cfg, run_id, searcher = demo_index
     train = first_of_riders(2)
@@ -119,10 +119,10 @@ def test_a_student_learns_its_teachers_logits_in_fewer_layers_and_inherits_what_
     """One small model where several ran: the student learns the teacher's (here an ensemble's) logits on the
     passages a night reads, starts from evenly spaced layers of the base model, and is in-sample wherever its
     teacher was."""
-    from pipelines.app.answer_training import kept_layers
     from pipelines.app.factories import retriever_for
-    from pipelines.app.in_domain_training import distillation_pairs, fused_tops, train_in_domain, train_seeds
     from pipelines.retrieval.answer_support import load_answer_model
+    from pipelines.training.base_model import kept_layers
+    from pipelines.training.in_domain import distillation_pairs, fused_tops, train_in_domain, train_seeds
 
     cfg, run_id, searcher = demo_index
     assert kept_layers(6, 12) == [1, 3, 5, 7, 9, 11] and kept_layers(4, 12) == [2, 5, 8, 11]
@@ -161,7 +161,7 @@ def sha_size(ensemble: Path) -> int:
 
 
 def test_seeds_must_be_distinct_before_anything_trains(tmp_path):
-    from pipelines.app.in_domain_training import train_seeds
+    from pipelines.training.in_domain import train_seeds
 
     with pytest.raises(ValueError, match="one or more distinct seeds"):
         train_seeds(None, "index", ["train.jsonl"], tmp_path / "out", tmp_path / "work", [13, 13])
@@ -226,7 +226,7 @@ def test_paraphrases_are_the_nearest_other_at_or_over_the_bar_and_read_the_conve
 
 @pytest.mark.models
 def test_the_bi_encoder_finds_a_fit_question_asked_in_other_words_and_drop_judged_records_it(embedder, tmp_path):
-    from pipelines.app.in_domain_training import leave_out_judged, refuse_judged
+    from pipelines.training.in_domain import leave_out_judged, refuse_judged
 
     fit = tmp_path / "fit.jsonl"
     asked = {"id": "u-a-020", "question": "Can a bus driver sell me a single-ride ticket?", "label": "answer"}
@@ -248,8 +248,8 @@ def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_the
     import pyarrow.parquet as pq
 
     from pipelines.app.factories import answer_scorer_for, retriever_for
-    from pipelines.app.in_domain_training import leave_out_judged, train_in_domain
-    from pipelines.app.synthetic_pairs import pseudo_queries
+    from pipelines.training.in_domain import leave_out_judged, train_in_domain
+    from pipelines.training.synthetic_pairs import pseudo_queries
 
     cfg, run_id, searcher = demo_index
     index = RunFolder(cfg.artifacts, run_id).path
@@ -289,7 +289,7 @@ def test_train_in_domain_wants_labelled_sets_or_synthetic_questions(tmp_path, ca
 
 
 def test_a_training_set_is_found_by_its_content_wherever_it_was_committed(tmp_path):
-    from pipelines.app.retrain import NotReproducible, find_by_hash
+    from pipelines.training.retrain import NotReproducible, find_by_hash
 
     committed = Path("config/evals/riders.jsonl")
     recorded = {"path": "/work/exp/gone/riders-copy.jsonl", "sha256": sha256_file(committed)}
@@ -300,8 +300,8 @@ def test_a_training_set_is_found_by_its_content_wherever_it_was_committed(tmp_pa
 
 @pytest.mark.models
 def test_retrain_rebuilds_a_model_from_its_recipe_and_the_recipe_round_trips(demo_index, tmp_path, capsys):
-    from pipelines.app import retrain
     from pipelines.app.cli import main
+    from pipelines.training import retrain
 
     cfg, run_id, _ = demo_index
     index = RunFolder(cfg.artifacts, run_id).path

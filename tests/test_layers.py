@@ -5,7 +5,7 @@ pipelines/ (steps, backends, CLI) sits on both. Inside pipelines/ the rooms are 
 bottom first): the foundation (config, Parquet batches, fault points, packaged models) and a version's records
 (pipelines/versions: manifest, stamps, promotions log, object store, lock holders); building a version; the search
 backends; retrieval and answering; release policy over versions (pipelines/release: verdict, decision, runs, lock);
-the application. A lower layer never imports a higher one, not
+training answer models (pipelines/training); the application. A lower layer never imports a higher one, not
 even inside a function, so an evaluation never reaches up into the pipeline it judges and a backend never
 reaches into gate policy.
 """
@@ -27,6 +27,7 @@ PIPELINE_LAYERS = [  # each room (folder) in exactly one layer: a folder is a la
     ["pipelines.search"],
     ["pipelines.retrieval"],
     ["pipelines.release"],
+    ["pipelines.training"],
     ["pipelines.app"],
 ]
 
@@ -239,5 +240,18 @@ def test_no_benchmark_function_runs_past_100_lines():
         for path in sorted((ROOT / "benchmarks").glob("*.py"))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 100
+    ]
+    assert not long, "split these:\n" + "\n".join(long)
+
+
+def test_training_sits_above_retrieval_and_below_the_application_and_each_function_fits_a_screen():
+    """The trainers read retrieval (the passages a model learns) and the application calls them; a training
+    function over 80 lines is several steps that want names of their own."""
+    assert layer_of("pipelines.retrieval") < layer_of("pipelines.training") < layer_of("pipelines.app")
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((ROOT / "pipelines" / "training").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
     ]
     assert not long, "split these:\n" + "\n".join(long)

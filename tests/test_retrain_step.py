@@ -36,8 +36,9 @@ def workspace(demo_index, tmp_path_factory):
 
 @pytest.mark.models
 def test_a_model_that_learned_too_little_is_retrained_by_its_recipe_and_judged_in_its_own_run_folder(workspace):
-    from pipelines.app import retrain, retrain_step
+    from pipelines.app import retrain_step
     from pipelines.retrieval import learned_corpus
+    from pipelines.training import retrain
 
     cfg, version, model = workspace["cfg"], workspace["version"], workspace["model"]
     decided = retrain_step.needed(cfg, version)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipelines.app.in_domain_training import leave_out_judged
-from pipelines.app.synthetic_pairs import pseudo_queries, sentences, synthetic_pairs, synthetic_source, without
+from pipelines.training.in_domain import leave_out_judged
+from pipelines.training.synthetic_pairs import pseudo_queries, sentences, synthetic_pairs, synthetic_source, without
 from tests.test_decline_candidates import demo_chunks
 
 

@@ -356,7 +356,7 @@ def cmd_train_answerability(args) -> int:
     """Train, export and evaluate the answer-support model; prints the held-out result.
 
     docs/benchmarks/23-answer-model-squad.md measured it."""
-    from pipelines.app.answer_training import train_answerability
+    from pipelines.training.answerability import train_answerability
 
     result = train_answerability(
         args.data, Path(args.out), Path(args.work) if args.work else None, args.steps, lr=args.lr
@@ -375,7 +375,7 @@ def train_in_domain(cfg: PipelineConfig, args) -> int:
     a recipe's arguments, pipelines/app/retrain_step.py)."""
     from evals.evalset import load_evalset
     from pipelines.app.factories import retriever_for
-    from pipelines.app.in_domain_training import EPOCHS, SEED, TIME_BUDGET_S, leave_out_judged, train_seeds
+    from pipelines.training.in_domain import EPOCHS, SEED, TIME_BUDGET_S, leave_out_judged, train_seeds
 
     if not args.train and not args.synthetic:
         raise ValueError("train-in-domain: give --train sets, --synthetic N (questions made from the corpus), or both")
@@ -433,13 +433,13 @@ def cmd_init(args) -> int:
 
 
 def cmd_retrain(args) -> int:
-    """Rebuild a trained answer model from its recipe and the repository's files (pipelines/app/retrain.py)."""
+    """Rebuild a trained answer model from its recipe and the repository's files (pipelines/training/retrain.py)."""
     import shlex
 
     from artifact_io.run_folder import loadable_chunks
-    from pipelines.app import retrain
     from pipelines.app.run import build
     from pipelines.app.steps import new_run_id
+    from pipelines.training import retrain
 
     model, out = Path(args.model), Path(args.out)
     recorded = retrain.retrain_argv(model, out, Path("."))[1]["recorded_index"]
@@ -595,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="also (or only) learn from N questions made from the corpus: inverse-cloze sentences and asks borrowing "
-        "its names (pipelines/app/synthetic_pairs.py)",
+        "its names (pipelines/training/synthetic_pairs.py)",
     )
     p.add_argument(
         "--time-budget", type=float, metavar="SECONDS", help="train only the steps that fit (default: 6 hours)"

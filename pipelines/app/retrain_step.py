@@ -3,7 +3,7 @@ judge the new model, and ship it only through `accept`.
 
 A model trained on a corpus knows the sections it learned (pipelines/retrieval/learned_corpus.py). Once today's live
 version holds fewer than `answerability.retrain_below_share` of its sections unchanged, the model is retrained by its
-own recipe (`sourcegate retrain` machinery, pipelines/app/retrain.py: the same training sets found by content hash,
+own recipe (`sourcegate retrain` machinery, pipelines/training/retrain.py: the same training sets found by content hash,
 the same seeds, window and command) over the live version, into a candidate run folder `<recal run>-retrained/`.
 The candidate is evaluated there like a night, with `answer_support` as the only candidate signal of the rule in
 evals/signal_choice.py (its threshold placed on the fit set, as the model is new), and gated. It ships only when the
@@ -25,12 +25,12 @@ from artifact_io import read_json, write_json
 from artifact_io.run_folder import RunFolder, loadable_chunks
 from evals.check_set import threshold_of
 from pipelines import config as config_mod
-from pipelines.app import retrain
 from pipelines.app.accepting import accept_run, file_value
 from pipelines.app.steps import answer_model_corpus, evaluate_step, gate_step
 from pipelines.config import PipelineConfig
 from pipelines.release.lock import writer_lock
 from pipelines.retrieval.answer_support import AnswerSupportModel
+from pipelines.training import retrain
 from pipelines.versions.object_store import is_remote
 
 log = logging.getLogger(__name__)

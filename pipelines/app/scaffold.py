@@ -85,7 +85,7 @@ def _jsonl(rows: list[dict]) -> str:
 
 def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str = "markdown") -> Scaffold:
     """Write OUT/pipeline.yaml, OUT/evals/{fit,check,candidates}.jsonl and OUT/sections.tsv; refuse to overwrite."""
-    from pipelines.app.decline_candidates import borrowing_candidates
+    from pipelines.training.decline_candidates import borrowing_candidates
 
     corpus, out = Path(corpus).resolve(), Path(out).resolve()
     config_path = out / "pipeline.yaml"

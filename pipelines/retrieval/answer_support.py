@@ -6,7 +6,7 @@ stop list that names the library). This one comes from a cross-encoder trained t
 apart: the packaged ms-marco-MiniLM-L-12-v2 fine-tuned on SQuAD 2.0, where a question's own
 paragraph answers it, another paragraph of the same article does not, and an unanswerable question
 is not answered by the paragraph it was written against (`sourcegate train-answerability`,
-pipelines/app/answer_training.py; docs/benchmarks/23-answer-model-squad.md).
+pipelines/training/answerability.py; docs/benchmarks/23-answer-model-squad.md).
 
 The shipped model (models/answer_support/) leaves out its word-embedding table: training froze it,
 so it is byte for byte the packaged cross-encoder's, and it is joined back on load. That keeps the

@@ -31,12 +31,14 @@ from pathlib import Path
 import numpy as np
 
 from evals.evalset import NEAR, PARAPHRASE, copies, load_evalset, question_key, question_text
-from pipelines.app import answer_training as at
-from pipelines.app.synthetic_pairs import synthetic_source
 from pipelines.build.validate import loadable_chunks
 from pipelines.retrieval import learned_corpus
 from pipelines.retrieval.answer_support import PASSAGES, load_answer_model, write_ensemble
 from pipelines.retrieval.retriever import effective_query
+from pipelines.training.base_model import base_model_info, packaged_base, shrink
+from pipelines.training.export import TOKENIZER_NAME, export_fp32, export_int8, ship, versions, write_recipe
+from pipelines.training.synthetic_pairs import synthetic_source
+from pipelines.training.train import train
 from pipelines.versions.manifest import sha256_file
 
 LABELLED_FROM = 10  # how deep the fused order is searched for a should-answer question's labelled passages
@@ -139,15 +141,15 @@ def export(hf: Path, out: Path, work: Path, kind: str) -> dict:
     """The trained checkpoint as OUT/model.onnx (+ tokenizer.json): per-channel INT8 stripped of the shared
     embedding table, or whole fp32."""
     if kind == "fp32":
-        exported = at.export_fp32(hf, out / "model.onnx")
+        exported = export_fp32(hf, out / "model.onnx")
         return {"opset": exported["opset"], "format": "fp32 ONNX", "bytes": exported["fp32_bytes"]}
-    exported = at.export_int8(hf, work / "model.int8.onnx", fp32_path=work / "model.fp32.onnx", per_channel=True)
-    (out / at.TOKENIZER_NAME).write_bytes((work / at.TOKENIZER_NAME).read_bytes())
+    exported = export_int8(hf, work / "model.int8.onnx", fp32_path=work / "model.fp32.onnx", per_channel=True)
+    (out / TOKENIZER_NAME).write_bytes((work / TOKENIZER_NAME).read_bytes())
     return {
         "opset": exported["opset"],
         "format": "INT8 ONNX, the packaged cross-encoder's word embeddings left out",
         "quantization": exported["quantization"],
-        "bytes": at.ship(work / "model.int8.onnx", out / "model.onnx"),
+        "bytes": ship(work / "model.int8.onnx", out / "model.onnx"),
     }
 
 
@@ -168,61 +170,39 @@ def train_in_domain(
     teacher: str | Path | None = None,
     layers: int | None = None,
 ) -> dict:
-    """Train on `train_sets` (labelled JSONL files) over `retriever`, the version at `index`; write
-    OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe. `left_out`: id -> why, the
-    training questions not trained on (copies of a judged set's, `judged_copies`). `synthetic`: questions made
-    from the corpus too (`synthetic_pairs.synthetic_source`'s arguments: n, chunks, leave_out and its settings),
-    drawn with the training seed; alone (no `train_sets`) or mixed. `time_budget_s`: training stops at what fits
-    (the steps cut after the first 20 are timed, `answer_training.train`). `teacher`: a trained answer model
-    folder (one or an ensemble) whose logits the model learns instead of the labels (`distillation_pairs`, MSE),
-    so one model reads what several did; it inherits what the teacher trained on. `layers`: start from that many
-    of the base model's encoder layers (`answer_training.shrink`), a smaller and faster model."""
+    """Train on `train_sets` (labelled JSONL files, less `left_out`: id -> why) over `retriever`, the version at
+    `index`, and with `synthetic` (`synthetic_source`'s arguments) on questions made from the corpus too; write
+    OUT/{model.onnx, tokenizer.json, recipe.json, training.log}; return the recipe. `time_budget_s`: train the steps
+    that fit. `teacher`: a trained answer model whose logits the model learns instead of the labels (MSE), so one
+    model reads what several did. `layers`: start from that many of the base model's encoder layers (`shrink`)."""
     t_start = time.time()
     if export_as not in EXPORTS:
         raise ValueError(f"export {export_as!r}: one of {EXPORTS}")
     if teacher and synthetic:  # refused before anything is scored
         raise ValueError("--distil-from learns the teacher's logits on labelled sets' passages: not with --synthetic")
     left_out = dict(left_out or {})
-    items = [q for path in train_sets for q in load_evalset(path) if q["id"] not in left_out]
     out, work = Path(out), Path(work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     window = retriever.answer_passages
-    rows = fused_tops(retriever, items, max(LABELLED_FROM, window)) if items else []
     taught_by = load_answer_model(teacher, required=True) if teacher else None
-    pairs = distillation_pairs(rows, taught_by, window) if taught_by else training_pairs(rows, window)
-    made = None
-    if synthetic:
-        settings = dict(synthetic)
-        made_items, made_pairs, made = synthetic_source(
-            lambda qs, depth: fused_tops(retriever, qs, depth), settings.pop("chunks"), seed=seed, window=window,
-            **settings,
-        )  # fmt: skip
-        items, pairs = items + made_items, pairs + made_pairs
-    if taught_by is None and (not any(y for *_, y in pairs) or all(y for *_, y in pairs)):
-        raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
-    base = at.packaged_base(work / "base")
+    items, pairs, made = learning_data(retriever, train_sets, left_out, window, taught_by, synthetic, seed)
+    base = packaged_base(work / "base")
     start, shrunk = base, None
     if layers:
         start = str(work / f"base-{layers}")
-        shrunk = at.shrink(base, Path(start), layers)
+        shrunk = shrink(base, Path(start), layers)
     hyper = {"lr": LR, "batch_size": 16, "warmup_steps": 20, "freeze_word_embeddings": True, "seed": seed}
     hyper |= {"loss": "mse" if taught_by else "bce"}  # a student learns its teacher's logits, not labels
-    trained = at.train(
+    trained = train(
         pairs * epochs, work / "hf", start, log_path=out / "training.log", threads=threads, time_budget_s=time_budget_s,
         **hyper,
     )  # fmt: skip
     exported = export(work / "hf", out, work, export_as)
     recipe = {
         "task": "answer support cross-encoder trained on this corpus's labelled questions",
-        "command": f"sourcegate train-in-domain --index {index} "
-        + (f"--train {' '.join(train_sets)} " if train_sets else "")
-        + (f"--synthetic {made['pseudo_queries_asked']} " if made else "")
-        + (f"--distil-from {teacher} " if teacher else "")
-        + (f"--layers {layers} " if layers else "")
-        + f"--out {out} --epochs {epochs} --export {export_as} --seed {seed}"
-        + (f" --time-budget {time_budget_s:g}" if time_budget_s != TIME_BUDGET_S else ""),
-        "base_model": at.base_model_info(base),
+        "command": command_line(index, train_sets, made, teacher, layers, out, epochs, export_as, seed, time_budget_s),
+        "base_model": base_model_info(base),
         "data": [{"path": str(p), "sha256": sha256_file(p)} for p in train_sets],
         "synthetic": made,  # how the corpus-made questions were drawn (synthetic_pairs), or None
         "pairs": (
@@ -247,12 +227,46 @@ def train_in_domain(
         ),
         "left_out": left_out,
         "onnx_sha256": sha256_file(out / "model.onnx"),
-        "tokenizer_sha256": sha256_file(out / at.TOKENIZER_NAME),
-        "versions": at.versions(),
+        "tokenizer_sha256": sha256_file(out / TOKENIZER_NAME),
+        "versions": versions(),
     }
     recipe["wall_seconds"] = round(time.time() - t_start, 1)
-    at.write_recipe(out / "recipe.json", recipe)
+    write_recipe(out / "recipe.json", recipe)
     return recipe
+
+
+def learning_data(
+    retriever, train_sets, left_out, window, taught_by, synthetic, seed
+) -> tuple[list, list, dict | None]:
+    """The questions and (question, passage, target) pairs a model learns from: the labelled sets' (less
+    `left_out`), labelled or, with a teacher, the teacher's logits; plus the corpus-made ones with `synthetic`."""
+    items = [q for path in train_sets for q in load_evalset(path) if q["id"] not in left_out]
+    rows = fused_tops(retriever, items, max(LABELLED_FROM, window)) if items else []
+    pairs = distillation_pairs(rows, taught_by, window) if taught_by else training_pairs(rows, window)
+    made = None
+    if synthetic:
+        settings = dict(synthetic)
+        made_items, made_pairs, made = synthetic_source(
+            lambda qs, depth: fused_tops(retriever, qs, depth), settings.pop("chunks"), seed=seed, window=window,
+            **settings,
+        )  # fmt: skip
+        items, pairs = items + made_items, pairs + made_pairs
+    if taught_by is None and (not any(y for *_, y in pairs) or all(y for *_, y in pairs)):
+        raise ValueError(f"{train_sets}: training needs should-answer questions found by retrieval and declines")
+    return items, pairs, made
+
+
+def command_line(index, train_sets, made, teacher, layers, out, epochs, export_as, seed, time_budget_s) -> str:
+    """The `sourcegate train-in-domain` command that trains this model again (`sourcegate retrain` runs it)."""
+    return (
+        f"sourcegate train-in-domain --index {index} "
+        + (f"--train {' '.join(train_sets)} " if train_sets else "")
+        + (f"--synthetic {made['pseudo_queries_asked']} " if made else "")
+        + (f"--distil-from {teacher} " if teacher else "")
+        + (f"--layers {layers} " if layers else "")
+        + f"--out {out} --epochs {epochs} --export {export_as} --seed {seed}"
+        + (f" --time-budget {time_budget_s:g}" if time_budget_s != TIME_BUDGET_S else "")
+    )
 
 
 def train_seeds(

@@ -7,7 +7,7 @@ about the sentence rather than to spot the same words (kept in a small share, as
 not punished). The passages the version's own retrieval ranks highest for the sentence, from other sections, are
 its hard negatives: related, but not where the sentence came from. Asks that borrow the corpus's names
 (`decline_candidates.borrowing_candidates`) are the should-decline questions, each with the fused top window
-`answer_support` reads as negatives, as a labelled decline question is in `in_domain_training.training_pairs`.
+`answer_support` reads as negatives, as a labelled decline question is in `in_domain.training_pairs`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import re
 
-from pipelines.app.decline_candidates import borrowing_candidates, sections_of_chunks
+from pipelines.training.decline_candidates import borrowing_candidates, sections_of_chunks
 
 KEEP_SHARE = 0.1  # ICT's share of pseudo-queries whose sentence stays in the positive passage
 NEGATIVES = 2  # hard negatives per pseudo-query (the highest-ranked passages of other sections)
@@ -117,7 +117,7 @@ def synthetic_source(
 ) -> tuple[list[dict], list[tuple[str, str, int]], dict]:
     """The synthetic training source over one version: (the questions trained on, the pairs, the record of how
     they were made, for recipe.json). `tops(items, depth)`: the items as searched with their fused top `depth`
-    passages (`in_domain_training.fused_tops` over the version's retriever). `leave_out(items) -> {id: why}` drops generated questions that copy a
+    passages (`in_domain.fused_tops` over the version's retriever). `leave_out(items) -> {id: why}` drops generated questions that copy a
     judged (fit or check) one, so no pseudo-query or borrowing ask is a question a night is judged on."""
     queries = pseudo_queries(chunks, n, seed, keep_share)
     declines = borrowing_candidates(sections_of_chunks(chunks), round(n * borrowing_share), seed)
