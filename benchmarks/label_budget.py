@@ -83,6 +83,14 @@ def check_figures(check: dict) -> dict:
     }
 
 
+def onnx_hashes(model: str) -> dict[str, str]:
+    """Every model.onnx of a model folder (an ensemble has one per member), by path: the design as frozen."""
+    from pipelines.versions.manifest import sha256_file
+
+    folder = Path(model) if model else None
+    return {str(f.relative_to(folder)): sha256_file(f) for f in sorted(folder.rglob("model.onnx"))} if folder else {}
+
+
 def score(args) -> int:
     from pipelines.app.cli import main as sourcegate
 
@@ -106,7 +114,9 @@ def score(args) -> int:
                 "model": model or None,
                 "command": "sourcegate " + " ".join(command),
                 "exit_code": exit_code,
+                "model_onnx_sha256": onnx_hashes(model),
                 "fit": fit_figures(calibration["questions"], signal),
+                "fit_signal_choice": calibration["signal_choice"]["candidates"][0],
                 "check": check_figures(calibration["check"]),
                 "gate_passed": gate["passed"],
             }
