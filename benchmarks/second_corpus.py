@@ -16,7 +16,7 @@ asks (benchmarks/second_corpus/borrowing-fit.jsonl and borrowing-check.jsonl).
     python -m benchmarks.second_corpus sets --init /tmp/sc/cfg                  # fills cfg/evals/{fit,check}.jsonl (+ -near-topic)
     sourcegate --config /tmp/sc/cfg/pipeline.yaml run --no-promote --run-id 20261205-200000
     python -m benchmarks.second_corpus record --runs /tmp/sc/cfg/artifacts/runs RUN_ID [RUN_ID ...] \\
-        --out benchmarks/results/second_corpus_scifact.json
+        [--model /tmp/sc/cfg/models/in_domain] --out benchmarks/results/second_corpus_scifact.json
 """
 
 from __future__ import annotations
@@ -155,6 +155,11 @@ def cmd_record(args) -> None:
         "load": uptime(),
         "nights": [night_record(runs / r) for r in args.run_ids],
     }
+    if args.model:  # the corpus-trained answer model: its recipe and its training log, as written
+        model = Path(args.model)
+        recipe = json.loads((model / "recipe.json").read_text(encoding="utf-8"))
+        log = (model / "training.log").read_text(encoding="utf-8").splitlines()
+        result["trained_model"] = {"command": recipe.get("command"), "synthetic": recipe.get("synthetic"), "log": log}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
 
@@ -170,11 +175,10 @@ def main() -> None:
     p.add_argument("--init", required=True, help="the folder `sourcegate init --out` wrote")
     p.set_defaults(func=cmd_sets)
     p = sub.add_parser("record")
-    (
-        p.add_argument("--runs", required=True),
-        p.add_argument("run_ids", nargs="+"),
-        p.add_argument("--out", required=True),
-    )
+    p.add_argument("--runs", required=True)
+    p.add_argument("run_ids", nargs="+")
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", help="a model folder train-in-domain wrote: its recipe and log go in the record")
     p.add_argument("--total", type=int, default=TOTAL), p.add_argument("--seed", type=int, default=SEED)
     p.set_defaults(func=cmd_record)
     args = parser.parse_args()
