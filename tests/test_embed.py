@@ -65,3 +65,16 @@ def test_sharded_embedding_merges_back_in_chunk_order(make_cfg, small_corpus, em
     folder = RunFolder(cfg.artifacts, "r1").path
     order = pq.read_table(folder / "chunks.text.parquet")["chunk_id"].to_pylist()
     assert pq.read_table(folder / "chunks.parquet")["chunk_id"].to_pylist() == order
+
+
+def test_the_embed_step_records_its_time_in_run_json_summed_over_shards(make_cfg, small_corpus, embedder):
+    cfg = make_cfg(**{"corpus.path": str(small_corpus)})
+    steps.ingest_step(cfg, "r1")
+    steps.chunk_step(cfg, "r1")
+    stats = [steps.embed_step(cfg, "r1", s, 2, embedder=embedder) for s in range(2)]
+    steps.merge_step(cfg, "r1", stats)
+    timings = RunFolder(cfg.artifacts, "r1").info()["timings_s"]
+    # every step of a night is timed, so `sourcegate runs` sums the whole night, the embedding included
+    assert {"ingest", "chunk", "embed"} <= set(timings)
+    assert all(s["seconds"] > 0 for s in stats)
+    assert timings["embed"] == round(sum(s["seconds"] for s in stats), 3)

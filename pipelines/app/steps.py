@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -165,6 +166,7 @@ def embed_step(
 
     `use_cache=False` (a full rebuild) encodes every text instead of reusing the previous run's vectors.
     """
+    start = time.perf_counter()
     run = RunFolder(cfg.artifacts, run_id)
     embedder = embedder or get_embedder(cfg)
     prev = run.previous()
@@ -183,6 +185,8 @@ def embed_step(
         "reused": stats.reused,
         "dimension": embedder.dimension,
         "fingerprint": embedder.fingerprint,
+        # the shard's own wall time: shards may run on several workers at once, so merge sums what they report
+        "seconds": round(time.perf_counter() - start, 3),
     }
 
 
@@ -201,6 +205,7 @@ def merge_step(cfg: PipelineConfig, run_id: str, shard_stats: list[dict]) -> int
     run.update_info(
         counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
         models={"embedding": embedding | {"fingerprint": fingerprints.pop()}},
+        timings_s={"embed": round(sum(s.get("seconds", 0.0) for s in shard_stats), 3)},
     )
     return encoded
 
