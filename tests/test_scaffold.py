@@ -17,6 +17,7 @@ def test_init_scaffolds_a_corpus_and_its_first_night_says_what_to_write(small_co
     assert main(["init", str(small_corpus), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out / 'pipeline.yaml'}" in printed and "sourcegate --config" in printed
+    assert "against your corpus's domain" in printed  # a pool question a domain reaches is near_topic, not gated
 
     cfg = config.load(out / "pipeline.yaml")
     assert cfg.answer.signal == "auto" and cfg.answerability.answer_model_path is None

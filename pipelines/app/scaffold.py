@@ -132,6 +132,8 @@ def next_steps(s: Scaffold) -> str:
             '     line each: {"id": "a-001", "question": "...", "label": "answer", "expected": ["<section id>"]}',
             f"     (section ids: {s.files['sections']}); {s.pool_split[0]} off-topic questions from the pool are"
             + (" already there" if not short else f" there, write {short} more"),
+            "     read those against your corpus's domain before any night: one your domain reaches (health questions",
+            '     on a medical corpus) is "kind": "near_topic" (scored and reported, not gated) in both sets',
             f"  2. separately and blind (before any score is seen), the check set {check}: should-answer questions",
             "     written the same way; it holds the other half of the pool's off-topic questions",
             f"  3. review {s.files['candidates']}: generated asks that borrow the corpus's names; move the ones",
