@@ -16,7 +16,7 @@ Reported per signal (higher = more answerable) and per should-decline kind:
   given share of the training folds' should-answer questions, scored on the held-out fold; the
   held-out should-answer coverage is reported next to it, since a threshold fitted on 80% of
   the questions need not keep 100% of the rest;
-- `combined`: the shipped combiner's logistic regression (`pipelines/retrieval/combiner.py`: standardised,
+- `combined`: the shipped combiner's logistic regression (`sourcegate/pipelines/retrieval/combiner.py`: standardised,
   L2 1.0, Newton) over the listed signals, fitted inside each training fold, thresholded like a
   single signal. `answerability`, the accepted combiner's own score, is in `held_out` only: it
   was fitted on `calibration.jsonl`, so only the other set is held out from it.
@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import Result
-from evals.sweep import roc_auc
-from pipelines.retrieval.combiner import cross_validate as combiner_cv
-from pipelines.retrieval.combiner import fit_arrays, folds, probabilities, threshold_for, training_rows
+from sourcegate.evals.sweep import roc_auc
+from sourcegate.pipelines.retrieval.combiner import cross_validate as combiner_cv
+from sourcegate.pipelines.retrieval.combiner import fit_arrays, folds, probabilities, threshold_for, training_rows
 
 COVERAGES = (1.0, 0.99, 0.95)
 SIGNALS = ["rerank_top", "cosine_top", "bm25_z", "term_coverage", "concept_coverage", "sentence_cosine"]
@@ -56,7 +56,9 @@ def cross_validated(
     scores = np.zeros(len(x))
     for f in range(k):
         train, test = fold != f, fold == f
-        if combine:  # the shipped combiner's fit (pipelines/retrieval/combiner.py), inside the training folds only
+        if (
+            combine
+        ):  # the shipped combiner's fit (sourcegate/pipelines/retrieval/combiner.py), inside the training folds only
             params = fit_arrays(x[train], is_answer[train])
             score_train, score_test = probabilities(params, x[train]), probabilities(params, x[test])
         else:
@@ -150,8 +152,8 @@ def held_out(train: Sequence[Mapping], test: Sequence[Mapping], signals: Sequenc
 
 def sentence_rerank(scorer, query: str, texts: Sequence[str]) -> float | None:
     """Best cross-encoder probability over the single sentences of `texts` (a measured candidate)."""
-    from pipelines.retrieval.answerability import split_sentences
-    from pipelines.retrieval.rerank import sigmoid
+    from sourcegate.pipelines.retrieval.answerability import split_sentences
+    from sourcegate.pipelines.retrieval.rerank import sigmoid
 
     sentences = [s for t in texts for s in split_sentences(t)]
     if scorer is None or not sentences:
@@ -160,10 +162,10 @@ def sentence_rerank(scorer, query: str, texts: Sequence[str]) -> float | None:
 
 
 def collect_demo(index: Path, question_files: Sequence[str], config: str) -> list[dict]:
-    from evals.evalset import load_evalset
-    from pipelines import config as config_mod
-    from pipelines.app.factories import retriever_for
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.evals.evalset import load_evalset
+    from sourcegate.pipelines import config as config_mod
+    from sourcegate.pipelines.app.factories import retriever_for
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     cfg = config_mod.load(config, {})
     retriever, scorer = retriever_for(cfg, EmbeddedSearcher(index / "index"))

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from artifact_io import read_json, write_json
 from benchmarks._common import RESULTS, machine, uptime
 from benchmarks.placement import DATASETS, FIT_SET, dataset_retriever, transfer
 from benchmarks.signal_candidates import background_questions, over_background
-from evals.evalset import load_evalset
-from evals.sweep import roc_auc
+from sourcegate.artifact_io import read_json, write_json
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.evals.sweep import roc_auc
 
 SIGNALS = ("cosine_top", "cosine_over_background")
 
@@ -43,7 +43,7 @@ def judged_at(scores: list[float], is_answer: list[bool], threshold: float) -> d
 
 def dataset_signals(name: str, dataset: Path, out: Path, questions: list[str], background: list[str]) -> dict:
     """Both signals of every question over one dataset's index (built or reused under `out`)."""
-    from pipelines.config import load
+    from sourcegate.pipelines.config import load
 
     retriever = dataset_retriever(load("config/pipeline.yaml"), dataset, out / name)
     corpus = np.asarray(retriever.searcher.vectors, np.float32)
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--result", default="background_transfer.json")
     args = parser.parse_args(argv)
-    from pipelines.app.beir import load_queries
+    from sourcegate.pipelines.app.beir import load_queries
 
     thresholds = {s: read_json(args.candidates)["signals"][s]["fit_threshold"] for s in SIGNALS}
     off_topic = [q["question"] for q in load_evalset(FIT_SET) if q.get("kind") == "off_topic"]

@@ -31,8 +31,8 @@ import numpy as np
 from benchmarks._common import finished, machine, uptime
 from benchmarks.placement import DATASETS, FIT_SET
 from benchmarks.signal_candidates import background_questions, judged, over_background
-from evals.evalset import load_evalset
-from pipelines.retrieval.retriever import effective_query
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.pipelines.retrieval.retriever import effective_query
 
 SIGNALS = ("cosine_top", "cosine_over_background")
 
@@ -88,7 +88,7 @@ def scored(items: list[dict], vectors: np.ndarray, passages: np.ndarray, backgro
 
 
 def measure(model_name: str, args, sets: dict[str, list[dict]], background: list[str]) -> dict:
-    from pipelines.app.beir import load_queries
+    from sourcegate.pipelines.app.beir import load_queries
 
     model, cache = encoder(model_name), Path(args.cache)
     back = encoded(model, model_name, background, cache)

@@ -7,11 +7,11 @@ No model is loaded: each dataset is ingested and chunked by the pipeline's own s
   chunks (what `sourcegate beir` reports as ``bm25``);
 - ``docs``: one field per document, title + text (what BEIR's published BM25 indexes).
 
-Variants (nDCG@10 / recall@100 with the pipeline's metrics, evals.metrics):
+Variants (nDCG@10 / recall@100 with the pipeline's metrics, sourcegate.evals.metrics):
 
 - ``before``: the previous leg: lowercase ``\\w+`` tokens, rank-bm25's BM25Okapi (k1 1.5,
   b 0.75, negative idfs floored at 0.25 x mean idf), which the old index matched bit for bit;
-- ``lucene-words``: Lucene BM25 (k1 1.2, b 0.75, pipelines.search.bm25) on the same tokens;
+- ``lucene-words``: Lucene BM25 (k1 1.2, b 0.75, sourcegate.pipelines.search.bm25) on the same tokens;
 - ``+stop74``: and the analyser's 74 stopwords;
 - ``+stop74+stem`` (**shipped**, ``BM25Index.from_texts``): and the Snowball English stemmer;
 - ``+lucene33+stem``: Lucene's 33-word English stopword set instead.
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log
+from sourcegate.artifact_io.run_folder import RunFolder
 
 DATASETS = (Path(os.environ.get("SOURCEGATE_SHARED", ROOT.parent / "shared")) / "datasets").resolve()
 SCRATCH = Path("/tmp/sgbench-bm25")
@@ -79,8 +79,8 @@ def chunk_texts(dataset: Path) -> tuple[list[str], list[str]]:
     """(chunk texts, their doc ids), chunked by the pipeline's steps with the shipped config."""
     import pyarrow.parquet as pq
 
-    from pipelines import config
-    from pipelines.app import steps
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app import steps
 
     cfg = config.load(
         ROOT / "config" / "pipeline.yaml",
@@ -107,7 +107,7 @@ def documents(dataset: Path) -> dict[str, str]:
 
 
 def ranking(scores: np.ndarray, ids: list[str]) -> list[str]:
-    from pipelines.search.embedded import top_k
+    from sourcegate.pipelines.search.embedded import top_k
 
     return list(dict.fromkeys(ids[i] for i in top_k(scores, DEPTH) if scores[i] > 0))
 
@@ -122,9 +122,9 @@ def main() -> None:
     import Stemmer
     from rank_bm25 import BM25Okapi
 
-    from pipelines.app.beir import evaluate_systems, load_queries
-    from pipelines.search.analyzer import STOPWORDS, words
-    from pipelines.search.bm25 import BM25Index, _legacy_tokens
+    from sourcegate.pipelines.app.beir import evaluate_systems, load_queries
+    from sourcegate.pipelines.search.analyzer import STOPWORDS, words
+    from sourcegate.pipelines.search.bm25 import BM25Index, _legacy_tokens
 
     stem = Stemmer.Stemmer("english").stemWords
 

@@ -16,11 +16,11 @@ import numpy as np
 
 
 def main() -> None:
-    from evals.evalset import load_evalset
-    from pipelines.config import OpenSearch
-    from pipelines.search.embedded import EmbeddedSearcher
-    from pipelines.search.opensearch import OpenSearchStore
-    from pipelines.search.opensearch.client import client_from_env
+    from sourcegate.evals.evalset import load_evalset
+    from sourcegate.pipelines.config import OpenSearch
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines.search.opensearch import OpenSearchStore
+    from sourcegate.pipelines.search.opensearch.client import client_from_env
 
     run = sys.argv[1]
     client = client_from_env()

@@ -1,6 +1,6 @@
 """Benchmark 5: the decline-calibration sweep on 10k labelled questions.
 
-`evals.calibration.calibrate` with the six signals of config/pipeline.yaml, the
+`sourcegate.evals.calibration.calibrate` with the six signals of config/pipeline.yaml, the
 bm25_z x term_coverage pair and the gating check. Signals are
 synthetic (seeded): should-answer questions score higher on average, with overlap.
 
@@ -55,9 +55,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
-    from evals.calibration import calibrate
-    from evals.harness import calibration_config
-    from pipelines import config as config_mod
+    from sourcegate.evals.calibration import calibrate
+    from sourcegate.evals.harness import calibration_config
+    from sourcegate.pipelines import config as config_mod
 
     cfg = config_mod.load("config/pipeline.yaml", {})
     ccfg = calibration_config(cfg)

@@ -2,8 +2,8 @@
 
 The SciFact grid (benchmark 7b) says what helps on one public dataset; this says what the
 same settings do to the demo's precision evals and calibration, which is what the gate holds.
-One demo index is built (pipelines.app.run.build into a scratch artifacts folder), then
-`evals.harness.evaluate` runs once per (retrieval.rrf_k, retrieval.rerank_weight) with one
+One demo index is built (sourcegate.pipelines.app.run.build into a scratch artifacts folder), then
+`sourcegate.evals.harness.evaluate` runs once per (retrieval.rrf_k, retrieval.rerank_weight) with one
 shared cross-encoder, so pairs scored for one setting are reused by the next.
 
     .venv/bin/python -m benchmarks.demo_settings [--settings 60:1.0,60:0.6,5:1.0,5:0.6,10:0.6,5:0.5]
@@ -16,8 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log, peak_rss_mb
+from sourcegate.artifact_io.run_folder import RunFolder
 
 
 def main() -> None:
@@ -28,13 +28,13 @@ def main() -> None:
     args = ap.parse_args()
     res = Result("demo_settings", settings={})
 
-    from artifact_io import read_json
-    from evals.harness import evaluate
-    from pipelines import config as config_mod
-    from pipelines.app import factories
-    from pipelines.app.run import build
-    from pipelines.retrieval.rerank import load_scorer
-    from pipelines.retrieval.retriever import Retriever
+    from sourcegate.artifact_io import read_json
+    from sourcegate.evals.harness import evaluate
+    from sourcegate.pipelines import config as config_mod
+    from sourcegate.pipelines.app import factories
+    from sourcegate.pipelines.app.run import build
+    from sourcegate.pipelines.retrieval.rerank import load_scorer
+    from sourcegate.pipelines.retrieval.retriever import Retriever
 
     work = Path(tempfile.mkdtemp(prefix="sgbench-demo-"))
     try:

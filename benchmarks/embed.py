@@ -1,6 +1,6 @@
 """Benchmark 1: the embedding stage vs the bare model.
 
-`pipelines.build.embed.embed_chunks` (empty cache) vs `SentenceTransformer.encode(texts,
+`sourcegate.pipelines.build.embed.embed_chunks` (empty cache) vs `SentenceTransformer.encode(texts,
 batch_size=32, normalize_embeddings=True)` on the same chunk texts (SciFact, ingested and
 chunked by the pipeline's own steps, a seeded sample), same process, same model object,
 interleaved repetitions with alternating order. Then variants on a smaller sample:
@@ -25,12 +25,12 @@ TARGET_RATIO = 0.9
 
 
 def scifact_chunks(n: int, seed: int = 0) -> list[dict]:
-    """n chunk rows from SciFact via pipelines.build.ingest + pipelines.build.chunk (seeded sample)."""
+    """n chunk rows from SciFact via sourcegate.pipelines.build.ingest + sourcegate.pipelines.build.chunk (seeded sample)."""
     import pyarrow as pa  # noqa: F401
 
-    from pipelines import models
-    from pipelines.build.chunk import chunk_documents
-    from pipelines.build.ingest import ingest
+    from sourcegate.pipelines import models
+    from sourcegate.pipelines.build.chunk import chunk_documents
+    from sourcegate.pipelines.build.ingest import ingest
 
     with tempfile.TemporaryDirectory() as tmp:
         res = ingest(SCIFACT, Path(tmp), fmt="beir", max_doc_bytes=10**7)
@@ -46,7 +46,7 @@ def describe_texts(texts: list[str], tokenizer) -> dict:
     lengths = [len(tokenizer.encode(t).ids) for t in texts]
     return {
         "n": len(texts),
-        "source": "SciFact corpus.jsonl -> pipelines.build.ingest -> pipelines.build.chunk "
+        "source": "SciFact corpus.jsonl -> sourcegate.pipelines.build.ingest -> sourcegate.pipelines.build.chunk "
         "(max 256 tokens, overlap 32), distinct texts, shuffled with seed 0",
         "tokens_mean": round(float(np.mean(lengths)), 1),
         "tokens_p50": int(np.median(lengths)),
@@ -71,7 +71,7 @@ def main() -> None:
     import torch
 
     from benchmarks._common import versions
-    from pipelines.build.embed import Embedder, embed_chunks
+    from sourcegate.pipelines.build.embed import Embedder, embed_chunks
 
     res = Result(
         "embed",

@@ -50,7 +50,7 @@ def main() -> None:
         return
 
     from benchmarks._common import versions
-    from pipelines.build.embed_backends import BACKENDS, load_embedder
+    from sourcegate.pipelines.build.embed_backends import BACKENDS, load_embedder
 
     res = Result("embed_backends", versions=versions("torch", "onnxruntime", "onnx", "sentence-transformers"))
     rows = scifact_chunks(args.texts)

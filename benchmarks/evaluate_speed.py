@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import Result, log, median
-from pipelines.retrieval.answerability import answerability_signals
-from pipelines.retrieval.retriever import Clock, Retriever, effective_query
-from pipelines.search.analyzer import STOPWORDS
+from sourcegate.pipelines.retrieval.answerability import answerability_signals
+from sourcegate.pipelines.retrieval.retriever import Clock, Retriever, effective_query
+from sourcegate.pipelines.search.analyzer import STOPWORDS
 
 LEGS = ("bm25", "knn", "best_cosine", "bm25_distribution", "document_frequencies", "chunks")
 
@@ -38,7 +38,7 @@ class TimedSearcher:
     """Forwards the search protocol's single calls and adds each call's seconds to `stages`.
 
     It has no `hybrid`, so `hybrid_search` makes the protocol's calls one by one: the embedded
-    backend's own `hybrid` is exactly those calls (pipelines/search/embedded.py).
+    backend's own `hybrid` is exactly those calls (sourcegate/pipelines/search/embedded.py).
     """
 
     def __init__(self, inner):
@@ -83,9 +83,9 @@ class PerQuestion:
         return np.stack([self.words[w] for w in words])
 
     def retrieve(self, question: str, context=()):
-        from pipelines.retrieval import combiner as combiner_mod
-        from pipelines.retrieval.answerability import TOP_PASSAGES, content_terms
-        from pipelines.retrieval.retriever import Retrieval
+        from sourcegate.pipelines.retrieval import combiner as combiner_mod
+        from sourcegate.pipelines.retrieval.answerability import TOP_PASSAGES, content_terms
+        from sourcegate.pipelines.retrieval.retriever import Retrieval
 
         r, stages, clock = self.r, {}, Clock()
         self.searcher.stages = stages
@@ -125,7 +125,7 @@ def new_process(scorer) -> None:
 
 
 def one_pass(kind: str, cfg: dict, searcher, embedder, scorer, out: Path, kept_from: Path | None) -> dict:
-    from evals.harness import evaluate, gate_for_dir
+    from sourcegate.evals.harness import evaluate, gate_for_dir
 
     timed = TimedSearcher(searcher)
     retriever = Retriever.from_config(timed, embedder, scorer, cfg)
@@ -195,8 +195,8 @@ def main() -> None:
     ap.add_argument("--name", default="evaluate_speed")
     args = ap.parse_args()
 
-    from pipelines import config
-    from pipelines.app.factories import get_embedder, open_store, scorer_for
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.factories import get_embedder, open_store, scorer_for
 
     cfg = config.load(Path("config/pipeline.yaml"), {"artifacts": args.artifacts})
     searcher = open_store(cfg).open(args.version)

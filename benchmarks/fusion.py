@@ -2,11 +2,11 @@
 the demo, SciFact and NFCorpus by one procedure, stated before the numbers were read.
 
 Data. SciFact and NFCorpus (BEIR test splits) are indexed through `sourcegate beir`'s own path
-(`pipelines.app.beir.index_dataset`, embedded backend) under `--cache/<name>`, so
+(`sourcegate.pipelines.app.beir.index_dataset`, embedded backend) under `--cache/<name>`, so
 `sourcegate beir <dataset> --out <cache>/<name>` reuses the same index. The demo is built with
-`pipelines.app.run.build` under `--cache/demo` and read through its labelled precision set
+`sourcegate.pipelines.app.run.build` under `--cache/demo` and read through its labelled precision set
 (config/evals/precision.jsonl, the set the gate holds), with the gate's arithmetic
-(`evals.precision.precision_eval`, chunk-level labels from `evals.evaluate.qrels_for`).
+(`sourcegate.evals.precision.precision_eval`, chunk-level labels from `sourcegate.evals.evaluate.qrels_for`).
 
 Caches (under --cache, reused by every later run): per dataset the 100-deep BM25 and kNN chunk
 lists of each query (`fusion-lists-<version>.json`, one `hybrid_search` per query) and the
@@ -17,7 +17,7 @@ Arithmetic. Every setting is evaluated by the pipeline's own code: a `Retriever`
 setting fuses the cached lists (truncated to the setting's depth) with `Retriever.fuse` and
 orders the head with `Retriever.rerank` (RRF, min-max blend); nothing is re-implemented here.
 BEIR datasets are scored at document level (a document ranks at its best chunk,
-`pipelines.app.beir.doc_ranking`), the demo at chunk level, all by nDCG@10 of the final order.
+`sourcegate.pipelines.app.beir.doc_ranking`), the demo at chunk level, all by nDCG@10 of the final order.
 
 Procedure (fixed before the grid was read). For each dataset d and setting s, the relative
 score r_d(s) = nDCG@10_d(s) / max over the grid of nDCG@10_d. The chosen setting maximises the
@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log, peak_rss_mb
+from sourcegate.artifact_io.run_folder import RunFolder
 
 DEPTH = 100  # the cached lists' depth; every setting reads a prefix of them
 DATASETS = {"scifact": "scifact", "nfcorpus": "nfcorpus"}  # name -> folder under ../shared/datasets
@@ -112,7 +112,7 @@ class CachedLists:
         self.lists, self.stored = lists, stored
 
     def hybrid(self, query: str, vector, bm25_k: int, knn_k: int, terms=()):
-        from pipelines.search.base import Hit, HybridResult, ScoreDistribution
+        from sourcegate.pipelines.search.base import Hit, HybridResult, ScoreDistribution
 
         bm25, knn = self.lists[query]
         bm25 = [Hit(c, s) for c, s in bm25[:bm25_k]]
@@ -127,10 +127,10 @@ def content_key(*parts) -> str:
 
 def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     """The demo corpus built once under `cache/demo` (keyed by its files, embedding, chunking, analyser)."""
-    from pipelines import config as config_mod
-    from pipelines.app import factories
-    from pipelines.app.run import build
-    from pipelines.search.analyzer import ANALYZER_ID
+    from sourcegate.pipelines import config as config_mod
+    from sourcegate.pipelines.app import factories
+    from sourcegate.pipelines.app.run import build
+    from sourcegate.pipelines.search.analyzer import ANALYZER_ID
 
     corpus = ROOT / cfg.corpus.path
     files = sorted(p for p in corpus.rglob("*") if p.is_file())
@@ -146,12 +146,12 @@ def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
 
 def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
     """Queries, labels, the searcher and chunk table of one dataset (its index built if missing)."""
-    from evals.evalset import load_evalset
-    from evals.evaluate import qrels_for
-    from pipelines.app import factories
-    from pipelines.app.beir import index_dataset, load_queries
-    from pipelines.build.validate import loadable_chunks
-    from pipelines.retrieval.retriever import effective_query
+    from sourcegate.evals.evalset import load_evalset
+    from sourcegate.evals.evaluate import qrels_for
+    from sourcegate.pipelines.app import factories
+    from sourcegate.pipelines.app.beir import index_dataset, load_queries
+    from sourcegate.pipelines.build.validate import loadable_chunks
+    from sourcegate.pipelines.retrieval.retriever import effective_query
 
     if name == "demo":
         dcfg, version = demo_index(cfg, cache)
@@ -174,8 +174,8 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
 
 def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple[list, list]]:
     """qid -> (BM25 list, kNN list), each [(chunk_id, score)] DEPTH deep; searched once, then read from disk."""
-    from pipelines.app import factories
-    from pipelines.search.base import hybrid_search
+    from sourcegate.pipelines.app import factories
+    from sourcegate.pipelines.search.base import hybrid_search
 
     path = cache / name / f"fusion-lists-{ds['version']}.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
@@ -197,8 +197,8 @@ def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple
 
 
 def retriever(searcher, scorer, k: int, depth: int, rerank_depth: int, weight: float):
-    from pipelines.config import Reranker, Retrieval
-    from pipelines.retrieval.retriever import Retriever
+    from sourcegate.pipelines.config import Reranker, Retrieval
+    from sourcegate.pipelines.retrieval.retriever import Retriever
 
     settings = Retrieval(bm25_top_n=depth, knn_top_n=depth, rrf_k=k, rerank_depth=rerank_depth, rerank_weight=weight)
     return Retriever(searcher, None, scorer, settings, Reranker(timeout_s=TIMEOUT_S))
@@ -248,8 +248,8 @@ def score_round(loaded: dict, rerank_depth: int, ks, depths, subsets: dict[str, 
 
 def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]], qids=None) -> dict[str, dict]:
     """nDCG@10 (+ recall@100 on BEIR, p@1 on the demo) of chunk-id runs, per system name, over `qids` (all)."""
-    from evals.metrics import ndcg_at, precision_at, recall_at
-    from pipelines.app.beir import doc_ranking
+    from sourcegate.evals.metrics import ndcg_at, precision_at, recall_at
+    from sourcegate.pipelines.app.beir import doc_ranking
 
     qids = set(ds["queries"] if qids is None else qids)
     qrels = {q: r for q, r in ds["qrels"].items() if q in qids}
@@ -274,7 +274,7 @@ def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]], qids=No
 def grid_scores(name: str, ds: dict, searcher, pairs, ks, depths, rerank_depths, weights, subset, rerank_ks) -> dict:
     """Every setting's final-order scores on the reranked `subset` of queries; the hybrid (fused)
     scores per (k, depth), BM25 and dense on all queries and on the subset."""
-    from evals.precision import precision_eval
+    from sourcegate.evals.precision import precision_eval
 
     lists = searcher.lists
     base = {
@@ -357,8 +357,8 @@ def main() -> None:
 
     res = Result(args.name, cache=str(args.cache), grid={"rrf_k": ks, "rerank_rrf_k": rerank_ks, "list_depth": depths,
                  "rerank_depth": rerank_depths, "rerank_weight": weights})  # fmt: skip
-    from pipelines import config as config_mod
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines import config as config_mod
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     cfg = config_mod.load(ROOT / "config" / "pipeline.yaml", {})
     r = cfg.retrieval

@@ -5,7 +5,7 @@
         --test config/evals/calibration.jsonl --work /tmp/in_domain --out FILE.json
 
 The answer-support model learnt what SQuAD's negatives teach and did not move (§23). Here the packaged
-cross-encoder (ms-marco-MiniLM-L-12-v2, dequantised: pipelines.training.base_model.packaged_base) is
+cross-encoder (ms-marco-MiniLM-L-12-v2, dequantised: sourcegate.pipelines.training.base_model.packaged_base) is
 fine-tuned with the same trainer on pairs from labelled sets of this corpus: each should-answer question
 with up to two of its labelled passages among the fused top 10 (1), each should-decline question (off-topic
 and near-topic) with its fused top 3 (0). A question's score is the model's highest logit over its fused top
@@ -24,13 +24,13 @@ from pathlib import Path
 from benchmarks._common import finished, machine, uptime
 from benchmarks.question_views import retriever_on
 from benchmarks.signal_candidates import judged
-from evals.evalset import load_evalset
-from evals.placement import place
-from pipelines.retrieval.answer_support import PASSAGES
-from pipelines.training import in_domain
-from pipelines.training.base_model import packaged_base
-from pipelines.training.in_domain import EPOCHS, LR, training_pairs
-from pipelines.training.train import train
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.evals.placement import place
+from sourcegate.pipelines.retrieval.answer_support import PASSAGES
+from sourcegate.pipelines.training import in_domain
+from sourcegate.pipelines.training.base_model import packaged_base
+from sourcegate.pipelines.training.in_domain import EPOCHS, LR, training_pairs
+from sourcegate.pipelines.training.train import train
 
 PLACEMENTS = ("tightest", "midpoint")  # not logit_midpoint: the scores are logits already
 MAX_LENGTH = 192  # the demo's chunks fit; shorter than the shipped 256 for speed on two cores

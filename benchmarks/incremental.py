@@ -1,4 +1,4 @@
-"""Benchmark 2: incremental vs full rebuild with pipelines.app.steps.
+"""Benchmark 2: incremental vs full rebuild with sourcegate.pipelines.app.steps.
 
 Part A (real, both sides measured): a SciFact subset (default 2000 documents). Each
 repetition builds it from scratch (ingest -> chunk -> embed -> merge -> validate -> load,
@@ -102,7 +102,7 @@ class StandInEmbedder:
 
 
 def config(artifacts: Path, corpus: Path) -> dict:
-    from pipelines import config as config_mod
+    from sourcegate.pipelines import config as config_mod
 
     return config_mod.load(
         "config/pipeline.yaml",
@@ -117,7 +117,7 @@ def config(artifacts: Path, corpus: Path) -> dict:
 
 def build(cfg: dict, run_id: str, embedder, use_cache: bool) -> dict:
     """ingest -> chunk -> embed -> merge -> validate -> load, each step timed."""
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     t: dict[str, float] = {}
     out: dict = {}
@@ -269,7 +269,7 @@ def main() -> None:
     ap.add_argument("--skip-a", action="store_true", help="reuse part A from an earlier result file")
     args = ap.parse_args()
 
-    from pipelines.build.embed import Embedder
+    from sourcegate.pipelines.build.embed import Embedder
 
     embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2", None, 32)
     res = Result("incremental", target_ratio=TARGET, work_dir=str(WORK))

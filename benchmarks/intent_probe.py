@@ -7,7 +7,7 @@
 A linear probe on the shipped bi-encoder's question vectors: the fit set's should-answer and near-topic questions
 (questions this corpus's users ask) against a background of general-knowledge questions (SQuAD 2.0 dev's). It
 never trains on an off-topic question, so the fit set's off-topic questions test it honestly. Cross-fitted on the
-fit set (5 deterministic folds, evals/placement.folds_of): each fold scored by the probe fitted without it; the
+fit set (5 deterministic folds, sourcegate/evals/placement.folds_of): each fold scored by the probe fitted without it; the
 threshold is the lowest out-of-fold should-answer score. Then fitted on the whole fit set and judged on the other
 sets at its own tightest in-sample threshold. No check set is read.
 
@@ -27,8 +27,8 @@ import numpy as np
 from benchmarks._common import finished, machine, uptime
 from benchmarks.bi_encoder_candidates import encoded, encoder, question_vectors
 from benchmarks.signal_candidates import background_questions, judged
-from evals.evalset import load_evalset
-from evals.placement import folds_of
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.evals.placement import folds_of
 
 C = 1.0  # scikit-learn's default penalty; 0.3-10 moved the cross-fitted off-topic declines by one (18-20 of 34)
 

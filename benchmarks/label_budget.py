@@ -11,7 +11,7 @@ proportion to their labels, so the 100 are among the 300 and each size keeps the
 `score`: every frozen design (a gating signal, and for `answer_support` the model folder it reads) is judged by one
 `calibrate` each, in one command: the signal is the only candidate of the `auto` rule, so its threshold is placed
 on the fit set by `calibration.placement` exactly as a night places it, and the check set is judged at that
-threshold and logged (evals/check_log.py) like any check scoring. The fit figures are at the tightest threshold.
+threshold and logged (sourcegate/evals/check_log.py) like any check scoring. The fit figures are at the tightest threshold.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 
 from benchmarks._common import RESULTS, finished, machine
-from evals.evalset import load_evalset
+from sourcegate.evals.evalset import load_evalset
 
 HAND_WRITTEN = (  # the training sets a person wrote (place-asks-train.jsonl was generated from templates)
     "config/evals/riders.jsonl",
@@ -85,14 +85,14 @@ def check_figures(check: dict) -> dict:
 
 def onnx_hashes(model: str) -> dict[str, str]:
     """Every model.onnx of a model folder (an ensemble has one per member), by path: the design as frozen."""
-    from pipelines.versions.manifest import sha256_file
+    from sourcegate.pipelines.versions.manifest import sha256_file
 
     folder = Path(model) if model else None
     return {str(f.relative_to(folder)): sha256_file(f) for f in sorted(folder.rglob("model.onnx"))} if folder else {}
 
 
 def score(args) -> int:
-    from pipelines.app.cli import main as sourcegate
+    from sourcegate.pipelines.app.cli import main as sourcegate
 
     rows = []
     for spec in args.design:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from artifact_io.run_folder import RunFolder
 from benchmarks._common import ROOT, Result, log
+from sourcegate.artifact_io.run_folder import RunFolder
 
 WORK = Path("/tmp/sgbench-night")
 BASE_RUN, NIGHT_RUN = "20260101-000000", "20260102-000000"
@@ -116,8 +116,8 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from artifact_io import atomic_write
-    from pipelines.app import steps
+    from sourcegate.artifact_io import atomic_write
+    from sourcegate.pipelines.app import steps
 
     run = RunFolder(cfg.artifacts, run_id)
     folder = run.path
@@ -147,7 +147,7 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
 
 def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
     """Open the version (verified by size; SHA-256 of 1 GB of files is load's business) and answer queries."""
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     t = time.perf_counter()
     searcher = steps.open_store(cfg).open(run_id, hashes=False)
@@ -165,7 +165,7 @@ def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
 
 
 def run_step(step: str, cfg: dict, run_id: str) -> object:
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     stats_file = RunFolder(cfg.artifacts, run_id).path / "embed" / "stats.json"  # embed's stats, read by merge
 
@@ -194,7 +194,7 @@ def run_step(step: str, cfg: dict, run_id: str) -> object:
 
 def child(step: str, config_json: str, run_id: str) -> None:
     """Entry point of a step's process: run it and print one JSON line of measurements."""
-    from pipelines import config
+    from sourcegate.pipelines import config
 
     cfg = config.load(ROOT / "config" / "pipeline.yaml", json.loads(config_json))
     with AnonPeak() as anon:
@@ -295,7 +295,7 @@ def main() -> None:
     if args.step:
         child(args.step, args.config, args.run_id)
         return
-    from pipelines import config
+    from sourcegate.pipelines import config
 
     backend = config.load(ROOT / "config" / "pipeline.yaml").embedding.backend
     result = Result(

@@ -23,7 +23,7 @@ from benchmarks.search import build_with_load, synth, texts_of, vocabulary
 
 def open_before(store, version: str):
     """The open as it was: the SHA-256 of every file, then the searcher."""
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     return EmbeddedSearcher(store.folder(version), manifest=store.verify(version))
 
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--name", default="open_verified", help="results/<name>.json")
     args = ap.parse_args()
-    from pipelines.search.embedded import EmbeddedStore
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
 
     result = Result(args.name, chunks=args.chunks, repeats=args.repeats)
     with tempfile.TemporaryDirectory(prefix="sg-open-") as tmp:

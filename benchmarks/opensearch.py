@@ -88,11 +88,11 @@ def main() -> None:
 
     import logging
 
-    logging.getLogger("pipelines.retrieval.rerank").setLevel(logging.WARNING)
-    from pipelines.config import OpenSearch
-    from pipelines.retrieval.retriever import Retriever
-    from pipelines.search.embedded import EmbeddedStore
-    from pipelines.search.opensearch import OpenSearchStore
+    logging.getLogger("sourcegate.pipelines.retrieval.rerank").setLevel(logging.WARNING)
+    from sourcegate.pipelines.config import OpenSearch
+    from sourcegate.pipelines.retrieval.retriever import Retriever
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
+    from sourcegate.pipelines.search.opensearch import OpenSearchStore
 
     url = os.environ.get("OPENSEARCH_URL", "http://127.0.0.1:9200")
     started = False
@@ -182,7 +182,7 @@ class ByCalls:
 def round_trips(os_searcher, em_searcher, emb, qw, qv) -> dict:
     """Hybrid retrieve (no rerank) p50: six round trips (before) vs one `_msearch` vs embedded,
     interleaved per query, every call cold."""
-    from pipelines.retrieval.retriever import Retriever
+    from sourcegate.pipelines.retrieval.retriever import Retriever
 
     systems = {
         "opensearch_six_round_trips": Retriever(ByCalls(os_searcher), emb, None),
@@ -208,7 +208,7 @@ def distribution_error(os_searcher, qw, sizes=(18, 100, 1000)) -> dict:
     the exact one (extended_stats over every matching chunk, as `hybrid` gets it), and what each
     request costs. Where at most 10,000 chunks match, the exact z is also checked against the full
     list of scores fetched as hits."""
-    from pipelines.search.base import ScoreDistribution
+    from sourcegate.pipelines.search.base import ScoreDistribution
 
     client, index = os_searcher.client, os_searcher.index
     total = int(client.count(index=index)["count"])
@@ -273,9 +273,9 @@ def distribution_error(os_searcher, qw, sizes=(18, 100, 1000)) -> dict:
 
 def queries_only(args) -> None:
     """--reuse: query an already loaded index `<prefix>-<version>` and its embedded twin (no load)."""
-    from pipelines.config import OpenSearch
-    from pipelines.search.embedded import EmbeddedSearcher
-    from pipelines.search.opensearch import OpenSearchStore
+    from sourcegate.pipelines.config import OpenSearch
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines.search.opensearch import OpenSearchStore
 
     prefix, version = args.reuse.split("/")
     res = Result(args.name, prefix=prefix, version=version, embedded=args.embedded, queries=args.queries)

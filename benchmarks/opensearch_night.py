@@ -86,7 +86,7 @@ def checksums(client, index: str) -> dict:
     """The ids' SHA-256 of `index` four ways, each timed: what `verify` could read."""
     from opensearchpy.helpers import scan
 
-    from pipelines.search.opensearch import ids_checksum
+    from sourcegate.pipelines.search.opensearch import ids_checksum
 
     def scroll_ids(size: int):
         hits = scan(client, index=index, query={"_source": False, "query": {"match_all": {}}}, size=size)
@@ -179,8 +179,8 @@ def main() -> None:
     ap.add_argument("--name", default="opensearch_night", help="result file name (benchmarks/results/<name>.json)")
     args = ap.parse_args()
     logging.getLogger("opensearch").setLevel(logging.ERROR)  # the 404s of absent aliases and indexes
-    from pipelines.config import OpenSearch
-    from pipelines.search.opensearch import OpenSearchStore
+    from sourcegate.pipelines.config import OpenSearch
+    from sourcegate.pipelines.search.opensearch import OpenSearchStore
 
     prefix = f"sgbench-night-{secrets.token_hex(4)}"
     store = OpenSearchStore(section=OpenSearch(index_prefix=prefix), progress=False)

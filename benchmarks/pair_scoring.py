@@ -41,7 +41,7 @@ def session(scorer, threads: int):
 
 
 def main(argv=None) -> int:
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=300)

@@ -1,9 +1,9 @@
 """docs/benchmarks/19-placement.md: which threshold placement keeps unseen should-answer questions (issue #28).
 
-Each rule (evals/placement.py: tightest, linear midpoint, logit midpoint of the gap) is placed
+Each rule (sourcegate/evals/placement.py: tightest, linear midpoint, logit midpoint of the gap) is placed
 on data and judged on data it was not placed on, never on the check set:
 - cross-fitted on each dataset: the threshold placed without a fold, kept/declined counted on
-  that fold (deterministic folds, evals/placement.cross_fitted);
+  that fold (deterministic folds, sourcegate/evals/placement.cross_fitted);
 - demo -> BEIR: placed on the demo's fit set, applied to SciFact's and NFCorpus's queries.
 
 Two stages:
@@ -24,9 +24,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from artifact_io import read_json, write_json
 from benchmarks._common import RESULTS, SCIFACT
-from evals.placement import RULES, cross_fitted, place
+from sourcegate.artifact_io import read_json, write_json
+from sourcegate.evals.placement import RULES, cross_fitted, place
 
 DATASETS = {"scifact": SCIFACT, "nfcorpus": SCIFACT.parent / "nfcorpus"}
 FIT_SET = Path("config/evals/calibration.jsonl")
@@ -43,8 +43,8 @@ def off_topic_file(fit_set: Path) -> Path:
 
 def dataset_retriever(cfg, dataset: Path, folder: Path):
     """The shipped config's retriever over a BEIR dataset, indexed like `sourcegate beir` (cached under `folder`)."""
-    from pipelines.app import factories
-    from pipelines.app.beir import index_dataset
+    from sourcegate.pipelines.app import factories
+    from sourcegate.pipelines.app.beir import index_dataset
 
     folder.mkdir(parents=True, exist_ok=True)
     bcfg, version = index_dataset(cfg, dataset, folder, progress=True)
@@ -52,8 +52,8 @@ def dataset_retriever(cfg, dataset: Path, folder: Path):
 
 
 def score_datasets(out: Path) -> None:
-    from pipelines.app.beir import calibrate_beir, load_queries
-    from pipelines.config import load
+    from sourcegate.pipelines.app.beir import calibrate_beir, load_queries
+    from sourcegate.pipelines.config import load
 
     cfg = load("config/pipeline.yaml")
     decline = off_topic_file(FIT_SET)

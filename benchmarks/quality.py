@@ -1,6 +1,6 @@
 """Benchmark 7: retrieval quality on SciFact at several rerank depths.
 
-The same code path as `sourcegate beir` (`pipelines.app.beir.run_beir`; its index is cached
+The same code path as `sourcegate beir` (`sourcegate.pipelines.app.beir.run_beir`; its index is cached
 under --out, shared with the CLI), one depth after another in ONE process with ONE
 cross-encoder, whose pair-score memo is saved after every depth (for benchmarks.quality_ideas).
 Consequence for latency: the first depth run here starts with an empty memo and its
@@ -37,10 +37,10 @@ def main() -> None:
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args()
 
-    from pipelines import config as config_mod
-    from pipelines.app import factories
-    from pipelines.app.beir import run_beir
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines import config as config_mod
+    from sourcegate.pipelines.app import factories
+    from sourcegate.pipelines.app.beir import run_beir
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     cfg = config_mod.load("config/pipeline.yaml", {})
     scorer = OnnxCrossEncoder()

@@ -1,19 +1,19 @@
-"""Benchmark 7b: ideas for a higher SciFact nDCG@10, tried without changing pipelines/.
+"""Benchmark 7b: ideas for a higher SciFact nDCG@10, tried without changing sourcegate/pipelines/.
 
 Uses the index `sourcegate beir` cached under benchmarks/results/scifact/cache and the
 cross-encoder pair scores benchmarks.quality saved (missing pairs are scored here and
-added). Every variant is evaluated with the pipeline's own metrics (evals.metrics):
+added). Every variant is evaluated with the pipeline's own metrics (sourcegate.evals.metrics):
 
 - rrf_k: chunk-level hybrid with RRF k in {5, 10, 20, 30, 60, 100}
 - doc_fusion: per-list chunk -> document (max score = first occurrence), then RRF of the
   two document lists (instead of fusing chunks and collapsing afterwards)
 - chunk_rerank@d: cross-encoder on the top-d fused chunks; a document's score is its best
-  chunk's (max-score aggregation, what pipelines.app.beir does)
+  chunk's (max-score aggregation, what sourcegate.pipelines.app.beir does)
 - doc_rerank@d: cross-encoder on the top-d fused DOCUMENTS, each as title + whole abstract
   (truncated at the model's 512 tokens)
 - ..+rrf: RRF of the reranked list and the hybrid list (the reranker as a vote, not a verdict)
 - blend: chunk-level RRF k in --blend-ks, rerank depth in --blend-depths, head ordered by
-  `pipelines.retrieval.retriever.blend` (w x min-max cross-encoder logit + (1 - w) x min-max fused score)
+  `sourcegate.pipelines.retrieval.retriever.blend` (w x min-max cross-encoder logit + (1 - w) x min-max fused score)
   for w in --blend-weights; w = 1 is the plain cross-encoder order
 
 - chunking: --max-tokens picks the index (`chunking.max_tokens`; built, cached and shared with
@@ -45,7 +45,7 @@ DEPTH = 100
 
 
 def ndcg(runs: dict, qrels) -> dict:
-    from pipelines.app.beir import evaluate_systems
+    from sourcegate.pipelines.app.beir import evaluate_systems
 
     return evaluate_systems(runs, qrels)
 
@@ -81,7 +81,7 @@ class Memoised:
     """The cross-encoder's logits with its pair memo kept across runs (MEMO), timing only new pairs."""
 
     def __init__(self):
-        from pipelines.retrieval.rerank import OnnxCrossEncoder
+        from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
         self.scorer = OnnxCrossEncoder()
         if MEMO.exists():
@@ -113,9 +113,9 @@ def scifact_corpus() -> dict[str, str]:
 
 def fusion_runs(lists: dict, doc_of: dict) -> tuple[dict, dict]:
     """BM25, dense and their RRF fusions (chunk- and document-level); and the k=60 fused chunk lists."""
-    from pipelines.app.beir import doc_ranking
-    from pipelines.retrieval.retriever import rrf
-    from pipelines.search.base import Hit
+    from sourcegate.pipelines.app.beir import doc_ranking
+    from sourcegate.pipelines.retrieval.retriever import rrf
+    from sourcegate.pipelines.search.base import Hit
 
     runs: dict[str, dict[str, list[str]]] = {}
     fused_chunks = {}
@@ -137,7 +137,7 @@ def fusion_runs(lists: dict, doc_of: dict) -> tuple[dict, dict]:
 
 
 def chunk_rerank_runs(runs, items, fused_chunks, text_of, doc_of, ce, depths) -> None:
-    from pipelines.app.beir import doc_ranking
+    from sourcegate.pipelines.app.beir import doc_ranking
 
     hybrid = runs["hybrid_chunks_rrf_k60"]
     for d in depths:
@@ -153,9 +153,9 @@ def chunk_rerank_runs(runs, items, fused_chunks, text_of, doc_of, ce, depths) ->
 
 
 def blend_runs(runs, items, lists, text_of, doc_of, ce, args) -> None:
-    from pipelines.app.beir import doc_ranking
-    from pipelines.retrieval.retriever import blend, rrf
-    from pipelines.search.base import Hit
+    from sourcegate.pipelines.app.beir import doc_ranking
+    from sourcegate.pipelines.retrieval.retriever import blend, rrf
+    from sourcegate.pipelines.search.base import Hit
 
     for k in ints(args.blend_ks):
         for qid, text in items:
@@ -209,10 +209,10 @@ def score_systems(runs: dict, qrels: dict, items: list) -> tuple[dict, dict]:
 def main() -> None:
     args = parse_args()
     res = Result(args.name)  # started here so wall_seconds covers the whole run
-    from pipelines import config as config_mod
-    from pipelines.app.beir import index_dataset, load_queries
-    from pipelines.build.embed import Embedder
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines import config as config_mod
+    from sourcegate.pipelines.app.beir import index_dataset, load_queries
+    from sourcegate.pipelines.build.embed import Embedder
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     cfg = config_mod.load("config/pipeline.yaml", {"chunking.max_tokens": args.max_tokens})
     folder = index_dataset(cfg, SCIFACT, OUT, progress=False) / "index"  # the index `sourcegate beir` uses

@@ -28,10 +28,10 @@ STAGES = ("embed", "search", "rerank", "signals")
 
 
 def warm_query(n: int, queries: int, seed: int) -> dict:
-    from pipelines import config
-    from pipelines.app.factories import get_embedder, scorer_for
-    from pipelines.retrieval.retriever import Retriever
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.factories import get_embedder, scorer_for
+    from sourcegate.pipelines.retrieval.retriever import Retriever
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     cfg = config.load(Path("config/pipeline.yaml"))
     words = vocabulary()
@@ -67,13 +67,21 @@ def warm_query(n: int, queries: int, seed: int) -> dict:
 
 
 def cold_cli(index: Path, reps: int) -> dict:
-    command = [sys.executable, "-m", "pipelines.app.cli", "query", "--index", str(index), "Can I bring my bike?"]
+    command = [
+        sys.executable,
+        "-m",
+        "sourcegate.pipelines.app.cli",
+        "query",
+        "--index",
+        str(index),
+        "Can I bring my bike?",
+    ]
     seconds = []
     for _ in range(reps):
         t = time.perf_counter()
         subprocess.run(command, check=True, capture_output=True)
         seconds.append(time.perf_counter() - t)
-    imports = [sys.executable, "-c", "import pipelines.app.cli"]
+    imports = [sys.executable, "-c", "import sourcegate.pipelines.app.cli"]
     t = time.perf_counter()
     subprocess.run(imports, check=True)
     return {

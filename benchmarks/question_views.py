@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 from benchmarks._common import finished, machine, uptime
-from evals.evalset import load_evalset, relevant
-from pipelines import config
-from pipelines.app.factories import retriever_for
-from pipelines.retrieval.retriever import content_terms, rrf
-from pipelines.search.analyzer import STOPWORDS
-from pipelines.search.base import Hit
-from pipelines.search.embedded import open_run_folder
+from sourcegate.evals.evalset import load_evalset, relevant
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app.factories import retriever_for
+from sourcegate.pipelines.retrieval.retriever import content_terms, rrf
+from sourcegate.pipelines.search.analyzer import STOPWORDS
+from sourcegate.pipelines.search.base import Hit
+from sourcegate.pipelines.search.embedded import open_run_folder
 
 
 def content_view(question: str) -> str:

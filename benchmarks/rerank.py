@@ -31,7 +31,7 @@ class BareSession:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        from pipelines import models
+        from sourcegate.pipelines import models
 
         folder = models.cross_encoder_dir(None)
         opts = ort.SessionOptions()
@@ -82,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.embed import scifact_chunks
-    from pipelines.retrieval.rerank import OnnxCrossEncoder, safe_rerank
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder, safe_rerank
 
     rows = scifact_chunks(400, seed=3)
     queries = [json.loads(x)["text"] for x in (SCIFACT / "queries.jsonl").read_text().splitlines()[: args.queries]]

@@ -65,7 +65,7 @@ def requests_since(log_file: Path, offset: int) -> tuple[Counter, int]:
 
 def run_task(step: str, cfg, run_id: str, extra: dict) -> object:
     """The DAG task's step call (dags/sourcegate_nightly.py) on `cfg` (a staged scratch folder or local)."""
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     calls = {
         "ingest": lambda c: steps.ingest_step(c, run_id),
@@ -84,8 +84,8 @@ def run_task(step: str, cfg, run_id: str, extra: dict) -> object:
 
 def child(step: str, overrides: str, run_id: str, extra: str) -> None:
     """A task's process: on an s3:// artifacts prefix through staging.task_staged (as dags/_common.in_store)."""
-    from pipelines import config
-    from pipelines.app.staging import task_staged
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.staging import task_staged
 
     cfg = config.load(ROOT / "config" / "pipeline.yaml", json.loads(overrides))
     shard = (0, 1) if step == "embed" else None
@@ -112,8 +112,8 @@ def spawn(step: str, overrides: dict, run_id: str, extra: dict, env: dict) -> di
 
 def publish_base(local_artifacts: Path, uri: str) -> None:
     """Put a base artifacts folder on the bucket as a night would have published it (not counted)."""
-    from pipelines.app import staging
-    from pipelines.versions.object_store import ObjectStore
+    from sourcegate.pipelines.app import staging
+    from sourcegate.pipelines.versions.object_store import ObjectStore
 
     staging.publish(ObjectStore.from_uri(uri), local_artifacts, staging.Snapshot())
 
@@ -123,7 +123,16 @@ def demo_base(work: Path) -> dict:
     base = work / "demo-base" / "artifacts"
     if not (base / "runs" / BASE_RUN / "text_vectors.parquet").exists():
         shutil.rmtree(base, ignore_errors=True)
-        cmd = [sys.executable, "-m", "pipelines.app.cli", "run", "--artifacts", str(base), "--run-id", BASE_RUN]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sourcegate.pipelines.app.cli",
+            "run",
+            "--artifacts",
+            str(base),
+            "--run-id",
+            BASE_RUN,
+        ]
         subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return {"base": base, "overrides": {}, "steps": DEMO_STEPS}
 
@@ -184,7 +193,7 @@ def one_night(side: str, setup: dict, store: dict, relay, moto_log: Path) -> dic
 
 def reset_bucket(store: dict, setup: dict) -> None:
     """The bucket prefix holds exactly the base (through the server's own port: not counted)."""
-    from pipelines.versions.object_store import ObjectStore
+    from sourcegate.pipelines.versions.object_store import ObjectStore
 
     with direct_env(store):
         bucket = ObjectStore.from_uri(store["uri"])

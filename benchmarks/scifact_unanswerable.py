@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import SCIFACT
-from pipelines.app.beir import load_queries
-from pipelines.search.bm25 import BM25Index, tokenize
+from sourcegate.pipelines.app.beir import load_queries
+from sourcegate.pipelines.search.bm25 import BM25Index, tokenize
 
 
 def split_queries(qrels: dict[str, dict[str, int]], n: int, seed: int) -> tuple[list[str], list[str]]:

@@ -84,14 +84,14 @@ def score(run: Path, settings: dict[str, dict]) -> dict:
     import numpy as np
     import torch
 
-    from pipelines import config
-    from pipelines.build.embed_backends import bf16_kernel, load_embedder
-    from pipelines.retrieval.answer_support import load_answer_model
-    from pipelines.retrieval.answerability import content_terms
-    from pipelines.retrieval.rerank import load_scorer
-    from pipelines.retrieval.retriever import Retriever
-    from pipelines.search.analyzer import STOPWORDS
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.build.embed_backends import bf16_kernel, load_embedder
+    from sourcegate.pipelines.retrieval.answer_support import load_answer_model
+    from sourcegate.pipelines.retrieval.answerability import content_terms
+    from sourcegate.pipelines.retrieval.rerank import load_scorer
+    from sourcegate.pipelines.retrieval.retriever import Retriever
+    from sourcegate.pipelines.search.analyzer import STOPWORDS
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     cfg = config.load(ROOT / "config" / "pipeline.yaml", {"answerability.answer_passages": 10})
     searcher = EmbeddedSearcher(run / "index")

@@ -97,8 +97,8 @@ def build_direct(folder: Path, offsets, flat, vectors, texts, words) -> None:
     import pyarrow.parquet as pq
     from scipy import sparse
 
-    from pipelines.search.analyzer import ANALYZER_ID, analyze
-    from pipelines.search.bm25 import bm25_weights
+    from sourcegate.pipelines.search.analyzer import ANALYZER_ID, analyze
+    from sourcegate.pipelines.search.bm25 import bm25_weights
 
     n = len(offsets) - 1
     folder.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,7 @@ def build_with_load(runs: Path, texts, vectors) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.search.embedded import EmbeddedStore
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
 
     table = stored_table(texts)
     flat = pa.array(vectors.reshape(-1), pa.float32())
@@ -171,10 +171,10 @@ class FixedEmbedder:
 def one_size(n: int, queries: int, load_max: int, seed: int) -> dict:
     import logging
 
-    from pipelines.retrieval.retriever import Retriever
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines.retrieval.retriever import Retriever
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
-    logging.getLogger("pipelines.retrieval.rerank").setLevel(logging.WARNING)
+    logging.getLogger("sourcegate.pipelines.retrieval.rerank").setLevel(logging.WARNING)
     words = vocabulary()
     t0 = time.perf_counter()
     offsets, flat, vectors = synth(n, seed)
@@ -196,7 +196,7 @@ def one_size(n: int, queries: int, load_max: int, seed: int) -> dict:
         out["index_build_peak_rss_mb"] = peak_rss_mb()
         if n <= 20_000:  # the direct builder must agree with BM25Index.build
             build_direct(tmp / "check", offsets, flat, vectors, texts, words)
-            from pipelines.search.bm25 import BM25Index
+            from sourcegate.pipelines.search.bm25 import BM25Index
 
             a, b = BM25Index.open(folder), BM25Index.open(tmp / "check")
             same_vocab = a.vocab == b.vocab

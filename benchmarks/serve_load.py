@@ -53,7 +53,7 @@ def env_for(tree: Path) -> dict:
 
 
 def start_serve(artifacts: str, config: str | None) -> tuple[subprocess.Popen, str, float]:
-    cmd = [sys.executable, "-m", "pipelines.app.cli", *(["--config", config] if config else [])]
+    cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", *(["--config", config] if config else [])]
     cmd += ["serve", "--artifacts", artifacts, "--port", "0"]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env_for(ROOT), stdout=subprocess.PIPE, text=True)
@@ -110,15 +110,15 @@ t = time.perf_counter(); laps = {}
 def lap(name):
     global t
     now = time.perf_counter(); laps[name] = round(now - t, 3); t = now
-from pipelines.app import cli; lap("import_cli")
+from sourcegate.pipelines.app import cli; lap("import_cli")
 import sentence_transformers; lap("import_sentence_transformers")
-from pipelines.app.factories import answer_scorer_for, get_embedder, scorer_for, serving_for; lap("import_factories")
+from sourcegate.pipelines.app.factories import answer_scorer_for, get_embedder, scorer_for, serving_for; lap("import_factories")
 cfg = cli.config_mod.load(cli.DEFAULT_CONFIG, {"artifacts": sys.argv[1]})
 get_embedder(cfg); lap("load_bi_encoder")
 scorer_for(cfg.reranker.kind, cfg.reranker.model_path); lap("load_reranker")
 answer_scorer_for(cfg.answerability.answer_model_path); lap("load_answer_model")
 serving = serving_for(cfg); lap("open_version_and_check_decision")
-from pipelines.app.answering import ask
+from sourcegate.pipelines.app.answering import ask
 answered = ask(cfg, serving, sys.argv[2]); lap("answer")
 print(json.dumps({"phases_s": laps, "stages_s": answered.retrieval.timings}))
 """
@@ -140,7 +140,7 @@ def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) 
     out = {name: [] for name in trees}
     for _ in range(reps):
         for name, tree in trees.items():
-            cmd = [sys.executable, "-m", "pipelines.app.cli", *(["--config", config] if config else [])]
+            cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", *(["--config", config] if config else [])]
             cmd += ["query", "--artifacts", artifacts, COLD_QUESTION]
             t = time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True, cwd=tree, env=env_for(tree))  # cwd first on sys.path

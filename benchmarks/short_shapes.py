@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from benchmarks._common import Result
-from pipelines.build.embed_backends import BF16, Bf16Embedder
-from pipelines.retrieval.answerability import split_sentences
-from pipelines.search.bm25 import tokenize
+from sourcegate.pipelines.build.embed_backends import BF16, Bf16Embedder
+from sourcegate.pipelines.retrieval.answerability import split_sentences
+from sourcegate.pipelines.search.bm25 import tokenize
 
 
 def encode_at(embedder: Bf16Embedder, texts: list[str], length: int) -> np.ndarray:

@@ -31,11 +31,11 @@ import numpy as np
 
 from benchmarks._common import finished, machine, uptime
 from benchmarks.question_views import content_view, retriever_on
-from evals.evalset import load_evalset
-from evals.sweep import roc_auc
-from pipelines.retrieval.answer_support import answer_support
-from pipelines.retrieval.rerank import sigmoid
-from pipelines.training.squad import load_squad
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.evals.sweep import roc_auc
+from sourcegate.pipelines.retrieval.answer_support import answer_support
+from sourcegate.pipelines.retrieval.rerank import sigmoid
+from sourcegate.pipelines.training.squad import load_squad
 
 SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 SHIPPED = ["rerank_top", "cosine_top", "bm25_top", "concept_coverage", "sentence_cosine", "answer_support"]

@@ -1,7 +1,7 @@
 """Shared wiring for the sourcegate DAGs: project paths, config, params, run ids, the gate verdict.
 
 No pipeline logic lives here: every task body in the DAG files is a call into
-`pipelines.app.steps`. This module only turns Airflow's context (params, logical date) into
+`sourcegate.pipelines.app.steps`. This module only turns Airflow's context (params, logical date) into
 the arguments those steps take. It is listed in `.airflowignore` (not a DAG file) and
 imported by the DAG files as a sibling module (Airflow puts the DAGs folder on sys.path).
 
@@ -22,8 +22,8 @@ import pendulum
 from airflow.sdk import Asset, Param, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
-from pipelines import config as config_mod
-from pipelines.versions.object_store import is_remote
+from sourcegate.pipelines import config as config_mod
+from sourcegate.pipelines.versions.object_store import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def resolve_paths(cfg: config_mod.PipelineConfig, root: Path = PROJECT_ROOT) -> 
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> config_mod.PipelineConfig:
-    """pipelines.config.load of `path` (relative: against the project root), paths made absolute.
+    """sourcegate.pipelines.config.load of `path` (relative: against the project root), paths made absolute.
 
     Under Airflow the OpenSearch client comes from an Airflow connection (OpenSearchHook), by
     default `opensearch_default`, unless the config file names another; the CLI reads OPENSEARCH_*.
@@ -116,7 +116,7 @@ def aws_connection_options(conn_id: str) -> dict | None:
     any other connection the config names must exist. Never logs or returns anything but to pyarrow."""
     from airflow.sdk import BaseHook
 
-    from pipelines.versions.object_store import connection_options
+    from sourcegate.pipelines.versions.object_store import connection_options
 
     try:
         conn = BaseHook.get_connection(conn_id)
@@ -140,7 +140,7 @@ def aws_connection_options(conn_id: str) -> dict | None:
 def store_connection(config: config_mod.PipelineConfig):
     """With `artifacts: s3://…`, every store opened inside (staging, lock, publishing) in this task process reaches
     the store with the Airflow connection's endpoint and credentials (object_store.connection); else nothing."""
-    from pipelines.versions.object_store import connection
+    from sourcegate.pipelines.versions.object_store import connection
 
     if not is_remote(config.artifacts):
         yield
@@ -211,9 +211,9 @@ def cfg() -> config_mod.PipelineConfig:
 def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | None = None):
     """A task's step call `call(config)`: with `artifacts: s3://…`, on a scratch folder of this task holding only
     what the step reads (an embed `shard`, (shard, shards): only its slice) for run `run` (default: the night's
-    run_id()), published after it (pipelines/app/staging.py), the store reached through the Airflow connection
+    run_id()), published after it (sourcegate/pipelines/app/staging.py), the store reached through the Airflow connection
     (store_connection); a local artifacts folder as is."""
-    from pipelines.app.staging import task_staged
+    from sourcegate.pipelines.app.staging import task_staged
 
     config = cfg()
     with store_connection(config), task_staged(config, step, run or run_id(), shard) as local:
@@ -234,7 +234,7 @@ def run_time(context=None) -> datetime:
 def run_id(prefix: str = "", context=None) -> str:
     """The pipeline run id (run folder, index version): a pure function of the logical date,
     so re-running the same logical date reuses the same folder and index version."""
-    from pipelines.app.steps import RUN_ID, new_run_id
+    from sourcegate.pipelines.app.steps import RUN_ID, new_run_id
 
     rid = (prefix + new_run_id(run_time(context))).lower()
     if not RUN_ID.match(rid):
@@ -258,7 +258,7 @@ def shard_list(chunk_count: int) -> list[int]:
 
 
 def live_version(config: dict) -> str:
-    from pipelines.app.factories import open_store
+    from sourcegate.pipelines.app.factories import open_store
 
     version = open_store(config).live()
     if not version:

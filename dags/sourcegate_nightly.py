@@ -8,7 +8,7 @@ a night reuses its folder and, once loaded, its index version (never rebuilt: a 
 inputs is refused and needs a new run id). A failed gate fails the run
 before promote, so the live index stays on the last good version; the failed version stays on disk
 with its report for a maintainer to inspect. Params override the config file's corpus and backend.
-Every task body is a call into `pipelines.app.steps`; the wiring helpers are in `_common.py`.
+Every task body is a call into `sourcegate.pipelines.app.steps`; the wiring helpers are in `_common.py`.
 """
 
 from __future__ import annotations
@@ -50,19 +50,19 @@ from _common import (
 def sourcegate_nightly():
     @task
     def ingest() -> dict:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return in_store("ingest", lambda c: steps.ingest_step(c, run_id()))
 
     @task
     def chunk() -> list[int]:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return shard_list(in_store("chunk", lambda c: steps.chunk_step(c, run_id())))
 
     @task
     def embed(shard: int, shards: list[int]) -> dict:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         cache = not params()["full_rebuild"]
         part = (shard, len(shards))
@@ -70,44 +70,44 @@ def sourcegate_nightly():
 
     @task
     def merge(shard_stats) -> int:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return in_store("merge", lambda c: steps.merge_step(c, run_id(), list(shard_stats)))
 
     @task
     def validate() -> bool:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return in_store("validate", lambda c: steps.validate_step(c, run_id()))
 
     @task(**RETRY_ARGS)
     def load() -> int:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         full = params()["full_rebuild"]
         return in_store("load", lambda c: steps.load_step(c, run_id(), full=full))
 
     @task
     def evaluate() -> dict:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return in_store("evaluate", lambda c: steps.evaluate_step(c, run_id()))
 
     @task
     def gate() -> dict:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return enforce_gate(in_store("gate", lambda c: steps.gate_step(c, run_id())))
 
     @task(outlets=[LIVE_INDEX], **RETRY_ARGS)
     def promote() -> str:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return in_store("promote", lambda c: steps.promote_step(c, run_id(), actor=dag_actor()))
 
     @task
     def cleanup() -> dict:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return in_store("cleanup", steps.cleanup_step)
 

@@ -5,7 +5,7 @@ No reindexing and no promotion: live_version -> evaluate -> gate. Beside it, liv
 retrain -> judge -> ship: when the configured corpus-specific answer model learned less than
 `answerability.retrain_below_share` of the live version's sections, it is retrained by its recipe on that version,
 judged in the run folder `recal-…-retrained` and shipped only through accept when the fit set has a gap and the check
-set passes (pipelines/app/retrain_step.py); otherwise corpus_share skips the rest, or ship keeps the old model, and
+set passes (sourcegate/pipelines/app/retrain_step.py); otherwise corpus_share skips the rest, or ship keeps the old model, and
 the task log and `retrain.json` say why. Runs when the eval sets asset
 (`config/evals`) gets an event (UI "Create Asset Event" or the REST API after editing the sets) and
 on manual trigger. Artifacts go to the run folder `recal-<logical date or run_after>`; a failed gate
@@ -62,7 +62,7 @@ def sourcegate_recalibrate():
 
     @task
     def evaluate(version: str) -> dict:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         def evaluate_live(config: dict) -> dict:
             if live_version(config) != version:  # promoted meanwhile: its files are not the ones staged
@@ -73,13 +73,13 @@ def sourcegate_recalibrate():
 
     @task
     def gate() -> dict:
-        from pipelines.app import steps
+        from sourcegate.pipelines.app import steps
 
         return enforce_gate(in_store("gate", lambda c: steps.gate_step(c, recal_run_id()), run=recal_run_id()))
 
     @task.short_circuit(task_id="corpus_share")
     def corpus_share(version: str) -> dict | bool:
-        from pipelines.app import retrain_step
+        from sourcegate.pipelines.app import retrain_step
 
         decided = retrain_step.needed(cfg(), version)
         log.info("retrain: %s", decided["why"])
@@ -87,19 +87,19 @@ def sourcegate_recalibrate():
 
     @task(task_id="retrain")
     def retrain(decided: dict) -> dict:
-        from pipelines.app import retrain_step
+        from sourcegate.pipelines.app import retrain_step
 
         return retrain_step.train_candidate(cfg(), recal_run_id(), decided["version"], decided["model"])
 
     @task
     def judge(trained: dict) -> dict:
-        from pipelines.app import retrain_step
+        from sourcegate.pipelines.app import retrain_step
 
         return retrain_step.judge(cfg(), recal_run_id(), trained["version"])
 
     @task
     def ship(judged: dict) -> dict:
-        from pipelines.app import retrain_step
+        from sourcegate.pipelines.app import retrain_step
 
         shipped = retrain_step.ship(cfg(), recal_run_id(), Path(absolute(params()["config"])), ROOT)
         (log.info if shipped["shipped"] else log.warning)("retrain: %s", shipped)

@@ -2,7 +2,7 @@
 
 The store is reached exactly as a DAG task reaches it: the Airflow connection `artifacts_airflow_conn_id`
 (dags/_common.aws_connection_options; aws_default left undefined: the AWS environment), handed to
-pipelines/versions/object_store.py, the only code that talks to the store. The index is one listing of
+sourcegate/pipelines/versions/object_store.py, the only code that talks to the store. The index is one listing of
 `runs/` (keys and sizes, no object read) plus each valid run's run.json and gate.json; a served file is
 streamed from the store, never a run folder downloaded. Every key is built from a valid run id and a name
 in ALLOWED and checked once more before use: the store resolves `..` in a key (`runs/../x` reads `x`), so a
@@ -20,9 +20,9 @@ from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
 from sourcegate_reports import ALLOWED, NOSNIFF, gate_status, live_name, not_found, valid_run_id
 
-from artifact_io import run_folder as rf
-from pipelines.app.staging import LIVE, run_of
-from pipelines.versions.object_store import CHUNK, ObjectStore, connection, key_problem
+from sourcegate.artifact_io import run_folder as rf
+from sourcegate.pipelines.app.staging import LIVE, run_of
+from sourcegate.pipelines.versions.object_store import CHUNK, ObjectStore, connection, key_problem
 
 RUNS = "runs/"
 

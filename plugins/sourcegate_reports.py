@@ -24,7 +24,7 @@ from urllib.parse import quote
 from airflow.plugins_manager import AirflowPlugin
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from artifact_io import run_folder as rf
+from sourcegate.artifact_io import run_folder as rf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 URL_PREFIX = "/sourcegate"
@@ -82,7 +82,7 @@ def create_app(artifacts_root: str | Path, *, require_auth: bool = True, aws_con
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import HTMLResponse
 
-    from pipelines.versions.object_store import is_remote
+    from sourcegate.pipelines.versions.object_store import is_remote
 
     if is_remote(artifacts_root):
         from sourcegate_bucket_runs import BucketRuns  # imported only by a deployment with a bucket

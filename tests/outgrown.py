@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from evals.evalset import load_evalset
+from sourcegate.evals.evalset import load_evalset
 from tests.promotable import PROMOTABLE, promotable_sections
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,8 +57,8 @@ def write_config(path: Path, sections: dict) -> Path:
 def outgrown(root: Path, artifacts: Path, version: str) -> dict:
     """The tmp deployment over `artifacts` (whose run `version` is live): its config file, and a tiny model that
     learned four fifths of the live version's sections, named in it with `retrain_below_share` 0.95."""
-    from pipelines.app.cli import main
-    from pipelines.retrieval import learned_corpus
+    from sourcegate.pipelines.app.cli import main
+    from sourcegate.pipelines.retrieval import learned_corpus
 
     evals = root / "evals"
     evals.mkdir(parents=True)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines import config
+from sourcegate.pipelines import config
 
 ROOT = Path(__file__).resolve().parents[1]
 WHOLE_FIT = (

@@ -1,8 +1,8 @@
-"""The BM25 analyser (pipelines/search/analyzer.py): stopwords, stemming, Unicode, and its OpenSearch twin."""
+"""The BM25 analyser (sourcegate/pipelines/search/analyzer.py): stopwords, stemming, Unicode, and its OpenSearch twin."""
 
 import unicodedata
 
-from pipelines.search.analyzer import STOPWORDS, analyze, nfkc_mappings, opensearch_analysis, words
+from sourcegate.pipelines.search.analyzer import STOPWORDS, analyze, nfkc_mappings, opensearch_analysis, words
 
 
 def test_stopwords_are_dropped_before_stemming():

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.evalset import load_evalset
-from pipelines.app.cli import main
-from pipelines.app.scaffold import POOL
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.scaffold import POOL
 from tests.conftest import SCIFACT
 
 pytestmark = [pytest.mark.models, pytest.mark.dataset]

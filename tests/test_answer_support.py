@@ -1,4 +1,4 @@
-"""The answer-support model and its signal (pipelines/retrieval/answer_support.py, pipelines/training/)."""
+"""The answer-support model and its signal (sourcegate/pipelines/retrieval/answer_support.py, sourcegate/pipelines/training/)."""
 
 import json
 import math
@@ -6,9 +6,9 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.retrieval.answer_support import SHIPPED, answer_support
-from pipelines.training import base_model, squad
-from pipelines.versions.manifest import sha256_file
+from sourcegate.pipelines.retrieval.answer_support import SHIPPED, answer_support
+from sourcegate.pipelines.training import base_model, squad
+from sourcegate.pipelines.versions.manifest import sha256_file
 
 ROOT = SHIPPED.parents[1]
 
@@ -95,7 +95,7 @@ def test_the_split_is_by_article_and_the_pairs_of_each_kind_are_made_as_the_reci
 
 @pytest.mark.models
 def test_the_shipped_model_tells_an_answering_passage_from_a_related_one_exactly_and_in_any_order():
-    from pipelines.retrieval.answer_support import load_answer_model
+    from sourcegate.pipelines.retrieval.answer_support import load_answer_model
 
     model = load_answer_model()
     question = "Can I bring my bike on the light rail?"
@@ -112,7 +112,7 @@ def test_the_trainable_base_reproduces_the_packaged_cross_encoder(tmp_path):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     folder = base_model.packaged_base(tmp_path / "base")
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
@@ -142,7 +142,7 @@ def test_the_in_domain_ensemble_members_are_the_files_their_recipes_recorded():
 
 @pytest.mark.models
 def test_the_in_domain_ensemble_is_its_members_mean_and_keeps_its_logits_across_nights(tmp_path):
-    from pipelines.retrieval.answer_support import AnswerEnsemble, AnswerSupportModel, load_answer_model
+    from sourcegate.pipelines.retrieval.answer_support import AnswerEnsemble, AnswerSupportModel, load_answer_model
 
     ensemble = load_answer_model(IN_DOMAIN)
     assert isinstance(ensemble, AnswerEnsemble) and len(ensemble.members) == 3
@@ -163,8 +163,8 @@ def test_the_in_domain_ensemble_is_its_members_mean_and_keeps_its_logits_across_
 
 
 def test_the_in_domain_ensemble_records_the_demo_corpus_it_learned(tmp_path):
-    from pipelines.build.ingest import ingest
-    from pipelines.retrieval import learned_corpus
+    from sourcegate.pipelines.build.ingest import ingest
+    from sourcegate.pipelines.retrieval import learned_corpus
 
     learned = learned_corpus.read(IN_DOMAIN)
     docs = pq.read_table(ingest(ROOT / "corpus" / "demo", tmp_path).documents, columns=["doc_id"])["doc_id"]

@@ -1,4 +1,4 @@
-"""Answerability signals on small hand-made passages (pipelines/retrieval/answerability.py)."""
+"""Answerability signals on small hand-made passages (sourcegate/pipelines/retrieval/answerability.py)."""
 
 import zlib
 
@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.config import Retrieval
-from pipelines.retrieval.answerability import (
+from sourcegate.pipelines.config import Retrieval
+from sourcegate.pipelines.retrieval.answerability import (
     answerability_signals,
     concept_coverage,
     content_terms,
@@ -16,10 +16,10 @@ from pipelines.retrieval.answerability import (
     term_similarity,
     uncovered,
 )
-from pipelines.retrieval.retriever import Retriever
-from pipelines.search.analyzer import STOPWORDS
-from pipelines.search.bm25 import BM25Index, tokenize
-from pipelines.search.embedded import EmbeddedStore
+from sourcegate.pipelines.retrieval.retriever import Retriever
+from sourcegate.pipelines.search.analyzer import STOPWORDS
+from sourcegate.pipelines.search.bm25 import BM25Index, tokenize
+from sourcegate.pipelines.search.embedded import EmbeddedStore
 from tests.conftest import chunks_with_vectors
 
 SENIORS = (

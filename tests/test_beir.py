@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from pipelines import config
-from pipelines.app.beir import run_beir, system_rankings
-from pipelines.retrieval.retriever import Candidate, Retrieval
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app.beir import run_beir, system_rankings
+from sourcegate.pipelines.retrieval.retriever import Candidate, Retrieval
 from tests.conftest import ROOT, SCIFACT
 
 pytestmark = [pytest.mark.models, pytest.mark.dataset]

@@ -4,8 +4,8 @@ import math
 import numpy as np
 from rank_bm25 import BM25Okapi
 
-from pipelines.search.analyzer import analyze
-from pipelines.search.bm25 import K1, LEGACY_ANALYZER, B, BM25Index, lucene_length
+from sourcegate.pipelines.search.analyzer import analyze
+from sourcegate.pipelines.search.bm25 import K1, LEGACY_ANALYZER, B, BM25Index, lucene_length
 
 
 class LuceneIdfOkapi(BM25Okapi):

@@ -1,4 +1,4 @@
-"""evals.calibration: hand-computed cases, what a gap promises, 2-D sweep, shipped check."""
+"""sourcegate.evals.calibration: hand-computed cases, what a gap promises, 2-D sweep, shipped check."""
 
 import itertools
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from evals.calibration import calibrate, calibrate_pair, calibrate_signal, check_shipped
+from sourcegate.evals.calibration import calibrate, calibrate_pair, calibrate_signal, check_shipped
 
 A, D = "answer", "decline"
 
@@ -226,7 +226,7 @@ def test_check_shipped_counts_unscored_answers_as_not_kept():
 
 
 def test_unscored_questions_are_declined_in_every_check():
-    from evals.calibration import decline_recall_by_kind
+    from sourcegate.evals.calibration import decline_recall_by_kind
 
     recs = records([0.6, None], [0.1, None, 0.7])
     shipped = check_shipped(recs, "rerank_top", 0.5)

@@ -10,7 +10,7 @@ only through the Airflow connection aws_default. The home, its environment and t
 tests/test_scheduler_night.py's (the LocalExecutor night); the night is the demo corpus with the passing fixture's
 decision (tests/promotable.py) and the fault suite's tiny eval sets, triggered through the REST API.
 
-Both workers run with SOURCEGATE_STOP_AT=embed:encoded (pipelines/faults.py): an embed shard that has encoded its
+Both workers run with SOURCEGATE_STOP_AT=embed:encoded (sourcegate/pipelines/faults.py): an embed shard that has encoded its
 vectors, and written nothing, stops itself. The first worker seen holding a stopped shard is killed, SIGKILL to it
 and every process under it, as a machine going away; every other stopped shard is let go on (SIGCONT). The
 scheduler fails the lost try once its heartbeat stops (`task_instance_heartbeat_timeout`, 30 s here, 300 s by
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from pipelines.release.object_lock import CLAIMS, LOCK_KEY
+from sourcegate.pipelines.release.object_lock import CLAIMS, LOCK_KEY
 from tests.celery_pool import RedisBroker, Worker
 from tests.test_dag_runs import ARTIFACT_FILES, ROOT, tree, write_config
 from tests.test_scheduler_night import Scheduler, cluster_env, prepare_home, published_store, run_night, tiny_evals

@@ -1,8 +1,8 @@
 """Every scoring of a check set is logged, and a check set scored under several designs promises less
-(evals/check_log.py): the check figure at Bonferroni confidence over the designs that looked at its content."""
+(sourcegate/evals/check_log.py): the check figure at Bonferroni confidence over the designs that looked at its content."""
 
-from evals.check_log import account, append, design_hash, designs_scored, read
-from evals.placement import exact_lower_bound
+from sourcegate.evals.check_log import account, append, design_hash, designs_scored, read
+from sourcegate.evals.placement import exact_lower_bound
 
 COVERAGE = {
     "figures": [

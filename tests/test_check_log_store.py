@@ -1,6 +1,6 @@
 """The log of check-set scorings lives in the artifact store: on `s3://…` artifacts each scoring is one object
-under `check_scorings/` (pipelines/app/staging.py), so two gates on two workers never rewrite one log, and the next
-gate on any worker counts every design that looked (evals/check_log.py). Against the real moto S3 server."""
+under `check_scorings/` (sourcegate/pipelines/app/staging.py), so two gates on two workers never rewrite one log, and the next
+gate on any worker counts every design that looked (sourcegate/evals/check_log.py). Against the real moto S3 server."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from evals import check_log
-from pipelines import config
-from pipelines.app import staging
-from pipelines.versions.object_store import ObjectStore
+from sourcegate.evals import check_log
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app import staging
+from sourcegate.pipelines.versions.object_store import ObjectStore
 
 ROOT = Path(__file__).resolve().parents[1]
 

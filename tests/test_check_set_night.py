@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from artifact_io.run_folder import RunFolder
-from pipelines.app.cli import main
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines.app.cli import main
 from tests.promotable import PROMOTABLE, promotable_args
 
 pytestmark = pytest.mark.models

@@ -4,10 +4,10 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io.run_folder import RunFolder
-from pipelines import models
-from pipelines.build.chunk import MAX_CHARS_PER_TOKEN, Degenerate, chunk_documents, cut, slug, split_sections
-from pipelines.build.ingest import ingest
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines import models
+from sourcegate.pipelines.build.chunk import MAX_CHARS_PER_TOKEN, Degenerate, chunk_documents, cut, slug, split_sections
+from sourcegate.pipelines.build.ingest import ingest
 from tests.conftest import DATA, DEMO
 
 
@@ -70,8 +70,8 @@ def test_chunk_ids_are_stable_and_unique(tmp_path):
 
 
 def test_nightly_chunking_redoes_only_changed_documents(make_cfg, small_corpus):
-    from artifact_io import read_json
-    from pipelines.app import steps
+    from sourcegate.artifact_io import read_json
+    from sourcegate.pipelines.app import steps
 
     def night(cfg, run_id):
         steps.ingest_step(cfg, run_id)
@@ -151,8 +151,8 @@ def test_a_title_longer_than_the_budget_is_quarantined_as_degenerate(tmp_path):
 
 
 def test_chunk_step_quarantines_degenerate_documents_and_counts_them(make_cfg, small_corpus):
-    from artifact_io import read_json
-    from pipelines.app import steps
+    from sourcegate.artifact_io import read_json
+    from sourcegate.pipelines.app import steps
 
     shutil.copy(DATA / "bad_corpus" / "one-long-token.md", small_corpus)
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})

@@ -1,4 +1,4 @@
-"""The answerability combiner (pipelines/retrieval/combiner.py): fitted deterministically, loaded strictly.
+"""The answerability combiner (sourcegate/pipelines/retrieval/combiner.py): fitted deterministically, loaded strictly.
 
 Fast tier: hand-made signal rows, no model, no index.
 """
@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from pipelines.app.cli import accepted_combiner
-from pipelines.retrieval import combiner
+from sourcegate.pipelines.app.cli import accepted_combiner
+from sourcegate.pipelines.retrieval import combiner
 
 FEATURES = ["concept_coverage", "rerank_top"]
 
@@ -98,7 +98,7 @@ def test_missing_or_mismatched_coefficient_files_are_clear_errors(tmp_path):
 
 
 def test_the_shipped_combiner_loads_with_the_shipped_config(make_cfg):
-    from pipelines.retrieval.retriever import combiner_for
+    from sourcegate.pipelines.retrieval.retriever import combiner_for
 
     cfg = make_cfg()
     model = combiner_for(cfg)
@@ -107,7 +107,7 @@ def test_the_shipped_combiner_loads_with_the_shipped_config(make_cfg):
 
 
 def test_a_combiner_fitted_for_other_features_is_refused_by_the_config(make_cfg):
-    from pipelines.retrieval.retriever import combiner_for
+    from sourcegate.pipelines.retrieval.retriever import combiner_for
 
     with pytest.raises(combiner.CombinerError, match="answerability.features lists \\['rerank_top'\\]"):
         combiner_for(make_cfg(**{"answerability.features": ["rerank_top"]}))

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import config
+from sourcegate.pipelines import config
 
 
 def test_shipped_config_loads_with_every_key(tmp_path):
@@ -70,7 +70,7 @@ def test_rerank_weight_must_be_a_share():
 def test_cli_set_overrides_by_dotted_key_with_yaml_types():
     import argparse
 
-    from pipelines.app.cli import load_config
+    from sourcegate.pipelines.app.cli import load_config
 
     args = argparse.Namespace(
         config="config/pipeline.yaml",
@@ -102,7 +102,7 @@ def test_config_schema_command_prints_the_schema_the_shipped_config_satisfies(ca
     import jsonschema
     import yaml
 
-    from pipelines.app.cli import main
+    from sourcegate.pipelines.app.cli import main
 
     assert main(["config-schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
@@ -139,7 +139,7 @@ def test_every_config_key_says_why_it_has_its_default():
 
 # What main at 398f1a7 (configs were plain dicts then) bound into gate.json and the index manifest for the shipped
 # config, printed by:
-#   python -c "from pipelines import config; from pipelines.release import verdict; from pipelines.versions import manifest as mf;
+#   python -c "from sourcegate.pipelines import config; from sourcegate.pipelines.release import verdict; from sourcegate.pipelines.versions import manifest as mf;
 #              c = config.load('config/pipeline.yaml'); print(verdict.config_hash(c), mf.index_config_hash(c))"
 # A version built before the typed config must still match the same YAML (its index settings did not change).
 SHIPPED_INDEX_CONFIG_SHA256 = "3dd56803ac7c90643dea280603c18c15bfae09f7dbb2ddd6969f552ec0e16f86"
@@ -153,8 +153,8 @@ SHIPPED_LEGACY_VERDICT_CONFIG_SHA256 = "60b964370a4905540373b18bf9a41fc4286694e1
 
 
 def test_the_index_hash_is_main_s_from_before_the_typed_config_and_the_verdict_hash_binds_what_was_judged():
-    from pipelines.release import verdict
-    from pipelines.versions import manifest as mf
+    from sourcegate.pipelines.release import verdict
+    from sourcegate.pipelines.versions import manifest as mf
 
     cfg = config.load("config/pipeline.yaml")
     assert mf.index_config_hash(cfg) == SHIPPED_INDEX_CONFIG_SHA256

@@ -10,14 +10,14 @@ import pytest
 import yaml
 from scipy.stats import beta, binomtest
 
-from artifact_io import write_json
-from evals.calibration import calibrate
-from evals.check_set import move_to_fit, seen_check_questions
-from evals.gate import evaluate_gate
-from evals.placement import cross_fitted, exact_lower_bound, folds_of, place
-from evals.precision import precision_eval
-from evals.regression import BaselineError, baseline_from, check_baseline
-from pipelines.app.cli import main
+from sourcegate.artifact_io import write_json
+from sourcegate.evals.calibration import calibrate
+from sourcegate.evals.check_set import move_to_fit, seen_check_questions
+from sourcegate.evals.gate import evaluate_gate
+from sourcegate.evals.placement import cross_fitted, exact_lower_bound, folds_of, place
+from sourcegate.evals.precision import precision_eval
+from sourcegate.evals.regression import BaselineError, baseline_from, check_baseline
+from sourcegate.pipelines.app.cli import main
 
 SIGNAL = "rerank_top"
 
@@ -142,13 +142,13 @@ def test_an_empty_or_malformed_baseline_is_an_error(bad):
 
 def test_an_empty_baseline_file_stops_the_gate_with_an_error(tmp_path):
     """The gate step reads the baseline: `{}` raises BaselineError, a ValueError, which the CLI
-    exits 2 on (pipelines/app/cli.py main); never a pass."""
+    exits 2 on (sourcegate/pipelines/app/cli.py main); never a pass."""
     assert issubclass(BaselineError, ValueError)
     run = _run_folder(tmp_path, records([0.5], [0.0], prefix="c-"))
     (tmp_path / "empty.json").write_text("{}")
     cfg = [f"evals.baseline={tmp_path / 'empty.json'}"]
-    from evals.harness import gate_for_dir
-    from pipelines import config as config_mod
+    from sourcegate.evals.harness import gate_for_dir
+    from sourcegate.pipelines import config as config_mod
 
     with pytest.raises(BaselineError):
         gate_for_dir(config_mod.load("config/pipeline.yaml", _overrides(cfg)), run, {})
@@ -306,7 +306,7 @@ def test_a_move_that_would_clash_writes_nothing(tmp_path):
 
 
 def test_the_report_shows_the_three_figures_and_the_unseen_check_questions():
-    from evals.report import render_report
+    from sourcegate.evals.report import render_report
 
     check = records([0.5] * 40, [0.0] * 5, prefix="c-")
     cal = calibrate(FIT, config(0.1), check, "check.jsonl")
@@ -318,7 +318,7 @@ def test_the_report_shows_the_three_figures_and_the_unseen_check_questions():
 
 
 def test_check_questions_that_ask_a_fit_question_again_are_held_to_the_check_but_not_counted_unseen():
-    from evals.report import render_report
+    from sourcegate.evals.report import render_report
 
     # 40 kept check answers, one of them (c-a-0) a repeat of fit question a-3; one declined answer, a repeat too
     check = records([0.5] * 40 + [0.05], [0.0] * 5, prefix="c-")
@@ -359,7 +359,7 @@ def test_accepting_a_first_night_says_the_check_set_is_now_empty(tmp_path, capsy
 
 
 def test_a_decision_edited_into_the_config_without_accept_is_named_in_the_gate_and_the_report():
-    from evals.report import render_report
+    from sourcegate.evals.report import render_report
 
     cal = calibrate(FIT, config(0.1), records([0.5], [0.0], prefix="c-"), "check.jsonl")
     accepted = {"threshold": {"signal": SIGNAL, "adjacent": 0.14}, "accepted_from": "runs/old"}

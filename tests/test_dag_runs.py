@@ -62,7 +62,7 @@ from airflow.dag_processing.dagbag import DagBag
 if settings.Session is None:
     settings.configure_orm()
 
-from pipelines.app.factories import _SCORERS, scorer_for
+from sourcegate.pipelines.app.factories import _SCORERS, scorer_for
 
 memo = Path(args["memo"])
 if memo.exists():  # the pair logits of earlier runs (see the module docstring)
@@ -98,7 +98,7 @@ if scorer is not None:
 
 sys.path.insert(0, args["dags"])
 import _common
-from pipelines.app.factories import open_store
+from sourcegate.pipelines.app.factories import open_store
 cfg = _common.load_config(args["conf"]["config"], {"backend.kind": args["conf"].get("backend", "embedded")})
 with _common.store_connection(cfg):  # s3:// artifacts: as the tasks reach the store
     live = open_store(cfg).live()
@@ -317,7 +317,7 @@ def test_recalibrate_retrains_an_answer_model_the_corpus_outgrew_and_judges_it(
     """The live version holds sections the configured answer model never learned (tests/outgrown.py: a tiny model
     whose record leaves out a fifth of them): the recalibrate DAG retrains it by its recipe on the live version,
     judges it in its own run folder and ships it through accept only if it passed; the run says which and why."""
-    from pipelines.app import retrain_step
+    from sourcegate.pipelines.app import retrain_step
     from tests.outgrown import outgrown
 
     assert first_night["state"] == "success", "needs a live index"
@@ -340,7 +340,7 @@ def test_recalibrate_retrains_an_answer_model_the_corpus_outgrew_and_judges_it(
     log = Path(run["log"]).read_text(errors="replace")
     assert "retrain: " in log and "below 95%" in log
     if record["shipped"]["shipped"]:  # through accept: the config names the new model, the check set is retired
-        from pipelines import config
+        from sourcegate.pipelines import config
 
         after = config.load(made["config_file"])
         assert after.answerability.answer_model_path == record["shipped"]["model"]
@@ -370,7 +370,7 @@ def test_rerunning_a_night_reuses_its_run_folder(airflow, workspace, first_night
     rerun = airflow.test_dag("sourcegate_nightly", FAILED_NIGHT, conf, mark_success="evaluate|gate|promote|cleanup")
     assert rerun["state"] == "success", failed_tasks(rerun)
     assert sorted(p.name for p in runs.iterdir()) == before
-    from pipelines.search.embedded import EmbeddedStore
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
 
     versions = EmbeddedStore(runs, workspace["artifacts"] / "LIVE").versions()
     assert versions == ["20250102-020000", "20250103-020000"]
@@ -393,7 +393,7 @@ def test_nightly_run_on_opensearch(airflow, tmp_path):
         tmp_path / "opensearch.yaml", artifacts, backend={"kind": "opensearch", "opensearch": {"index_prefix": prefix}}
     )
     conf = {"config": config, "corpus": "corpus/demo", "backend": "opensearch", "shards": 2}
-    from pipelines.search.opensearch.client import client_from_env, config_from_env, redact_url
+    from sourcegate.pipelines.search.opensearch.client import client_from_env, config_from_env, redact_url
 
     client = client_from_env()
     try:
@@ -448,7 +448,7 @@ def left_behind(task_dirs: Path, scratch: Path) -> list[str]:
 def s3_night(airflow, s3_server, tmp_path_factory):
     """sourcegate_nightly with artifacts on the moto server, reached through the standard AWS environment (the
     fallback when no Airflow connection is defined); every task in a fresh working directory of its own."""
-    from pipelines.versions.object_store import ObjectStore
+    from sourcegate.pipelines.versions.object_store import ObjectStore
     from tests.test_object_store import _server_fs
 
     tmp = tmp_path_factory.mktemp("s3-dag")

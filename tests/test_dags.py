@@ -156,7 +156,7 @@ def test_dags_serialize(dagbag):
 def test_run_id_is_the_logical_date(common):
     import pendulum
 
-    from pipelines.app.steps import RUN_ID
+    from sourcegate.pipelines.app.steps import RUN_ID
 
     when = pendulum.datetime(2025, 3, 4, 2, 0, 7, tz="UTC")
     assert common.run_id(context={"logical_date": when}) == "20250304-020007"
@@ -207,7 +207,7 @@ def test_failed_gate_fails_the_task_with_every_reason(common, caplog):
 def test_every_path_in_the_config_is_made_absolute_for_the_tasks(common):
     """A task runs in a directory of its own: every config value that is a file path must be in PATH_KEYS
     (a check set left relative was "not found" by the gate task)."""
-    from pipelines import config
+    from sourcegate.pipelines import config
 
     def paths(model, prefix=""):
         for name, field in model.model_fields.items():
@@ -228,7 +228,7 @@ def test_the_object_store_is_reached_through_the_airflow_aws_connection(common, 
 
     from airflow.sdk.exceptions import AirflowFailException
 
-    from pipelines.versions import object_store
+    from sourcegate.pipelines.versions import object_store
 
     secret = "conn-secret-9d2e"
     conn = {"conn_type": "aws", "login": "conn-key", "password": secret}

@@ -5,10 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from evals.evalset import load_evalset, near_duplicates
-from pipelines.build.chunk import slug, split_sections
-from pipelines.build.ingest import parse_article
-from pipelines.training.decline_candidates import borrowing_candidates, corpus_names, sections_of_chunks, text_names
+from sourcegate.evals.evalset import load_evalset, near_duplicates
+from sourcegate.pipelines.build.chunk import slug, split_sections
+from sourcegate.pipelines.build.ingest import parse_article
+from sourcegate.pipelines.training.decline_candidates import (
+    borrowing_candidates,
+    corpus_names,
+    sections_of_chunks,
+    text_names,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "config" / "evals" / "pool" / "off-topic.jsonl"
@@ -92,6 +97,6 @@ def test_the_off_topic_pool_loads_and_copies_no_question_of_the_fit_or_training_
 
 @pytest.mark.models
 def test_the_off_topic_pool_asks_no_fit_question_in_other_words(embedder):
-    from evals.evalset import copies
+    from sourcegate.evals.evalset import copies
 
     assert copies(load_evalset(POOL), load_evalset(FIT), embedder.encode) == []

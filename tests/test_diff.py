@@ -1,11 +1,11 @@
-"""evals.diff: the per-question join of two runs' questions.jsonl."""
+"""sourcegate.evals.diff: the per-question join of two runs' questions.jsonl."""
 
 import json
 
 import pytest
 
-from evals.diff import diff_runs, format_diff
-from pipelines.app.cli import main
+from sourcegate.evals.diff import diff_runs, format_diff
+from sourcegate.pipelines.app.cli import main
 
 
 def row(qid, score, mode, rank=1, kind="single", label="answer", set_="calibration"):
@@ -92,7 +92,7 @@ def test_diff_without_questions_file_says_so(tmp_path, runs, capsys):
 
 
 def test_report_section_since_the_live_version_escapes_and_lists_crossed_first(runs):
-    from evals.report import render_report
+    from sourcegate.evals.report import render_report
 
     diff = {**diff_runs(*runs), "live": "20261130-000001"}
     calibration = {"n": {"answer": 3, "decline": 1}, "signals": {}}

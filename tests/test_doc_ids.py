@@ -8,8 +8,8 @@ import unicodedata
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.build.doc_ids import MAX_ID_CHARS, HostileName, id_from_path
-from pipelines.build.ingest import ingest, safe_id
+from sourcegate.pipelines.build.doc_ids import MAX_ID_CHARS, HostileName, id_from_path
+from sourcegate.pipelines.build.ingest import ingest, safe_id
 from tests.check_guard import GUARDED as CHECK_SETS
 from tests.conftest import DEMO, ROOT
 

@@ -4,9 +4,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io.run_folder import RunFolder
-from pipelines.app import steps
-from pipelines.build.embed import embedding_matrix
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines.app import steps
+from sourcegate.pipelines.build.embed import embedding_matrix
 
 pytestmark = pytest.mark.models
 

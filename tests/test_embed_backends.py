@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from pipelines import models
-from pipelines.app import steps
-from pipelines.build import embed_backends
-from pipelines.build.embed_backends import BACKENDS, load_embedder, variant_fingerprint
+from sourcegate.pipelines import models
+from sourcegate.pipelines.app import steps
+from sourcegate.pipelines.build import embed_backends
+from sourcegate.pipelines.build.embed_backends import BACKENDS, load_embedder, variant_fingerprint
 
 # A handful of texts: short, medium, and one past the model's 256-token window (truncated alike).
 TEXTS = [
@@ -152,8 +152,8 @@ def test_the_packaged_model_truncates_at_256_tokens():
 
 
 def test_a_beir_index_is_cached_per_backend_and_torch_keeps_its_key(tmp_path, make_cfg):
-    from pipelines.app.beir import dataset_config
-    from pipelines.search.analyzer import ANALYZER_ID
+    from sourcegate.pipelines.app.beir import dataset_config
+    from sourcegate.pipelines.search.analyzer import ANALYZER_ID
 
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "t", "text": "x"}\n')
     run_id = {b: dataset_config(make_cfg(**{"embedding.backend": b}), tmp_path, tmp_path / "out")[1] for b in BACKENDS}

@@ -2,8 +2,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.search.base import ScoreDistribution, retain
-from pipelines.search.embedded import EmbeddedStore, top_k
+from sourcegate.pipelines.search.base import ScoreDistribution, retain
+from sourcegate.pipelines.search.embedded import EmbeddedStore, top_k
 from tests.conftest import chunks_with_vectors
 
 

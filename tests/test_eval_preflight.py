@@ -1,4 +1,4 @@
-"""Before anything is scored, the eval sets must fit the corpus and the baseline must be there (evals/preflight.py):
+"""Before anything is scored, the eval sets must fit the corpus and the baseline must be there (sourcegate/evals/preflight.py):
 otherwise the night stops with exit 2 saying which set, how many questions of each label are missing and how to
 write them."""
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from evals.preflight import PreflightError, preflight
+from sourcegate.evals.preflight import PreflightError, preflight
 
 CHUNKS = [{"doc_id": "fares", "section_id": "night"}, {"doc_id": "bikes", "section_id": ""}]
 

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from pipelines import config
-from pipelines.app import cli
-from pipelines.app.errors import exit_line
-from pipelines.release.lock import locked, step_of, writer_lock
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app import cli
+from sourcegate.pipelines.app.errors import exit_line
+from sourcegate.pipelines.release.lock import locked, step_of, writer_lock
 
 
 def run_raising(exc: BaseException, capsys, *, verbose: bool = False, command: str = "run"):
@@ -61,7 +61,7 @@ def test_a_locked_step_names_itself_and_an_outer_step_does_not_rename_it(tmp_pat
 
 def test_a_failing_lock_release_never_replaces_the_original_error(tmp_path, monkeypatch, caplog):
     """A unit test of a failure path: the release is made to fail as it does when the node went away."""
-    from pipelines.release import lock
+    from sourcegate.pipelines.release import lock
 
     real = lock.acquire_folder
 

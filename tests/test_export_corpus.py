@@ -10,10 +10,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import models
-from pipelines.app.cli import main
-from pipelines.build.chunk import chunk_documents
-from pipelines.build.ingest import ingest
+from sourcegate.pipelines import models
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.build.chunk import chunk_documents
+from sourcegate.pipelines.build.ingest import ingest
 from tests.conftest import DATA
 
 EXPORT = DATA / "wiki_export"

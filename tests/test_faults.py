@@ -1,7 +1,7 @@
 """The fault suite: real crashes and a really full disk, then a rerun.
 
 Kills are real SIGKILLs of a real `sourcegate run` subprocess: `SOURCEGATE_KILL_AT=<point>`
-(pipelines/faults.py) makes the process kill itself at a step boundary or in the middle of embed and
+(sourcegate/pipelines/faults.py) makes the process kill itself at a step boundary or in the middle of embed and
 load. The disk is a size-limited tmpfs mounted by the test (root only). A tiny corpus (3 demo
 articles) and a tiny eval set keep each run to seconds plus the model loads.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import config as config_mod
-from pipelines.search.embedded import EmbeddedStore
+from sourcegate.pipelines import config as config_mod
+from sourcegate.pipelines.search.embedded import EmbeddedStore
 
 pytestmark = pytest.mark.models
 
@@ -81,7 +81,7 @@ def sourcegate(tiny: dict, artifacts: Path, run_id: str, kill_at: str | None = N
     env.pop("SOURCEGATE_KILL_AT", None)
     if kill_at:
         env["SOURCEGATE_KILL_AT"] = kill_at
-    cmd = [sys.executable, "-m", "pipelines.app.cli", "--config", str(tiny["config"]), "run"]
+    cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", "--config", str(tiny["config"]), "run"]
     cmd += ["--artifacts", str(artifacts), "--run-id", run_id, "--quiet"]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
 
@@ -139,7 +139,7 @@ def test_sigkill_inside_each_step_then_rerun(tiny, tmp_path):
     assert {k: info["promoted"][k] for k in ("version", "replaced")} == {"version": second, "replaced": first}
     assert info["promoted"]["actor"] == "cli"
     query = subprocess.run(
-        [sys.executable, "-m", "pipelines.app.cli", "--config", str(tiny["config"]), "query", "--artifacts"]
+        [sys.executable, "-m", "sourcegate.pipelines.app.cli", "--config", str(tiny["config"]), "query", "--artifacts"]
         + [str(artifacts), "--json", "Can I bring my bike on the train?"],
         capture_output=True,
         text=True,
@@ -185,7 +185,7 @@ def fill(disk: Path, leave: int = 0) -> Path:
 
 
 def test_disk_full_at_load_and_while_writing_artifacts(tiny, small_disk, embedder):
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     artifacts = small_disk / "artifacts"
     cfg = config_mod.load(tiny["config"], {"artifacts": str(artifacts)})
@@ -245,13 +245,13 @@ def test_disk_full_at_load_and_while_writing_artifacts(tiny, small_disk, embedde
 
 def cli(tiny: dict, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "pipelines.app.cli", "--config", str(tiny["config"]), *args]
+    cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", "--config", str(tiny["config"]), *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
 def test_a_corrupted_live_version_fails_query_evaluate_and_verify_naming_the_file(tiny, tmp_path, embedder):
-    from pipelines.app import steps
-    from pipelines.versions.manifest import IntegrityError
+    from sourcegate.pipelines.app import steps
+    from sourcegate.pipelines.versions.manifest import IntegrityError
 
     artifacts = tmp_path / "artifacts"
     cfg = config_mod.load(tiny["config"], {"artifacts": str(artifacts)})

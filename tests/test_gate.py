@@ -1,4 +1,4 @@
-"""evals.gate: each check fails for its reason, and the JUnit XML says so."""
+"""sourcegate.evals.gate: each check fails for its reason, and the JUnit XML says so."""
 
 import json
 import xml.etree.ElementTree as ET
@@ -6,11 +6,11 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from evals.calibration import calibrate
-from evals.gate import evaluate_gate, gating_signal_text, write_gate
-from evals.junit import junit_xml
-from evals.precision import precision_eval
-from evals.regression import baseline_from
+from sourcegate.evals.calibration import calibrate
+from sourcegate.evals.gate import evaluate_gate, gating_signal_text, write_gate
+from sourcegate.evals.junit import junit_xml
+from sourcegate.evals.precision import precision_eval
+from sourcegate.evals.regression import baseline_from
 
 SIGNAL = "rerank_top"
 
@@ -302,7 +302,7 @@ def test_gate_reports_how_many_questions_had_no_score():
 
 
 def test_a_lost_check_question_is_named_with_where_its_source_stood():
-    from evals.evaluate import with_source_rank
+    from sourcegate.evals.evaluate import with_source_rank
 
     calibration = calibration_for(np.linspace(0.3, 0.9, 30), np.linspace(0.0, 0.2, 30), 0.25, ([0.1, 0.95], [0.0]))
     lost = calibration["check"]["shipped"]["wrongly_declined"]
@@ -316,7 +316,7 @@ def test_a_lost_check_question_is_named_with_where_its_source_stood():
 
 
 def test_an_answer_model_trained_on_a_fit_or_check_question_fails_the_gate_it_gates_naming_them():
-    from evals.gate import check_answer_model_unseen
+    from sourcegate.evals.gate import check_answer_model_unseen
 
     calibration = {**GOOD_CALIBRATION, "answer_model_trained_on": {"fit": ["a-001", "d-013"], "check": []}}
     check = check_answer_model_unseen(calibration, "answer_support")
@@ -336,7 +336,7 @@ def test_an_answer_model_trained_on_a_fit_or_check_question_fails_the_gate_it_ga
 
 
 def test_question_key_finds_a_question_whatever_its_id_case_or_spacing():
-    from evals.evalset import question_key
+    from sourcegate.evals.evalset import question_key
 
     a = {"id": "r-1", "question": "Can I bring my bike  on the bus?", "context": []}
     assert question_key(a) == question_key({"id": "x", "question": "can i bring my bike on the BUS?"})

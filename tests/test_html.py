@@ -5,9 +5,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.build.chunk import split_sections
-from pipelines.build.html import NoText, decode_html, parse_html
-from pipelines.build.ingest import ingest
+from sourcegate.pipelines.build.chunk import split_sections
+from sourcegate.pipelines.build.html import NoText, decode_html, parse_html
+from sourcegate.pipelines.build.ingest import ingest
 
 PAGE = """<!doctype html><html><head><title>Refunds | Help Centre</title>
 <style>body { color: STYLE }</style><script>track("SCRIPT")</script></head>

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from artifact_io.run_folder import RunFolder
-from evals.evalset import load_evalset, question_key
-from pipelines.versions.manifest import sha256_file
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.evals.evalset import load_evalset, question_key
+from sourcegate.pipelines.versions.manifest import sha256_file
 from tests.promotable import promotable_config
 
 RIDERS = "config/evals/riders.jsonl"
@@ -27,10 +27,10 @@ def first_of_riders(n: int) -> list[dict]:
 
 @pytest.mark.models
 def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night_judged_on_one(demo_index, tmp_path):
-    from evals.harness import evaluate, gate_for_dir
-    from pipelines.app.factories import answer_scorer_for, retriever_for
-    from pipelines.retrieval.answer_support import AnswerSupportModel
-    from pipelines.training.in_domain import export, fused_tops, train_in_domain
+    from sourcegate.evals.harness import evaluate, gate_for_dir
+    from sourcegate.pipelines.app.factories import answer_scorer_for, retriever_for
+    from sourcegate.pipelines.retrieval.answer_support import AnswerSupportModel
+    from sourcegate.pipelines.training.in_domain import export, fused_tops, train_in_domain
 
     cfg, run_id, searcher = demo_index
     riders = load_evalset(RIDERS)
@@ -87,9 +87,9 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
 
 @pytest.mark.models
 def test_several_seeds_train_one_model_each_read_as_their_mean(demo_index, tmp_path):
-    from pipelines.app.factories import retriever_for
-    from pipelines.retrieval.answer_support import AnswerEnsemble, answer_support, load_answer_model
-    from pipelines.training.in_domain import train_seeds
+    from sourcegate.pipelines.app.factories import retriever_for
+    from sourcegate.pipelines.retrieval.answer_support import AnswerEnsemble, answer_support, load_answer_model
+    from sourcegate.pipelines.training.in_domain import train_seeds
 
     cfg, run_id, searcher = demo_index
     train = first_of_riders(2)
@@ -119,10 +119,10 @@ def test_a_student_learns_its_teachers_logits_in_fewer_layers_and_inherits_what_
     """One small model where several ran: the student learns the teacher's (here an ensemble's) logits on the
     passages a night reads, starts from evenly spaced layers of the base model, and is in-sample wherever its
     teacher was."""
-    from pipelines.app.factories import retriever_for
-    from pipelines.retrieval.answer_support import load_answer_model
-    from pipelines.training.base_model import kept_layers
-    from pipelines.training.in_domain import distillation_pairs, fused_tops, train_in_domain, train_seeds
+    from sourcegate.pipelines.app.factories import retriever_for
+    from sourcegate.pipelines.retrieval.answer_support import load_answer_model
+    from sourcegate.pipelines.training.base_model import kept_layers
+    from sourcegate.pipelines.training.in_domain import distillation_pairs, fused_tops, train_in_domain, train_seeds
 
     cfg, run_id, searcher = demo_index
     assert kept_layers(6, 12) == [1, 3, 5, 7, 9, 11] and kept_layers(4, 12) == [2, 5, 8, 11]
@@ -161,7 +161,7 @@ def sha_size(ensemble: Path) -> int:
 
 
 def test_seeds_must_be_distinct_before_anything_trains(tmp_path):
-    from pipelines.training.in_domain import train_seeds
+    from sourcegate.pipelines.training.in_domain import train_seeds
 
     with pytest.raises(ValueError, match="one or more distinct seeds"):
         train_seeds(None, "index", ["train.jsonl"], tmp_path / "out", tmp_path / "work", [13, 13])
@@ -169,7 +169,7 @@ def test_seeds_must_be_distinct_before_anything_trains(tmp_path):
 
 
 def test_train_in_domain_refuses_the_fit_or_check_set_before_loading_a_model(tmp_path, capsys):
-    from pipelines.app.cli import main
+    from sourcegate.pipelines.app.cli import main
 
     fit = load_evalset("config/evals/calibration.jsonl")[:2]
     reworded = {**fit[1], "question": "Can I get a 31-day pass as a paper ticket please?"}  # a word away
@@ -188,7 +188,7 @@ def test_train_in_domain_refuses_the_fit_or_check_set_before_loading_a_model(tmp
 
 
 def test_near_duplicates_are_copies_or_a_word_or_two_away_and_nothing_else():
-    from evals.evalset import near_duplicates
+    from sourcegate.evals.evalset import near_duplicates
 
     shift = "I finish my shift at the hospital downtown after midnight."
     others = [
@@ -208,7 +208,7 @@ def test_near_duplicates_are_copies_or_a_word_or_two_away_and_nothing_else():
 
 
 def test_paraphrases_are_the_nearest_other_at_or_over_the_bar_and_read_the_conversation():
-    from evals.evalset import paraphrases
+    from sourcegate.evals.evalset import paraphrases
 
     # a unit test of the rule alone: each text's vector is given, unnormalised (the function normalises)
     table = {"a": [1, 0, 0], "b": [0, 3, 0], "c": [0.9, 0.1, 0], "d": [0, 0, 1], "ctx a": [0, 0, 2]}
@@ -226,7 +226,7 @@ def test_paraphrases_are_the_nearest_other_at_or_over_the_bar_and_read_the_conve
 
 @pytest.mark.models
 def test_the_bi_encoder_finds_a_fit_question_asked_in_other_words_and_drop_judged_records_it(embedder, tmp_path):
-    from pipelines.training.in_domain import leave_out_judged, refuse_judged
+    from sourcegate.pipelines.training.in_domain import leave_out_judged, refuse_judged
 
     fit = tmp_path / "fit.jsonl"
     asked = {"id": "u-a-020", "question": "Can a bus driver sell me a single-ride ticket?", "label": "answer"}
@@ -247,9 +247,9 @@ def test_the_bi_encoder_finds_a_fit_question_asked_in_other_words_and_drop_judge
 def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_they_were_made(demo_index, tmp_path):
     import pyarrow.parquet as pq
 
-    from pipelines.app.factories import answer_scorer_for, retriever_for
-    from pipelines.training.in_domain import leave_out_judged, train_in_domain
-    from pipelines.training.synthetic_pairs import pseudo_queries
+    from sourcegate.pipelines.app.factories import answer_scorer_for, retriever_for
+    from sourcegate.pipelines.training.in_domain import leave_out_judged, train_in_domain
+    from sourcegate.pipelines.training.synthetic_pairs import pseudo_queries
 
     cfg, run_id, searcher = demo_index
     index = RunFolder(cfg.artifacts, run_id).path
@@ -281,7 +281,7 @@ def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_the
 
 
 def test_train_in_domain_wants_labelled_sets_or_synthetic_questions(tmp_path, capsys):
-    from pipelines.app.cli import main
+    from sourcegate.pipelines.app.cli import main
 
     assert main(["train-in-domain", "--index", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 2
     assert "give --train sets, --synthetic N" in capsys.readouterr().err
@@ -289,7 +289,7 @@ def test_train_in_domain_wants_labelled_sets_or_synthetic_questions(tmp_path, ca
 
 
 def test_a_training_set_is_found_by_its_content_wherever_it_was_committed(tmp_path):
-    from pipelines.training.retrain import NotReproducible, find_by_hash
+    from sourcegate.pipelines.training.retrain import NotReproducible, find_by_hash
 
     committed = Path("config/evals/riders.jsonl")
     recorded = {"path": "/work/exp/gone/riders-copy.jsonl", "sha256": sha256_file(committed)}
@@ -300,8 +300,8 @@ def test_a_training_set_is_found_by_its_content_wherever_it_was_committed(tmp_pa
 
 @pytest.mark.models
 def test_retrain_rebuilds_a_model_from_its_recipe_and_the_recipe_round_trips(demo_index, tmp_path, capsys):
-    from pipelines.app.cli import main
-    from pipelines.training import retrain
+    from sourcegate.pipelines.app.cli import main
+    from sourcegate.pipelines.training import retrain
 
     cfg, run_id, _ = demo_index
     index = RunFolder(cfg.artifacts, run_id).path

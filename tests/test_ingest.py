@@ -6,7 +6,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.build.ingest import Rejected, ingest, safe_id
+from sourcegate.pipelines.build.ingest import Rejected, ingest, safe_id
 from tests.conftest import DATA, DEMO, SCIFACT
 
 

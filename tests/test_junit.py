@@ -1,8 +1,8 @@
-"""evals.junit: the gate's checks as JUnit XML (the serialiser alone; test_gate checks it on real verdicts)."""
+"""sourcegate.evals.junit: the gate's checks as JUnit XML (the serialiser alone; test_gate checks it on real verdicts)."""
 
 import xml.etree.ElementTree as ET
 
-from evals.junit import junit_xml
+from sourcegate.evals.junit import junit_xml
 
 CHECKS = [
     {"name": "threshold_gap", "passed": True, "detail": "gap 0.25 between the labels"},

@@ -2,8 +2,8 @@
 
 A kept text vector or pair logit is found under a binding of the model's files, the code and settings that turn
 the text or pair into model input (max length, truncation, pair assembly) and the runtime's versions
-(pipelines/retrieval/kept.py); a row kept under any other binding is computed again. The kept files a night
-reused are part of gate.json's `evaluated` (pipelines/release/verdict.py), so a changed one refuses promotion.
+(sourcegate/pipelines/retrieval/kept.py); a row kept under any other binding is computed again. The kept files a night
+reused are part of gate.json's `evaluated` (sourcegate/pipelines/release/verdict.py), so a changed one refuses promotion.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io import write_json
-from artifact_io.run_folder import RunFolder
-from evals.harness import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS, keep_for_next, keep_from
-from pipelines.app import steps
-from pipelines.release import verdict
-from pipelines.retrieval import kept
-from pipelines.versions.manifest import sha256_file
+from sourcegate.artifact_io import write_json
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.evals.harness import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS, keep_for_next, keep_from
+from sourcegate.pipelines.app import steps
+from sourcegate.pipelines.release import verdict
+from sourcegate.pipelines.retrieval import kept
+from sourcegate.pipelines.versions.manifest import sha256_file
 from tests.test_verdicts import night  # noqa: F401  (the fixture)
 
 QUESTION = "Can I bring my bike on the light rail at rush hour?"
@@ -33,9 +33,9 @@ TEXTS = ["bike", "rush hour", QUESTION]
 
 def parts(embedder):
     """The three parts a retriever keeps values with, freshly loaded (a new night's process)."""
-    from pipelines.retrieval.answer_support import AnswerSupportModel
-    from pipelines.retrieval.answerability import TextVectors
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines.retrieval.answer_support import AnswerSupportModel
+    from sourcegate.pipelines.retrieval.answerability import TextVectors
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     return SimpleNamespace(
         text_vectors=TextVectors(embedder), scorer=OnnxCrossEncoder(), answer_scorer=AnswerSupportModel()
@@ -56,7 +56,7 @@ def a_night(retriever, earlier: Path | None, out: Path) -> tuple[dict, dict]:
 
 @pytest.mark.models
 def test_same_inputs_reuse_everything_and_a_changed_pair_recipe_recomputes(embedder, tmp_path, monkeypatch):
-    from pipelines.retrieval import answer_support
+    from sourcegate.pipelines.retrieval import answer_support
 
     first, values = a_night(parts(embedder), None, tmp_path / "r1")
     assert {n: (k["reused"], k["computed"]) for n, k in first.items()} == {
@@ -86,7 +86,7 @@ def test_same_inputs_reuse_everything_and_a_changed_pair_recipe_recomputes(embed
 
 @pytest.mark.models
 def test_a_changed_pair_assembly_or_runtime_is_another_binding():
-    from pipelines.retrieval.answer_support import AnswerSupportModel
+    from sourcegate.pipelines.retrieval.answer_support import AnswerSupportModel
 
     model = AnswerSupportModel()
     bound = model.kept_binding
@@ -99,7 +99,7 @@ def test_a_changed_pair_assembly_or_runtime_is_another_binding():
     finally:
         kept.runtime_versions = original
     # the code that builds the model's graph is in the recipe: the answer model's (assemble) is not the reranker's
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     assert model.pair_recipe["code"] != OnnxCrossEncoder().pair_recipe["code"]
 

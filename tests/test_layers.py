@@ -1,11 +1,11 @@
 """The packages' layers, and imports that still name something after a move (read from source, no import).
 
-artifact_io (atomic artifact files) is the bottom; evals/ (plain data in, plain data out) sits on it;
-pipelines/ (steps, backends, CLI) sits on both. Inside pipelines/ the rooms are layered too (PIPELINE_LAYERS,
+artifact_io (atomic artifact files) is the bottom; sourcegate/evals/ (plain data in, plain data out) sits on it;
+sourcegate/pipelines/ (steps, backends, CLI) sits on both. Inside sourcegate/pipelines/ the rooms are layered too (PIPELINE_LAYERS,
 bottom first): the foundation (config, Parquet batches, fault points, packaged models) and a version's records
-(pipelines/versions: manifest, stamps, promotions log, object store, lock holders); building a version; the search
-backends; retrieval and answering; release policy over versions (pipelines/release: verdict, decision, runs, lock);
-training answer models (pipelines/training); the application. A lower layer never imports a higher one, not
+(sourcegate/pipelines/versions: manifest, stamps, promotions log, object store, lock holders); building a version; the search
+backends; retrieval and answering; release policy over versions (sourcegate/pipelines/release: verdict, decision, runs, lock);
+training answer models (sourcegate/pipelines/training); the application. A lower layer never imports a higher one, not
 even inside a function, so an evaluation never reaches up into the pipeline it judges and a backend never
 reaches into gate policy.
 """
@@ -22,13 +22,19 @@ PACKAGES = ("artifact_io", "evals", "pipelines", "benchmarks", "dags", "plugins"
 # A lower layer and the first-party packages it may import (besides itself).
 MAY_IMPORT = {"artifact_io": set(), "evals": {"artifact_io"}}
 PIPELINE_LAYERS = [  # each room (folder) in exactly one layer: a folder is a layer
-    ["pipelines.config", "pipelines.batches", "pipelines.faults", "pipelines.models", "pipelines.versions"],
-    ["pipelines.build"],
-    ["pipelines.search"],
-    ["pipelines.retrieval"],
-    ["pipelines.release"],
-    ["pipelines.training"],
-    ["pipelines.app"],
+    [
+        "sourcegate.pipelines.config",
+        "sourcegate.pipelines.batches",
+        "sourcegate.pipelines.faults",
+        "sourcegate.pipelines.models",
+        "sourcegate.pipelines.versions",
+    ],
+    ["sourcegate.pipelines.build"],
+    ["sourcegate.pipelines.search"],
+    ["sourcegate.pipelines.retrieval"],
+    ["sourcegate.pipelines.release"],
+    ["sourcegate.pipelines.training"],
+    ["sourcegate.pipelines.app"],
 ]
 
 
@@ -105,7 +111,7 @@ def module_name(path: Path) -> str:
 
 def test_every_pipelines_module_has_a_layer_and_every_room_a_docstring():
     modules = [module_name(p) for p in sorted((ROOT / "pipelines").rglob("*.py"))]
-    unplaced = [m for m in modules if m not in ("pipelines", "pipelines.versions") and layer_of(m) is None]
+    unplaced = [m for m in modules if m not in ("pipelines", "sourcegate.pipelines.versions") and layer_of(m) is None]
     assert not unplaced, f"give these a layer in PIPELINE_LAYERS: {unplaced}"
     rooms = [p for p in (ROOT / "pipelines").rglob("__init__.py")]
     undocumented = [str(p.relative_to(ROOT)) for p in rooms if not ast.get_docstring(ast.parse(p.read_text()))]
@@ -123,8 +129,16 @@ def test_a_folder_is_one_layer():
 
 def test_records_sit_below_the_search_backends_and_release_policy_above_retrieval():
     """The floors: a backend may write a version's records but never judge it; the verdict may read retrieval."""
-    assert layer_of("pipelines.versions") < layer_of("pipelines.build") < layer_of("pipelines.search")
-    assert layer_of("pipelines.retrieval") < layer_of("pipelines.release") < layer_of("pipelines.app")
+    assert (
+        layer_of("sourcegate.pipelines.versions")
+        < layer_of("sourcegate.pipelines.build")
+        < layer_of("sourcegate.pipelines.search")
+    )
+    assert (
+        layer_of("sourcegate.pipelines.retrieval")
+        < layer_of("sourcegate.pipelines.release")
+        < layer_of("sourcegate.pipelines.app")
+    )
 
 
 def test_a_pipelines_room_imports_nothing_above_it():
@@ -221,14 +235,14 @@ def test_the_checks_see_a_dangling_and_an_upward_import(tmp_path):
     """The scanner reads imports inside functions too (where this project puts its lazy ones)."""
     source = tmp_path / "m.py"
     source.write_text(
-        "def f():\n    from pipelines.no_such_module import x\n    from pipelines.app.steps import nothing_here\n"
+        "def f():\n    from sourcegate.pipelines.no_such_module import x\n    from sourcegate.pipelines.app.steps import nothing_here\n"
     )
     found = imports(source)
     assert [(line, module) for line, module, _ in found] == [
         (2, "pipelines.no_such_module"),
-        (3, "pipelines.app.steps"),
+        (3, "sourcegate.pipelines.app.steps"),
     ]
-    assert module_file("pipelines.no_such_module") is None and module_file("pipelines.app.steps") is not None
+    assert module_file("pipelines.no_such_module") is None and module_file("sourcegate.pipelines.app.steps") is not None
     assert "nothing_here" not in top_level_names(ROOT / "pipelines" / "app" / "steps.py")
     assert "evaluate_step" in top_level_names(ROOT / "pipelines" / "app" / "steps.py")
 
@@ -247,7 +261,11 @@ def test_no_benchmark_function_runs_past_100_lines():
 def test_training_sits_above_retrieval_and_below_the_application_and_each_function_fits_a_screen():
     """The trainers read retrieval (the passages a model learns) and the application calls them; a training
     function over 80 lines is several steps that want names of their own."""
-    assert layer_of("pipelines.retrieval") < layer_of("pipelines.training") < layer_of("pipelines.app")
+    assert (
+        layer_of("sourcegate.pipelines.retrieval")
+        < layer_of("sourcegate.pipelines.training")
+        < layer_of("sourcegate.pipelines.app")
+    )
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
         for path in sorted((ROOT / "pipelines" / "training").rglob("*.py"))

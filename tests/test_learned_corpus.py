@@ -1,12 +1,12 @@
 """What a trained answer model learned of a corpus and how much of today's corpus that is
-(pipelines/retrieval/learned_corpus.py), on hand-made chunk tables."""
+(sourcegate/pipelines/retrieval/learned_corpus.py), on hand-made chunk tables."""
 
 import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.retrieval import learned_corpus as lc
+from sourcegate.pipelines.retrieval import learned_corpus as lc
 
 
 def chunks(path, rows: list[tuple[str, str, int, str]]):

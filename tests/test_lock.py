@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from artifact_io.run_folder import RunFolder
-from pipelines import config
-from pipelines.release import lock
-from pipelines.release.lock import HOLDER_FILE, LockHeld, writer_lock
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines import config
+from sourcegate.pipelines.release import lock
+from sourcegate.pipelines.release.lock import HOLDER_FILE, LockHeld, writer_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # A writer in its own process: takes the lock, says so, holds it until stdin closes (or it is killed).
 HOLDER = """
 import sys
-from pipelines import config
-from pipelines.release.lock import writer_lock
+from sourcegate.pipelines import config
+from sourcegate.pipelines.release.lock import writer_lock
 cfg = config.load(None, {"artifacts": sys.argv[1], "backend.kind": sys.argv[2],
                          "backend.opensearch.index_prefix": sys.argv[3], "lock.timeout_s": float(sys.argv[4])})
 with writer_lock(cfg, "test holder", shared=sys.argv[5] == "shared"):
@@ -121,7 +121,16 @@ def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
     holder = start_holder(artifacts)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "pipelines.app.cli", "run", "--artifacts", str(artifacts), "--lock-timeout", "0"],
+            [
+                sys.executable,
+                "-m",
+                "sourcegate.pipelines.app.cli",
+                "run",
+                "--artifacts",
+                str(artifacts),
+                "--lock-timeout",
+                "0",
+            ],
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -137,9 +146,9 @@ def test_two_cli_runs_on_one_artifacts_folder(tmp_path):
 
 def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
     """A version created before the live one is promoted only through the rollback path."""
-    from artifact_io import write_json
-    from pipelines.app import steps
-    from pipelines.app.factories import open_store
+    from sourcegate.artifact_io import write_json
+    from sourcegate.pipelines.app import steps
+    from sourcegate.pipelines.app.factories import open_store
     from tests.test_embedded_backend import synthetic_chunks
     from tests.test_verdicts import pass_gate
 
@@ -151,7 +160,7 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
         folder.mkdir(parents=True)
         write_json({"started_at": started}, folder / "run.json")
         open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))
-        pass_gate(cfg, run_id)  # a passed verdict bound to this version (pipelines/release/verdict.py)
+        pass_gate(cfg, run_id)  # a passed verdict bound to this version (sourcegate/pipelines/release/verdict.py)
     steps.promote_step(cfg, "manual")
     with pytest.raises(RuntimeError, match="created before the live version manual"):
         steps.promote_step(cfg, "zzz-old")  # newer by name, older by creation time
@@ -188,8 +197,8 @@ def test_the_opensearch_alias_lock_names_its_holder_and_breaks_a_killed_one(tmp_
 LEASED_HOLDER = """
 import socket, sys
 socket.gethostname = lambda: "worker-b.example"
-from pipelines import config
-from pipelines.release import lock
+from sourcegate.pipelines import config
+from sourcegate.pipelines.release import lock
 lock.ALIAS_LEASE_S = float(sys.argv[3])
 cfg = config.load(None, {"artifacts": sys.argv[1], "backend.kind": "opensearch",
                          "backend.opensearch.index_prefix": sys.argv[2], "lock.timeout_s": 0.0})

@@ -1,4 +1,4 @@
-"""evals.metrics against ranx on random runs and qrels (seeded)."""
+"""sourcegate.evals.metrics against ranx on random runs and qrels (seeded)."""
 
 import math
 import os
@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from ranx import Qrels, Run, evaluate  # noqa: E402
 
-from evals.metrics import first_relevant_rank, mrr, ndcg_at, precision_at, recall_at
+from sourcegate.evals.metrics import first_relevant_rank, mrr, ndcg_at, precision_at, recall_at
 
 KS = (1, 3, 5, 10, 20)
 pytestmark = pytest.mark.filterwarnings("ignore:unsafe cast")  # inside ranx's numba kernels
@@ -89,7 +89,7 @@ def test_repeated_document_counts_once():
 
 # --------------------------------------------------------------------------- precision_eval
 
-from evals.precision import precision_eval  # noqa: E402
+from sourcegate.evals.precision import precision_eval  # noqa: E402
 
 
 def test_precision_eval_lists_losses_honestly():

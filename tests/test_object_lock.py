@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import config
-from pipelines.app import staging
-from pipelines.app.version_cache import CachedStore
-from pipelines.release import object_lock
-from pipelines.release.lock import writer_lock
-from pipelines.versions import promotions
-from pipelines.versions.holder import LockHeld, LockLost
-from pipelines.versions.object_store import ObjectStore, UnsafeKey, local_path
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app import staging
+from sourcegate.pipelines.app.version_cache import CachedStore
+from sourcegate.pipelines.release import object_lock
+from sourcegate.pipelines.release.lock import writer_lock
+from sourcegate.pipelines.versions import promotions
+from sourcegate.pipelines.versions.holder import LockHeld, LockLost
+from sourcegate.pipelines.versions.object_store import ObjectStore, UnsafeKey, local_path
 
 ROOT = Path(__file__).resolve().parents[1]
 MOTO_PYTHON = Path(os.environ.get("MOTO_SERVER") or ROOT / ".venv-moto" / "bin" / "moto_server").with_name("python")
@@ -109,9 +109,9 @@ def test_a_key_with_dot_dot_in_a_cached_version_is_refused(s3_server, s3_env, tm
 WRITER_A = """
 import sys
 from pathlib import Path
-from pipelines import config
-from pipelines.app import errors, staging
-from pipelines.versions import promotions
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app import errors, staging
+from sourcegate.pipelines.versions import promotions
 cfg = config.load(None, {"artifacts": sys.argv[1], "lock.timeout_s": 0.0, "lock.lease_s": float(sys.argv[2])})
 try:
     with staging.locked_staged(cfg, "writer A", None, staging.Reads()) as local:
@@ -285,8 +285,8 @@ def test_publishing_without_holding_the_lock_is_refused(s3_server, s3_env):
 READER = """
 import sys, time
 from pathlib import Path
-from pipelines.app.version_cache import CachedStore
-from pipelines.versions.object_store import ObjectStore
+from sourcegate.pipelines.app.version_cache import CachedStore
+from sourcegate.pipelines.versions.object_store import ObjectStore
 real = ObjectStore.download
 def slow(self, key, dest):
     time.sleep(0.2)
@@ -302,7 +302,7 @@ print(len(searcher.bm25("airport refund", 3)), flush=True)
 
 @pytest.mark.s3
 def test_two_processes_filling_one_cache_entry_both_serve_and_leave_one_intact_entry(s3_server, s3_env, tmp_path):
-    from pipelines.search.embedded import EmbeddedStore
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
     from tests.test_embedded_backend import synthetic_chunks
 
     synthetic_chunks(tmp_path / "c.parquet")

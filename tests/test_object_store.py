@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from pipelines.app import staging
-from pipelines.versions.object_store import ObjectStore, WriteOnceViolation, endpoint_from_env, split_uri
+from sourcegate.pipelines.app import staging
+from sourcegate.pipelines.versions.object_store import ObjectStore, WriteOnceViolation, endpoint_from_env, split_uri
 from tests.promotable import PROMOTABLE, promotable_sections
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path
         (scratch / "runs" / "r1" / name).write_text(name)
     (scratch / "LIVE").write_text("r1\n")
     (scratch / "LIVE.decision.json").write_text('{"version": "r1"}')  # what promote wrote beside LIVE
-    from pipelines.versions import promotions
+    from sourcegate.pipelines.versions import promotions
 
     promotions.append_record(promotions.promotion_record("r1", None, "abc", "cli"), scratch / "promotions.jsonl")
     order = []
@@ -85,7 +85,7 @@ def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path
 def test_publish_refuses_to_move_live_that_moved_since_it_was_staged(tmp_path):
     """The steps judged "never move LIVE backwards" against the staged LIVE: if another writer promoted since,
     this writer writes neither LIVE nor its promotion record."""
-    from pipelines.versions import promotions
+    from sourcegate.pipelines.versions import promotions
 
     store = local_store(tmp_path)
     store.put("LIVE", b"v2\n")  # promoted by another writer after this one staged v0
@@ -135,7 +135,7 @@ def test_an_embed_shard_downloads_only_the_row_groups_of_its_slice(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.batches import read_rows, shard_range
+    from sourcegate.pipelines.batches import read_rows, shard_range
 
     store = local_store(tmp_path)
     import hashlib
@@ -186,7 +186,7 @@ def project_config(dest: Path) -> Path:
 
 
 def sourcegate_argv(args, config: Path) -> list[str]:
-    return [sys.executable, "-m", "pipelines.app.cli", "--config", str(config), *args]
+    return [sys.executable, "-m", "sourcegate.pipelines.app.cli", "--config", str(config), *args]
 
 
 def sourcegate(args, env, cwd, config: Path, timeout=1800) -> subprocess.CompletedProcess:
@@ -203,8 +203,8 @@ def sourcegate(args, env, cwd, config: Path, timeout=1800) -> subprocess.Complet
 
 HOLDER = """
 import sys, time
-from pipelines import config
-from pipelines.release.lock import writer_lock
+from sourcegate.pipelines import config
+from sourcegate.pipelines.release.lock import writer_lock
 cfg = config.load(None, {"artifacts": sys.argv[1], "lock.timeout_s": 120})
 with writer_lock(cfg, "writer " + sys.argv[2]):
     with open(sys.argv[3], "a") as log:
@@ -235,8 +235,8 @@ def test_two_writers_with_separate_working_directories_are_serialised_by_the_loc
 
 @pytest.mark.s3
 def test_an_expired_lock_object_is_broken_and_a_live_one_is_named(s3_server, monkeypatch, caplog):
-    from pipelines.release import object_lock
-    from pipelines.release.lock import LockHeld
+    from sourcegate.pipelines.release import object_lock
+    from sourcegate.pipelines.release.lock import LockHeld
 
     for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)
@@ -464,7 +464,7 @@ def _wait_for_stage(proc, timeout=600):
 def test_the_one_filesystem_builder_takes_a_connection_for_its_block_only(monkeypatch):
     """object_store.s3_filesystem: inside `connection(options)` the options (an Airflow connection's), else the
     AWS environment; connection_options fills what a connection leaves out from the environment."""
-    from pipelines.versions import object_store
+    from sourcegate.pipelines.versions import object_store
 
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1"}
     extra = {"endpoint_url": "https://s3.internal:8443", "aws_session_token": "tok"}
@@ -493,7 +493,7 @@ def kept_objects(store: ObjectStore, tmp_path: Path) -> dict[str, bytes]:
     loaded and not yet evaluated. Returns what was put, by key."""
     import numpy as np
 
-    from pipelines.retrieval import kept
+    from sourcegate.pipelines.retrieval import kept
 
     bodies = {}
     for run, value in (("r1", 1.0), ("r2", 2.0)):
@@ -545,8 +545,8 @@ def test_an_evaluate_task_on_the_server_reads_the_kept_values_instead_of_computi
     staged with their bytes (RunFolder.earlier_evaluation finds them, kept.load reads them), nothing is written back."""
     import numpy as np
 
-    from artifact_io.run_folder import RunFolder
-    from pipelines.retrieval import kept
+    from sourcegate.artifact_io.run_folder import RunFolder
+    from sourcegate.pipelines.retrieval import kept
 
     uri = s3_server.bucket("kept-values") + "/nightly"
     store = ObjectStore.from_uri(uri)

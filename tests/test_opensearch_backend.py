@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 from opensearchpy import AuthorizationException
 
-from pipelines.config import OpenSearch
-from pipelines.search import retain
-from pipelines.search.analyzer import analyze, opensearch_analysis
-from pipelines.search.bm25 import K1, B, BM25Index
-from pipelines.search.opensearch import OpenSearchStore, index_body
-from pipelines.search.opensearch.client import client_from_env, config_from_env
-from pipelines.versions.manifest import VersionConflict
+from sourcegate.pipelines.config import OpenSearch
+from sourcegate.pipelines.search import retain
+from sourcegate.pipelines.search.analyzer import analyze, opensearch_analysis
+from sourcegate.pipelines.search.bm25 import K1, B, BM25Index
+from sourcegate.pipelines.search.opensearch import OpenSearchStore, index_body
+from sourcegate.pipelines.search.opensearch.client import client_from_env, config_from_env
+from sourcegate.pipelines.versions.manifest import VersionConflict
 
 DIM = 384
 N_CHUNKS = 300
@@ -258,7 +258,7 @@ def test_document_frequencies_equal_the_embedded_backend(store, tmp_path):
 def test_hybrid_is_one_round_trip_and_answers_as_the_single_calls(store, chunks_parquet, monkeypatch):
     """The batched hybrid query: one _msearch, the same lists, stored fields, best cosine and document
     frequencies as the protocol's single calls, and the z-score of the FULL distribution (exact moments)."""
-    from pipelines.search.base import hybrid_by_calls
+    from sourcegate.pipelines.search.base import hybrid_by_calls
 
     path, vectors, _, _ = chunks_parquet
     store.load("v1", str(path))
@@ -510,7 +510,7 @@ def test_client_from_env_defaults_and_errors():
 
 def test_airflow_is_imported_only_when_asked_for():
     code = (
-        "import sys, pipelines.search.opensearch.client, pipelines.search.opensearch; "
+        "import sys, sourcegate.pipelines.search.opensearch.client, sourcegate.pipelines.search.opensearch; "
         "sys.exit(any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]
@@ -523,7 +523,7 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
     code = (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)\n"
-        "from pipelines.search.opensearch.client import client_from_airflow\n"
+        "from sourcegate.pipelines.search.opensearch.client import client_from_airflow\n"
         "c = client_from_airflow()\n"
         "conn = c.transport.connection_pool.connections[0]\n"
         "print(conn.host, repr(c))\n"
@@ -542,8 +542,8 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
 
 @pytest.mark.opensearch
 def test_manifest_in_meta_reuse_refusal_and_verify(store, small_parquet, os_client):
-    from pipelines.search.opensearch import ids_checksum
-    from pipelines.versions.manifest import IntegrityError, VersionConflict
+    from sourcegate.pipelines.search.opensearch import ids_checksum
+    from sourcegate.pipelines.versions.manifest import IntegrityError, VersionConflict
 
     inputs = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m", "code_version": "v1"}
     assert store.manifest("v1") is None
@@ -586,7 +586,7 @@ def unblock(os_client, index: str) -> None:
 
 @pytest.mark.opensearch
 def test_promotions_log_is_a_small_index_beside_the_versions(store, small_parquet):
-    from pipelines.versions import promotions
+    from sourcegate.pipelines.versions import promotions
 
     assert store.promotions() == []
     store.load("v1", str(small_parquet))

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io.run_folder import RunFolder
-from pipelines.config import OpenSearch
-from pipelines.search.delta import MAX_DELTA_FRACTION, compute_delta, full_load_reason
-from pipelines.search.opensearch import OpenSearchStore, ids_checksum, indexed_columns
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines.config import OpenSearch
+from sourcegate.pipelines.search.delta import MAX_DELTA_FRACTION, compute_delta, full_load_reason
+from sourcegate.pipelines.search.opensearch import OpenSearchStore, ids_checksum, indexed_columns
 from tests.test_opensearch_backend import DIM, RARE, write_chunks
 
 INPUTS = {
@@ -260,8 +260,8 @@ def test_fallbacks_to_a_full_load_say_why(store, nights, tmp_path):
 @pytest.mark.opensearch
 @pytest.mark.models
 def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, small_corpus, embedder, os_client):
-    from artifact_io import read_json
-    from pipelines.app import steps
+    from sourcegate.artifact_io import read_json
+    from sourcegate.pipelines.app import steps
 
     prefix = f"sgdelta-{uuid.uuid4().hex[:12]}"
 

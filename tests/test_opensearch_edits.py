@@ -15,10 +15,10 @@ import uuid
 
 import pytest
 
-from pipelines.config import OpenSearch
-from pipelines.search.opensearch import OpenSearchStore
-from pipelines.versions import manifest as mf
-from pipelines.versions import promotions
+from sourcegate.pipelines.config import OpenSearch
+from sourcegate.pipelines.search.opensearch import OpenSearchStore
+from sourcegate.pipelines.versions import manifest as mf
+from sourcegate.pipelines.versions import promotions
 from tests.conftest import ROOT
 from tests.test_opensearch_backend import write_chunks
 from tests.test_opensearch_delta import INPUTS, night_of
@@ -54,7 +54,7 @@ def edit_in_place(client, index: str, chunk_id: str) -> None:
 def sourcegate(store, *argv: str) -> subprocess.CompletedProcess:
     prefix = ["--set", "backend.kind=opensearch", "--set", f"backend.opensearch.index_prefix={store.prefix}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "pipelines.app.cli", *prefix, *argv]
+    cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", *prefix, *argv]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 

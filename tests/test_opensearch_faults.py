@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from pipelines.app import cli
-from pipelines.search.opensearch.health import LOCK_INDEX, preflight
+from sourcegate.pipelines.app import cli
+from sourcegate.pipelines.search.opensearch.health import LOCK_INDEX, preflight
 from tests.private_node import private_node
 
 pytestmark = pytest.mark.opensearch

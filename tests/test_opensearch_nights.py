@@ -1,7 +1,7 @@
 """Real `sourcegate run --backend opensearch` nights under faults (issue 31), and searches across a promotion.
 
 - kill -9 right after the alias swap, and right after the promotions-log write (SOURCEGATE_KILL_AT,
-  pipelines/faults.py), on the shared node with this test's own index prefix: the rerun (or `sourcegate
+  sourcegate/pipelines/faults.py), on the shared node with this test's own index prefix: the rerun (or `sourcegate
   promote RUN`) repairs run.json from the log, exactly one log record, `sourcegate runs` shows it promoted;
 - a bounded loop of BM25 and kNN searches against the alias while a second version is promoted: no failed
   and no empty response;
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import OpenSearch
-from pipelines.search.opensearch import OpenSearchStore
-from pipelines.search.opensearch.health import LOCK_INDEX
-from pipelines.search.opensearch.searcher import OpenSearchSearcher
+from sourcegate.pipelines.config import OpenSearch
+from sourcegate.pipelines.search.opensearch import OpenSearchStore
+from sourcegate.pipelines.search.opensearch.health import LOCK_INDEX
+from sourcegate.pipelines.search.opensearch.searcher import OpenSearchSearcher
 from tests.conftest import DEMO, ROOT
 from tests.private_node import PrivateNode
 from tests.test_faults import ARTICLES, tiny_night
@@ -43,7 +43,15 @@ FIRST, SECOND, THIRD = "20260101-020000", "20260102-020000", "20260103-020000"
 
 def sourcegate(tiny: dict, url: str, prefix: str, *argv: str, **env: str) -> subprocess.CompletedProcess:
     """One CLI command on the tiny night's config against the node at `url`, index prefix `prefix`."""
-    cmd = [sys.executable, "-m", "pipelines.app.cli", "--config", str(tiny["config"]), *opensearch_args(prefix), *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sourcegate.pipelines.app.cli",
+        "--config",
+        str(tiny["config"]),
+        *opensearch_args(prefix),
+        *argv,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=night_env(url, **env), timeout=600)
 
 
@@ -89,7 +97,7 @@ def prefix(os_client):
 @pytest.mark.opensearch
 @pytest.mark.models
 def test_a_kill_after_the_swap_or_the_log_write_is_repaired_from_the_promotions_log(tiny, prefix, os_client, tmp_path):
-    from pipelines.search.opensearch.client import config_from_env
+    from sourcegate.pipelines.search.opensearch.client import config_from_env
 
     url = config_from_env().url
     artifacts = tmp_path / "artifacts"
@@ -220,7 +228,7 @@ def test_the_node_stopped_while_a_night_evaluates(tiny, tmp_path):
         cmd = [
             sys.executable,
             "-m",
-            "pipelines.app.cli",
+            "sourcegate.pipelines.app.cli",
             "--config",
             str(tiny["config"]),
             *opensearch_args("sg-stopped"),
@@ -244,7 +252,9 @@ def test_the_node_stopped_while_a_night_evaluates(tiny, tmp_path):
         assert line.startswith(cause), err
         assert err.splitlines()[-1] == line  # the cause is the last word, not the cleanup after it
         beside = [x for x in err.splitlines() if "Connection refused" in x and x != line]
-        assert all(x.startswith("WARNING pipelines.release.lock: could not release the lock") for x in beside), err
+        assert all(
+            x.startswith("WARNING sourcegate.pipelines.release.lock: could not release the lock") for x in beside
+        ), err
 
         node.start()  # same port, same data
         client.cluster.health(wait_for_status="yellow", request_timeout=120)

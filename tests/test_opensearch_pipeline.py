@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines.app.cli import main
-from pipelines.config import OpenSearch
-from pipelines.search.opensearch import OpenSearchStore
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.config import OpenSearch
+from sourcegate.pipelines.search.opensearch import OpenSearchStore
 from tests.conftest import ROOT, chunks_with_vectors
 from tests.promotable import PROMOTABLE, promotable_sections
 
@@ -80,8 +80,8 @@ def test_failed_gate_leaves_the_alias_on_the_previous_version(os_config, prefix,
 
 
 def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, os_client, prefix, embedder):
-    from evals.evalset import load_evalset
-    from pipelines.search.embedded import EmbeddedSearcher
+    from sourcegate.evals.evalset import load_evalset
+    from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     _, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"
@@ -102,7 +102,7 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, os_clien
         f"bm25@10 overlap {np.mean(bm25):.3f} (min {min(bm25):.1f}), best-cosine max diff {max(cos):.2e}"
     )
     assert np.mean(knn) >= 0.99 and max(cos) < 1e-4  # HNSW on 231 chunks is as good as exact
-    # One analyser and Lucene's BM25 formula on both sides (pipelines/search/analyzer.py, bm25.py):
+    # One analyser and Lucene's BM25 formula on both sides (sourcegate/pipelines/search/analyzer.py, bm25.py):
     # the scores are equal, so only exact ties at rank 10 can differ (Lucene breaks them by its
     # internal doc id, the embedded backend by chunk order). Measured on this set: 0.9987 (2 of
     # 149 questions swap one tied chunk at rank 10); it was 0.80 with \w+ tokens and Okapi's idf.
@@ -112,7 +112,7 @@ def test_parity_with_the_embedded_backend_on_the_demo_corpus(os_config, os_clien
 def _build_embedded(run_dir, remote: OpenSearchStore):
     """The embedded index of the same chunks.parquet the OpenSearch version was loaded from, recording
     the same inputs (so the query side's model check passes on both); reused when already built."""
-    from pipelines.search.embedded import EmbeddedStore
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
 
     store = EmbeddedStore(run_dir.parent, run_dir.parent.parent / "LIVE-parity")
     store.load(run_dir.name, str(run_dir / "chunks.parquet"), inputs=remote.manifest(run_dir.name)["inputs"])
@@ -128,9 +128,9 @@ def test_calibrate_on_opensearch_goes_through_the_same_retriever(
     BM25 formula and analyser are Lucene's on both sides, so the corpus-wide signals are equal per
     question; the fused top 3 and what is fitted on it (rerank, combiner) may differ only where ties
     break differently, so they are not compared."""
-    from evals.evalset import load_evalset
-    from pipelines.app import factories
-    from pipelines.retrieval.retriever import Retriever
+    from sourcegate.evals.evalset import load_evalset
+    from sourcegate.pipelines.app import factories
+    from sourcegate.pipelines.retrieval.retriever import Retriever
 
     config, artifacts = os_config
     run_dir = artifacts / "runs" / "20261103-020000"

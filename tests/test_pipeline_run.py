@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.app.cli import main
+from sourcegate.pipelines.app.cli import main
 from tests.promotable import WHOLE_FIT, promotable_args
 
 pytestmark = pytest.mark.models
@@ -191,10 +191,10 @@ def test_the_shipped_decision_separates_the_questions_that_decide_it(artifacts):
     test night's index (same corpus, same index settings), fall on their sides of the threshold. A change to
     retrieval or the answer model that closes the gap fails here, at five questions' cost. The check set is never
     read here: a test that held its questions would make every CI run a look at it."""
-    from evals.evaluate import run_questions
-    from pipelines import config
-    from pipelines.app.factories import retriever_for
-    from pipelines.search.embedded import open_run_folder
+    from sourcegate.evals.evaluate import run_questions
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.factories import retriever_for
+    from sourcegate.pipelines.search.embedded import open_run_folder
 
     root = Path(__file__).resolve().parents[1]
     cfg = config.load(root / "config" / "pipeline.yaml")

@@ -70,8 +70,8 @@ def bucket(s3_server, tmp_path_factory) -> str:
     """Two runs published to `s3://…/nightly` by the pipeline's own publishing (staging.publish): one passed
     and live, a newer one failed; plus a folder that is no run id, and secrets outside runs/ and outside the
     prefix."""
-    from pipelines.app.staging import Snapshot, publish
-    from pipelines.versions.object_store import ObjectStore, connection, connection_options
+    from sourcegate.pipelines.app.staging import Snapshot, publish
+    from sourcegate.pipelines.versions.object_store import ObjectStore, connection, connection_options
     from tests.s3_server import CREDENTIALS
 
     uri = s3_server.bucket("plugin-reports") + "/nightly"

@@ -1,10 +1,10 @@
-"""The pre-flight check's reading of `_cluster/state/blocks` (pipelines/search/opensearch/health.py): the write block
+"""The pre-flight check's reading of `_cluster/state/blocks` (sourcegate/pipelines/search/opensearch/health.py): the write block
 every complete version carries is by design and stops no night (a second night on OpenSearch failed its pre-flight
 check on it); any other block on what a night writes is named."""
 
 from __future__ import annotations
 
-from pipelines.search.opensearch.health import LOCK_INDEX, blocks_in
+from sourcegate.pipelines.search.opensearch.health import LOCK_INDEX, blocks_in
 
 WRITE = {"8": {"description": "index write (api)", "retryable": False, "levels": ["write"]}}
 FLOOD = {"12": {"description": "disk usage exceeded flood-stage watermark, index has read-only-allow-delete block"}}

@@ -3,7 +3,7 @@
 import pytest
 from scipy.stats import binomtest  # installed with sentence-transformers
 
-from evals.regression import binomial_tail, compare, paired
+from sourcegate.evals.regression import binomial_tail, compare, paired
 
 
 def test_binomial_tail_hand_values():

@@ -1,4 +1,4 @@
-"""evals.report: content (escaping, one plot per signal, heatmap) and a real
+"""sourcegate.evals.report: content (escaping, one plot per signal, heatmap) and a real
 headless-Chromium screenshot of the rendered page."""
 
 import copy
@@ -13,10 +13,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from evals.calibration import calibrate
-from evals.gate import evaluate_gate
-from evals.precision import precision_eval
-from evals.report import render_report, write_report
+from sourcegate.evals.calibration import calibrate
+from sourcegate.evals.gate import evaluate_gate
+from sourcegate.evals.precision import precision_eval
+from sourcegate.evals.report import render_report, write_report
 
 XSS = "<script>alert(1)</script>"
 SIGNALS = ["cosine_top", "rerank_top", "bm25_z", "bm25_top", "term_coverage", "margin"]
@@ -245,7 +245,7 @@ def test_screenshot_in_headless_chromium(tmp_path, artifacts):
 
 
 def test_hostile_text_in_every_place_is_escaped():
-    # autoescape covers what the template writes and what the SVG plots draw (evals/plots.py)
+    # autoescape covers what the template writes and what the SVG plots draw (sourcegate/evals/plots.py)
     calibration, precision, gate, _ = make_artifacts()
     pair = calibration["pair"]
     for axis, old, new in (("x", "bm25_z", "<script>x()</script>"), ("y", "term_coverage", "<i>y</i>")):

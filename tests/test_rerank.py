@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipelines.retrieval.rerank import load_scorer, safe_rerank
+from sourcegate.pipelines.retrieval.rerank import load_scorer, safe_rerank
 
 PASSAGES = ["croup is a viral infection of the airway", "the French revolution began in 1789", "bus fares"]
 
@@ -87,7 +87,7 @@ def test_real_cross_encoder_scores_and_is_order_independent(cross_encoder):
 def test_pairs_scored_side_by_side_equal_each_pair_alone():
     """`score` runs a call's pairs on several threads at once: each logit is the one the pair gets alone, in a
     fresh scorer, one pair per call, in any order, on one worker or two."""
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     passages = [*PASSAGES, "croup causes a barking cough in young children", "the night bus runs every hour"]
     together = OnnxCrossEncoder()

@@ -6,10 +6,10 @@ import os
 import time
 from datetime import UTC, datetime
 
-from artifact_io import write_json
-from pipelines.release.runs import DAY_S, Run, doomed_runs, list_runs, retain_runs
-from pipelines.search.embedded import EmbeddedStore
-from pipelines.versions.manifest import build_manifest, write_manifest
+from sourcegate.artifact_io import write_json
+from sourcegate.pipelines.release.runs import DAY_S, Run, doomed_runs, list_runs, retain_runs
+from sourcegate.pipelines.search.embedded import EmbeddedStore
+from sourcegate.pipelines.versions.manifest import build_manifest, write_manifest
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
 
@@ -114,8 +114,8 @@ def test_list_runs_falls_back_to_folder_mtime_without_run_json(tmp_path):
 
 
 def test_a_version_is_ordered_by_its_manifest_creation_time(tmp_path):
-    from pipelines.release.runs import created_at
-    from pipelines.versions.manifest import MANIFEST_FILE
+    from sourcegate.pipelines.release.runs import created_at
+    from sourcegate.pipelines.versions.manifest import MANIFEST_FILE
 
     folder = make_run(tmp_path, "manual", days_ago=1, index=False)  # run.json says: a day ago
     assert created_at(folder) == NOW - DAY_S

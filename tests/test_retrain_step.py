@@ -1,4 +1,4 @@
-"""Retraining as the corpus grows (pipelines/app/retrain_step.py), the recalibrate DAG's steps run without Airflow:
+"""Retraining as the corpus grows (sourcegate/pipelines/app/retrain_step.py), the recalibrate DAG's steps run without Airflow:
 a tiny answer model that learned less than `answerability.retrain_below_share` of the live version is retrained by its
 recipe on that version, judged like a night in its own run folder, and shipped only through accept. The deployment,
 its eval sets and the model live in a tmp folder (tests/outgrown.py); the live version is a copy of the demo index.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evals.evalset import load_evalset
+from sourcegate.evals.evalset import load_evalset
 from tests.outgrown import outgrown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,8 +22,8 @@ RECAL = "recal-20260102-093000"
 
 @pytest.fixture(scope="module")
 def workspace(demo_index, tmp_path_factory):
-    from artifact_io.run_folder import RunFolder
-    from pipelines import config
+    from sourcegate.artifact_io.run_folder import RunFolder
+    from sourcegate.pipelines import config
 
     cfg, run_id, _ = demo_index
     root = tmp_path_factory.mktemp("retrain")
@@ -36,9 +36,9 @@ def workspace(demo_index, tmp_path_factory):
 
 @pytest.mark.models
 def test_a_model_that_learned_too_little_is_retrained_by_its_recipe_and_judged_in_its_own_run_folder(workspace):
-    from pipelines.app import retrain_step
-    from pipelines.retrieval import learned_corpus
-    from pipelines.training import retrain
+    from sourcegate.pipelines.app import retrain_step
+    from sourcegate.pipelines.retrieval import learned_corpus
+    from sourcegate.pipelines.training import retrain
 
     cfg, version, model = workspace["cfg"], workspace["version"], workspace["model"]
     decided = retrain_step.needed(cfg, version)
@@ -68,7 +68,7 @@ def test_a_model_that_learned_too_little_is_retrained_by_its_recipe_and_judged_i
 
 @pytest.mark.models
 def test_a_candidate_that_failed_its_judgement_leaves_the_old_model_and_every_file_as_they_were(workspace):
-    from pipelines.app import retrain_step
+    from sourcegate.pipelines.app import retrain_step
 
     folder = Path(workspace["cfg"].artifacts) / "runs" / f"{RECAL}-retrained"
     record = json.loads((folder / retrain_step.RECORD).read_text())
@@ -89,8 +89,8 @@ def test_a_candidate_that_failed_its_judgement_leaves_the_old_model_and_every_fi
 @pytest.mark.models
 def test_a_candidate_that_passed_ships_through_accept_and_retires_the_check_set_that_judged_it(workspace):
     """The ship step given a passing verdict (the tiny model's own verdict is whatever one epoch earned)."""
-    from pipelines import config
-    from pipelines.app import retrain_step
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app import retrain_step
 
     root, config_file = workspace["root"], workspace["config_file"]
     folder = Path(workspace["cfg"].artifacts) / "runs" / f"{RECAL}-retrained"
@@ -118,8 +118,8 @@ def test_a_candidate_that_passed_ships_through_accept_and_retires_the_check_set_
 
 
 def test_a_retrain_is_asked_only_of_a_corpus_specific_model_below_the_configured_share(tmp_path):
-    from pipelines import config
-    from pipelines.app import retrain_step
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app import retrain_step
 
     off = config.load(ROOT / "config" / "pipeline.yaml", {"answerability.retrain_below_share": None})
     assert retrain_step.needed(off, "v")["why"] == "answerability.retrain_below_share is null: never retrained"
@@ -130,7 +130,7 @@ def test_a_retrain_is_asked_only_of_a_corpus_specific_model_below_the_configured
 
 
 def test_a_candidate_ships_only_on_a_gap_a_passed_check_and_no_judged_question_learned():
-    from pipelines.app.retrain_step import verdict
+    from sourcegate.pipelines.app.retrain_step import verdict
 
     def gate(**failed):
         names = ("threshold_gap", "check_set", "answer_model_unseen", "precision_regression")
@@ -147,8 +147,8 @@ def test_a_candidate_ships_only_on_a_gap_a_passed_check_and_no_judged_question_l
 
 
 def test_a_config_value_is_rewritten_in_place_its_comment_kept_and_a_folded_old_value_dropped(tmp_path):
-    from pipelines import config
-    from pipelines.app.accepting import planned, with_value
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.accepting import planned, with_value
 
     text = (ROOT / "config" / "pipeline.yaml").read_text()
     folded = text.replace(

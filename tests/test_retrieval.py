@@ -1,10 +1,10 @@
 import pytest
 
-from evals.answer_modes import mode_bands
-from pipelines.config import Answer
-from pipelines.retrieval.answer import decide
-from pipelines.retrieval.rerank import load_scorer
-from pipelines.retrieval.retriever import (
+from sourcegate.evals.answer_modes import mode_bands
+from sourcegate.pipelines.config import Answer
+from sourcegate.pipelines.retrieval.answer import decide
+from sourcegate.pipelines.retrieval.rerank import load_scorer
+from sourcegate.pipelines.retrieval.retriever import (
     Candidate,
     Retrieval,
     Retriever,
@@ -14,7 +14,7 @@ from pipelines.retrieval.retriever import (
     rrf,
     term_coverage,
 )
-from pipelines.search.base import Hit
+from sourcegate.pipelines.search.base import Hit
 
 
 def test_rrf_sums_reciprocal_ranks_over_the_union():
@@ -114,7 +114,7 @@ def test_mode_bands_count_each_kind_per_mode():
 @pytest.mark.models
 def test_labelled_article_is_in_the_rerank_shortlist(demo_index, embedder, cross_encoder):
     """The labelled article is among the reranker's 12 candidates for >= 90% of should-answer questions."""
-    from evals.evalset import load_evalset
+    from sourcegate.evals.evalset import load_evalset
 
     cfg, _, searcher = demo_index
     retriever = Retriever.from_config(searcher, embedder, cross_encoder, cfg)

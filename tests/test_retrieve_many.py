@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from evals.evalset import load_evalset
-from pipelines.config import Retrieval
-from pipelines.retrieval import combiner as combiner_mod
-from pipelines.retrieval.answer_support import answer_support
-from pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
-from pipelines.retrieval.retriever import Retriever, effective_query
-from pipelines.search.analyzer import STOPWORDS
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.pipelines.config import Retrieval
+from sourcegate.pipelines.retrieval import combiner as combiner_mod
+from sourcegate.pipelines.retrieval.answer_support import answer_support
+from sourcegate.pipelines.retrieval.answerability import TOP_PASSAGES, TextVectors, answerability_signals, content_terms
+from sourcegate.pipelines.retrieval.retriever import Retriever, effective_query
+from sourcegate.pipelines.search.analyzer import STOPWORDS
 from tests.promotable import ROOT, WHOLE_FIT
 from tests.test_answerability import POOL, BagOfWords, bag_of_words_index
 
@@ -151,7 +151,7 @@ def test_text_vectors_are_kept_across_nights_under_their_fingerprint(tmp_path, c
 
 
 def test_another_models_kept_rows_are_skipped_whatever_their_width_and_a_wrong_width_is_logged(tmp_path, caplog):
-    from pipelines.retrieval import kept
+    from sourcegate.pipelines.retrieval import kept
 
     path = tmp_path / "pairs.parquet"
     kept.save(path, "sha256:one-model", {"k": np.array([0.5])}, 1, np.float64)
@@ -189,7 +189,7 @@ def test_batched_signals_equal_one_at_a_time_on_the_demo_with_the_real_models(de
 @pytest.mark.models
 def test_rerank_logits_are_kept_across_nights_exactly(tmp_path):
     """The INT8 cross-encoder scores one pair per run, so a kept logit is the fresh one, bit for bit."""
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     passages = POOL[:3]
     tonight = OnnxCrossEncoder()

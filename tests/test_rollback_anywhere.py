@@ -2,7 +2,7 @@
 
 `run --corpus <folder>`, a DAG (every path absolute, connection ids set: dags/_common.py) and the CLI from the
 project root (paths relative to it) are one judged config. A real difference is refused naming each key with the
-judged value and today's (pipelines/release/verdict.py).
+judged value and today's (sourcegate/pipelines/release/verdict.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from artifact_io import read_json
-from artifact_io.run_folder import RunFolder
-from pipelines import config
-from pipelines.app import steps
-from pipelines.app.cli import main
-from pipelines.app.factories import open_store
-from pipelines.release import verdict
+from sourcegate.artifact_io import read_json
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app import steps
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.factories import open_store
+from sourcegate.pipelines.release import verdict
 from tests.promotable import promotable_args
 from tests.test_embedded_backend import synthetic_chunks
 from tests.test_verdicts import INPUTS, pass_gate
@@ -168,7 +168,7 @@ def test_three_real_nights_with_run_corpus_then_rollback_from_the_project_config
 def test_a_verdict_recorded_before_the_judged_values_still_binds_by_its_hash(make_cfg, build):
     """gate.json written before this change: config_sha256 over every key but `artifacts` and its connection id,
     eval sets by path. An unchanged config promotes it; a changed one is refused."""
-    from artifact_io import write_json
+    from sourcegate.artifact_io import write_json
 
     cfg = make_cfg()
     gate = build(cfg, "20260101-020000")

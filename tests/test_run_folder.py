@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from artifact_io import run_folder as rf
-from artifact_io.run_folder import RunFolder
+from sourcegate.artifact_io import run_folder as rf
+from sourcegate.artifact_io.run_folder import RunFolder
 
 
 def test_a_run_lives_under_the_artifacts_runs_folder(tmp_path):

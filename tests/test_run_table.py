@@ -2,8 +2,8 @@
 
 import json
 
-from pipelines.app.cli import main
-from pipelines.app.run_table import list_runs
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.run_table import list_runs
 
 
 def write_run(artifacts, name, info=None, gate=None, raw=None):
@@ -92,7 +92,7 @@ def test_promoted_comes_from_the_promotions_log_when_given(tmp_path):
 
 
 def test_sourcegate_runs_reads_the_promotions_log(tmp_path, capsys):
-    from pipelines.versions.promotions import append_record, promotion_record
+    from sourcegate.pipelines.versions.promotions import append_record, promotion_record
 
     write_run(tmp_path, "live", {"started_at": "2026-01-01T02:00:00+00:00"}, gate={"passed": True})
     append_record(promotion_record("live", None, "sha256:g", "cli"), tmp_path / "promotions.jsonl")

@@ -6,10 +6,10 @@ import json
 
 import yaml
 
-from evals.evalset import load_evalset
-from pipelines import config
-from pipelines.app.cli import main
-from pipelines.app.scaffold import POOL
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.scaffold import POOL
 
 
 def test_init_scaffolds_a_corpus_and_its_first_night_says_what_to_write(small_corpus, tmp_path, capsys):

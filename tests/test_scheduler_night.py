@@ -216,7 +216,7 @@ def run_night(
 
 def published_store(s3_server, uri: str):
     """The night's store, read by the test through the server's own filesystem."""
-    from pipelines.versions.object_store import ObjectStore
+    from sourcegate.pipelines.versions.object_store import ObjectStore
     from tests.test_object_store import _server_fs
 
     return ObjectStore.from_uri(uri, fs=_server_fs(s3_server))

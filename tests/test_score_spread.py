@@ -1,4 +1,4 @@
-"""One verdict whatever the worker: the placement margin (evals/placement.py) and the decisive scores
+"""One verdict whatever the worker: the placement margin (sourcegate/evals/placement.py) and the decisive scores
 held equal across two worker settings (docs/benchmarks/24-score-spread.md)."""
 
 import json
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.calibration import calibrate_signal
-from evals.placement import below_by, cross_fitted, place
-from pipelines import config
+from sourcegate.evals.calibration import calibrate_signal
+from sourcegate.evals.placement import below_by, cross_fitted, place
+from sourcegate.pipelines import config
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT_SET = ROOT / "config" / "evals" / "calibration.jsonl"
@@ -82,8 +82,8 @@ def test_the_shipped_margin_is_positive_and_in_the_schema():
 
 def _decisive_logits(retriever, answer_model, asks: dict[str, str], passages: int) -> dict[str, float]:
     """Each decisive question's answer-support logit (mean over members of each one's best) on its fused window."""
-    from pipelines.retrieval.answerability import content_terms
-    from pipelines.search.analyzer import STOPWORDS
+    from sourcegate.pipelines.retrieval.answerability import content_terms
+    from sourcegate.pipelines.search.analyzer import STOPWORDS
 
     vectors = retriever.text_vectors([asks[q] for q in DECISIVE])
     out = {}
@@ -112,8 +112,8 @@ def test_the_decisive_verdicts_are_the_same_with_one_thread_or_two(demo_index, e
     and of the threshold the margin places."""
     import torch
 
-    from pipelines.retrieval.answer_support import load_answer_model
-    from pipelines.retrieval.retriever import Retriever
+    from sourcegate.pipelines.retrieval.answer_support import load_answer_model
+    from sourcegate.pipelines.retrieval.retriever import Retriever
 
     cfg, _, searcher = demo_index
     shipped = config.load(ROOT / "config" / "pipeline.yaml")

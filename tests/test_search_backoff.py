@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from opensearchpy import TransportError
 
-from pipelines.app import cli
-from pipelines.config import OpenSearch
-from pipelines.search.opensearch import backoff
-from pipelines.search.opensearch.searcher import OpenSearchSearcher
+from sourcegate.pipelines.app import cli
+from sourcegate.pipelines.config import OpenSearch
+from sourcegate.pipelines.search.opensearch import backoff
+from sourcegate.pipelines.search.opensearch.searcher import OpenSearchSearcher
 
 REJECTION = {
     "error": {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.app.serve import BadRequest, parse_question
+from sourcegate.pipelines.app.serve import BadRequest, parse_question
 from tests.test_faults import ARTICLES, DEMO, tiny_night
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_a_body_that_is_not_a_question_is_refused_naming_what_is_wrong(body, nam
 
 
 def sourcegate(config: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pipelines.app.cli", "--config", str(config), *args]
+    cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", "--config", str(config), *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
 
 
@@ -77,7 +77,7 @@ class Served:
     """A `sourcegate serve` process on a free loopback port (its first line names the port)."""
 
     def __init__(self, config: Path, artifacts: Path):
-        cmd = [sys.executable, "-m", "pipelines.app.cli", "--config", str(config), "serve"]
+        cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", "--config", str(config), "serve"]
         cmd += ["--artifacts", str(artifacts), "--port", "0"]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.first_line = self.proc.stdout.readline().strip()  # printed once the models are loaded

@@ -19,18 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from artifact_io import write_json
-from artifact_io.run_folder import RunFolder
-from evals.harness import NotAVerdict
-from pipelines import config
-from pipelines.app import cli, steps
-from pipelines.app.cli import main
-from pipelines.app.factories import Serving, answer_scorer_for, scorer_for
-from pipelines.release import decision
-from pipelines.retrieval.answer import decide
-from pipelines.retrieval.rerank import ModelUnavailable
-from pipelines.retrieval.retriever import Retrieval
-from pipelines.versions.manifest import sha256_file
+from sourcegate.artifact_io import write_json
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.evals.harness import NotAVerdict
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app import cli, steps
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.factories import Serving, answer_scorer_for, scorer_for
+from sourcegate.pipelines.release import decision
+from sourcegate.pipelines.retrieval.answer import decide
+from sourcegate.pipelines.retrieval.rerank import ModelUnavailable
+from sourcegate.pipelines.retrieval.retriever import Retrieval
+from sourcegate.pipelines.versions.manifest import sha256_file
 from tests.test_faults import ARTICLES, DEMO, tiny_night
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,8 +276,8 @@ def test_a_missing_reranker_stops_the_night_with_exit_2_not_a_failed_gate(night_
 
 
 def test_where_a_model_lives_is_not_what_was_proven():
-    from pipelines import config
-    from pipelines.release import decision
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.release import decision
 
     cfg = config.load("config/pipeline.yaml")
     proven = decision.proven(cfg, None)

@@ -1,11 +1,11 @@
-"""`answer.signal: auto`: the gating signal chosen per corpus by the written rule (evals/signal_choice.py), the gate
-holding an answer model to the corpus it learned (evals/gate.py `answer_model_corpus`), on hand-made records."""
+"""`answer.signal: auto`: the gating signal chosen per corpus by the written rule (sourcegate/evals/signal_choice.py), the gate
+holding an answer model to the corpus it learned (sourcegate/evals/gate.py `answer_model_corpus`), on hand-made records."""
 
 import numpy as np
 
-from evals.calibration import calibrate
-from evals.gate import evaluate_gate
-from evals.signal_choice import AUTO, choose, resolve
+from sourcegate.evals.calibration import calibrate
+from sourcegate.evals.gate import evaluate_gate
+from sourcegate.evals.signal_choice import AUTO, choose, resolve
 
 OPTIONS = {"placement": "tightest", "min_per_label": 5, "coverage": 0.99, "confidence": 0.95}
 

@@ -1,7 +1,7 @@
 """The build streams in record batches: on a corpus larger than one batch, every step writes exactly
 what it writes when the whole corpus is one batch (same rows, ids, vectors, index files).
 
-`pipelines.batches.BATCH_ROWS` is lowered to a few rows so six demo articles span many batches.
+`sourcegate.pipelines.batches.BATCH_ROWS` is lowered to a few rows so six demo articles span many batches.
 """
 
 import shutil
@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io import read_json
-from artifact_io.run_folder import RunFolder
-from pipelines import batches
-from pipelines.app import steps
-from pipelines.batches import read_rows, shard_range, write_batches
+from sourcegate.artifact_io import read_json
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines import batches
+from sourcegate.pipelines.app import steps
+from sourcegate.pipelines.batches import read_rows, shard_range, write_batches
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_embedding_in_small_batches_and_shards_writes_what_one_batch_writes(
 
 def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small_corpus, tiny_batches):
     """The shard files are written here by hand (a failure path): no model needed."""
-    from pipelines.build.embed import chunks_schema, with_vectors
+    from sourcegate.pipelines.build.embed import chunks_schema, with_vectors
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     steps.ingest_step(cfg, "r1")
@@ -135,7 +135,7 @@ def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small
 
 
 def test_validation_in_small_batches_reports_and_quarantines_what_one_batch_does(tmp_path, tiny_batches):
-    from pipelines.build.validate import VALID_CHUNKS, validate_chunks
+    from sourcegate.pipelines.build.validate import VALID_CHUNKS, validate_chunks
     from tests.test_validate import _hostile_chunks
 
     one, many = tmp_path / "one", tmp_path / "many"
@@ -150,7 +150,7 @@ def test_validation_in_small_batches_reports_and_quarantines_what_one_batch_does
 
 
 def test_the_embedded_index_built_in_small_batches_is_the_one_batch_index(tmp_path, tiny_batches):
-    from pipelines.search.embedded import EmbeddedStore
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
     from tests.test_embedded_backend import synthetic_chunks
 
     rows, vectors = synthetic_chunks(tmp_path / "c.parquet", n=50)
@@ -171,8 +171,8 @@ def test_the_embedded_index_built_in_small_batches_is_the_one_batch_index(tmp_pa
 
 
 def test_bm25_built_batch_by_batch_equals_the_one_batch_build():
-    from pipelines.search.analyzer import analyze
-    from pipelines.search.bm25 import BM25Builder, BM25Index
+    from sourcegate.pipelines.search.analyzer import analyze
+    from sourcegate.pipelines.search.bm25 import BM25Builder, BM25Index
 
     texts = ["the bus fare", "", "train pass and bus pass", "refunds", "night bus to the airport", "pass"] * 5
     tokens = [analyze(t) for t in texts]
@@ -186,7 +186,7 @@ def test_bm25_built_batch_by_batch_equals_the_one_batch_build():
 
 
 def test_ingest_in_small_batches_writes_what_one_batch_writes(tmp_path, small_corpus):
-    from pipelines.build.ingest import ingest
+    from sourcegate.pipelines.build.ingest import ingest
     from tests.conftest import DATA
 
     outs = {rows: ingest(DATA / "bad_beir", tmp_path / f"beir-{rows}", fmt="beir", rows=rows) for rows in (None, 2)}

@@ -1,11 +1,11 @@
-"""evals.sweep: the sweep's mathematics over score arrays, hand-computed (test_calibration covers the artifact)."""
+"""sourcegate.evals.sweep: the sweep's mathematics over score arrays, hand-computed (test_calibration covers the artifact)."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from evals.sweep import (
+from sourcegate.evals.sweep import (
     count_at_least,
     fragility,
     ids_by_label,

@@ -4,8 +4,14 @@ import json
 
 import pytest
 
-from pipelines.training.in_domain import leave_out_judged
-from pipelines.training.synthetic_pairs import pseudo_queries, sentences, synthetic_pairs, synthetic_source, without
+from sourcegate.pipelines.training.in_domain import leave_out_judged
+from sourcegate.pipelines.training.synthetic_pairs import (
+    pseudo_queries,
+    sentences,
+    synthetic_pairs,
+    synthetic_source,
+    without,
+)
 from tests.test_decline_candidates import demo_chunks
 
 

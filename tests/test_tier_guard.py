@@ -19,7 +19,7 @@ class Item:
 
 
 def test_unmarked_embedding_model_load_raises_naming_the_marker():
-    from pipelines.build.embed import Embedder
+    from sourcegate.pipelines.build.embed import Embedder
 
     with guarded(Item()) as trips, pytest.raises(UnmarkedHeavyUse, match="pytest.mark.models"):
         Embedder("sentence-transformers/all-MiniLM-L6-v2")
@@ -27,7 +27,7 @@ def test_unmarked_embedding_model_load_raises_naming_the_marker():
 
 
 def test_swallowed_cross_encoder_load_is_still_recorded(caplog):
-    from pipelines.retrieval.rerank import load_scorer
+    from sourcegate.pipelines.retrieval.rerank import load_scorer
 
     with guarded(Item()) as trips, caplog.at_level(logging.WARNING):
         assert load_scorer("onnx") is None  # load_scorer logs and swallows load errors by design
@@ -35,7 +35,7 @@ def test_swallowed_cross_encoder_load_is_still_recorded(caplog):
 
 
 def test_broken_model_paths_pass_through_to_their_own_error(tmp_path):
-    from pipelines.retrieval.rerank import OnnxCrossEncoder
+    from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     with guarded(Item()) as trips, pytest.raises(FileNotFoundError):
         OnnxCrossEncoder(tmp_path / "missing")
@@ -54,7 +54,7 @@ def test_unmarked_opensearch_request_raises():
 def test_marked_tests_are_not_guarded():
     from opensearchpy.transport import Transport
 
-    from pipelines.build.embed import Embedder
+    from sourcegate.pipelines.build.embed import Embedder
 
     before = (Embedder.__init__, Embedder.encode, Transport.perform_request)
     with guarded(Item("models", "opensearch")) as trips:

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io import write_json
-from artifact_io.run_folder import RunFolder
-from pipelines.build.validate import VALID_CHUNKS, ValidationFailed, loadable_chunks, validate_chunks
+from sourcegate.artifact_io import write_json
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines.build.validate import VALID_CHUNKS, ValidationFailed, loadable_chunks, validate_chunks
 from tests.conftest import chunks_with_vectors
 
 DIM = 4
@@ -116,8 +116,8 @@ def test_quarantining_every_document_fails_the_run(tmp_path):
 
 
 def test_validate_and_load_steps_go_on_without_the_quarantined_documents(make_cfg):
-    from artifact_io import read_json
-    from pipelines.app import steps
+    from sourcegate.artifact_io import read_json
+    from sourcegate.pipelines.app import steps
 
     cfg = make_cfg()
     folder = RunFolder(cfg.artifacts, "r1").path

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from artifact_io import write_json
-from artifact_io.run_folder import RunFolder
-from pipelines import config
-from pipelines.app import steps
-from pipelines.app.cli import main
-from pipelines.app.factories import open_store
-from pipelines.release import decision, verdict
-from pipelines.versions import manifest as mf
-from pipelines.versions import promotions
+from sourcegate.artifact_io import write_json
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines import config
+from sourcegate.pipelines.app import steps
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.factories import open_store
+from sourcegate.pipelines.release import decision, verdict
+from sourcegate.pipelines.versions import manifest as mf
+from sourcegate.pipelines.versions import promotions
 from tests.test_embedded_backend import synthetic_chunks
 
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}
@@ -243,8 +243,8 @@ def test_the_verdict_names_a_changed_code_version_or_model(night):
 
 @pytest.mark.parametrize("crash_at", ["promote:swapped", "promote:logged"])
 def test_a_promotion_retried_after_a_crash_logs_once_and_repairs_run_json(night, monkeypatch, crash_at):
-    """The crash is an exception at the named kill point (pipelines/faults.py), then the same promote again."""
-    from pipelines import faults
+    """The crash is an exception at the named kill point (sourcegate/pipelines/faults.py), then the same promote again."""
+    from sourcegate.pipelines import faults
 
     night("20260101-020000")
     steps.promote_step(night.cfg, "20260101-020000")

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from artifact_io import read_json, write_json
-from artifact_io.run_folder import RunFolder
-from pipelines.app import staging, steps
-from pipelines.app.cli import main
-from pipelines.app.factories import open_store
-from pipelines.versions import promotions
+from sourcegate.artifact_io import read_json, write_json
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines.app import staging, steps
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.factories import open_store
+from sourcegate.pipelines.versions import promotions
 from tests.test_lock import start_holder
 from tests.test_verdicts import INPUTS, pass_gate
 
@@ -72,8 +72,8 @@ def upload(folder: Path, store) -> None:
 
 @pytest.mark.s3
 def test_verify_on_s3_repairs_run_json_on_the_store_under_the_lock_object(local_night, s3_server, s3_env, capsys):
-    from pipelines.release.object_lock import acquire_object
-    from pipelines.versions.object_store import ObjectStore
+    from sourcegate.pipelines.release.object_lock import acquire_object
+    from sourcegate.pipelines.versions.object_store import ObjectStore
     from tests.test_object_store import _server_fs
 
     cfg, _ = local_night

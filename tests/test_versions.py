@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from artifact_io.run_folder import RunFolder
-from pipelines import models
-from pipelines.app.cli import main
-from pipelines.app.factories import get_embedder, open_store, retriever_for
-from pipelines.build.embed import VectorCache
-from pipelines.search.embedded import EmbeddedStore, open_run_folder
-from pipelines.versions import manifest as mf
-from pipelines.versions.stamp import STAMP_FILE
+from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.pipelines import models
+from sourcegate.pipelines.app.cli import main
+from sourcegate.pipelines.app.factories import get_embedder, open_store, retriever_for
+from sourcegate.pipelines.build.embed import VectorCache
+from sourcegate.pipelines.search.embedded import EmbeddedStore, open_run_folder
+from sourcegate.pipelines.versions import manifest as mf
+from sourcegate.pipelines.versions.stamp import STAMP_FILE
 from tests.conftest import chunks_with_vectors
 from tests.test_embedded_backend import synthetic_chunks
 
@@ -189,7 +189,7 @@ def test_embedding_cache_needs_the_same_id_and_the_same_fingerprint(tmp_path):
 
 
 def build_night(cfg, run_id, embedder):
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     steps.ingest_step(cfg, run_id)
     steps.chunk_step(cfg, run_id)
@@ -199,7 +199,7 @@ def build_night(cfg, run_id, embedder):
 
 @pytest.mark.models
 def test_rerunning_a_promoted_night_reuses_it_or_refuses_naming_what_differs(make_cfg, small_corpus, embedder):
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     n = build_night(cfg, "r1", embedder)
@@ -233,7 +233,7 @@ def test_rerunning_a_promoted_night_reuses_it_or_refuses_naming_what_differs(mak
 def test_same_model_id_with_other_weights_re_embeds_and_cannot_query_the_index(
     make_cfg, small_corpus, embedder, tmp_path
 ):
-    from pipelines.app import steps
+    from sourcegate.pipelines.app import steps
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
     n = build_night(cfg, "r1", embedder)
@@ -333,7 +333,7 @@ def test_a_stamp_for_another_manifest_is_not_a_proof(store, tmp_path, hash_reads
 
 def test_verify_repairs_a_run_json_that_lacks_promoted(store, tmp_path, capsys):
     """A crash after the promotions-log write leaves run.json without `promoted`: `verify` writes it from the log."""
-    from pipelines.versions import promotions
+    from sourcegate.pipelines.versions import promotions
 
     store.load("v1", str(tmp_path / "c.parquet"), inputs=INPUTS)
     store.promote("v1")

@@ -30,8 +30,8 @@ def _markers(item) -> set[str]:
 
 
 def _model_patches(trip):
-    from pipelines.build import embed, embed_backends
-    from pipelines.retrieval import rerank
+    from sourcegate.pipelines.build import embed, embed_backends
+    from sourcegate.pipelines.retrieval import rerank
 
     cross_init = rerank.OnnxCrossEncoder.__init__
     st_cross_init = rerank.SentenceTransformersCrossEncoder.__init__
@@ -71,7 +71,7 @@ def _opensearch_patches(trip):
 
 
 def _s3_patches(trip):
-    from pipelines.versions.object_store import ObjectStore
+    from sourcegate.pipelines.versions.object_store import ObjectStore
 
     real = ObjectStore.from_uri.__func__
 

@@ -1,0 +1,1 @@
+"""sourcegate: nightly indexing and evaluation for retrieval that knows when it has no source."""

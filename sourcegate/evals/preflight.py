@@ -1,0 +1,99 @@
+"""Before anything is scored: the eval sets fit this corpus and the baseline is there, or the night stops.
+
+What a night could only refuse after minutes of scoring (a set naming sections another corpus has, too few questions
+of a label to claim a gap, a baseline that is not there) is not a verdict on the index: it is checked first, from the
+files and the version's chunk list, and stops the night with exit 2 saying what to write and where.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sourcegate.evals.evalset import EvalSetError, check_labels, load_evalset
+from sourcegate.evals.regression import BaselineError, check_baseline
+
+HOW_TO_WRITE = (
+    "Each line of an eval set is one JSON question: should-answer ones "
+    '{"id": "a-001", "question": "<in your users\' words>", "label": "answer", "expected": ["<doc id>#<section id>"]}, '
+    'should-decline ones {"id": "o-001", "question": "...", "label": "decline", "kind": "off_topic"}; '
+    "`sourcegate init CORPUS --out DIR` scaffolds the files with a reviewed pool of off-topic questions, generated "
+    "candidates to review, and the corpus's section ids (docs/calibration.md, 'Your own corpus')"
+)
+SHOW = 5  # unknown labels named per set (all are counted)
+
+
+class PreflightError(ValueError):
+    """The night cannot be judged as configured (not a verdict: exit 2)."""
+
+
+def _label_counts(items: Sequence[Mapping], decline_kinds: Sequence[str]) -> tuple[int, int]:
+    answer = sum(q["label"] == "answer" for q in items)
+    gated = sum(q["label"] == "decline" and (not decline_kinds or q.get("kind") in decline_kinds) for q in items)
+    return answer, gated
+
+
+def set_problems(
+    role: str, path: str | None, chunks: list[dict], need: int | None = None, decline_kinds: Sequence[str] = ()
+) -> list[str]:
+    """What keeps one eval set from judging this corpus: unreadable, labels naming no section of it, and for the fit
+    set (`need` set) fewer than `need` should-answer or gated should-decline questions."""
+    if path is None:
+        return []
+    try:
+        items = load_evalset(path)
+    except EvalSetError as exc:
+        return [f"the {role} set: {exc}"]
+    found = []
+    unknown = check_labels(items, chunks, str(path))
+    if unknown:
+        shown = "; ".join(u.split(": ", 1)[1] for u in unknown[:SHOW])
+        more = f" and {len(unknown) - SHOW} more" if len(unknown) > SHOW else ""
+        found.append(
+            f"the {role} set {path}: {len(unknown)} label(s) name nothing in this corpus ({shown}{more}); "
+            "label each question with a doc id or doc#section of this corpus"
+        )
+    if need:
+        answer, gated = _label_counts(items, decline_kinds)
+        kinds = f" ({', '.join(decline_kinds)})" if decline_kinds else ""
+        for label, have in (("should-answer", answer), (f"should-decline{kinds}", gated)):
+            if have < need:
+                found.append(
+                    f"the {role} set {path}: {have} {label} question(s), {need} needed (calibration.min_per_label): "
+                    f"write {need - have} more"
+                )
+    return found
+
+
+def baseline_problems(path: str | None) -> list[str]:
+    """A configured baseline must exist and be well formed (null: none accepted yet, said by the gate)."""
+    if path is None:
+        return []
+    if not Path(path).is_file():
+        return [
+            f"evals.baseline {path} not found: after a night you trust, `sourcegate accept RUN_DIR` writes it; "
+            "a corpus's first nights run with evals.baseline: null"
+        ]
+    try:
+        check_baseline(json.loads(Path(path).read_text(encoding="utf-8")), str(path))
+    except json.JSONDecodeError as exc:
+        return [f"evals.baseline {path}: not valid JSON ({exc.msg}); re-accept a run you trust"]
+    except BaselineError as exc:
+        return [str(exc)]
+    return []
+
+
+def preflight(evals, calibration, chunks: list[dict]) -> None:
+    """Raise PreflightError naming every problem of the configured eval sets and baseline (`evals` and
+    `calibration`: the config's sections, read by attribute) against this version's chunks."""
+    kinds = list(calibration.gate_decline_kinds or [])
+    problems = set_problems("fit", evals.calibration_set, chunks, calibration.min_per_label, kinds)
+    problems += set_problems("check", evals.check_set, chunks)
+    problems += set_problems("precision", evals.precision_set, chunks)
+    problems += baseline_problems(evals.baseline)
+    if problems:
+        listed = "\n".join(f"  - {p}" for p in problems)
+        raise PreflightError(
+            f"the night cannot be judged as configured (nothing was scored):\n{listed}\n{HOW_TO_WRITE}"
+        )

@@ -1,0 +1,150 @@
+"""The models, stores and retriever a config names, built once per process.
+
+Steps, the CLI, the BEIR runner and the benchmarks get their embedder, cross-encoder,
+index store and `Retriever` here, so each is built the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from sourcegate.artifact_io import run_folder as rf
+from sourcegate.pipelines.build import embed_backends
+from sourcegate.pipelines.build.embed import Embedder
+from sourcegate.pipelines.config import PipelineConfig
+from sourcegate.pipelines.release import decision as decisions
+from sourcegate.pipelines.versions import manifest as mf
+from sourcegate.pipelines.versions.object_store import ObjectStore, is_remote
+
+
+@lru_cache(maxsize=2)
+def embedder_for(model_id: str, model_path: str | None, batch_size: int, backend: str = "torch") -> Embedder:
+    return embed_backends.load_embedder(model_id, model_path, batch_size, backend)
+
+
+_SCORERS: dict[tuple, object] = {}
+
+
+def scorer_for(kind: str, model_path: str | None, required: bool = False):
+    """One cross-encoder per process, so its memoised pair scores (exact: one pair per session run)
+    carry over between evaluations. A scorer that failed to load is not remembered: None is logged
+    by load_scorer (or, `required`, ModelUnavailable raised) and the next call tries again."""
+    from sourcegate.pipelines.retrieval.rerank import load_scorer
+
+    return _one_per_process((kind, model_path), lambda: load_scorer(kind, model_path, required=required))
+
+
+def _one_per_process(key: tuple, load):
+    if key not in _SCORERS:
+        scorer = load()
+        if scorer is None:
+            return None
+        _SCORERS[key] = scorer
+    return _SCORERS[key]
+
+
+def answer_scorer_for(model_path: str | None, required: bool = False):
+    """The answer-support cross-encoder, one per process like the reranker (None, logged, when it cannot load;
+    `required`: its files checked against their recipes first, and ModelUnavailable raised when it cannot be used)."""
+    from sourcegate.pipelines.retrieval.answer_support import load_answer_model
+
+    key = ("answer_support", model_path)
+    return _one_per_process(key, lambda: load_answer_model(model_path, required=required))
+
+
+def get_embedder(cfg: PipelineConfig) -> Embedder:
+    e = cfg.embedding
+    return embedder_for(e.model_id, e.model_path, e.batch_size, e.backend)
+
+
+def open_store(cfg: PipelineConfig):
+    if cfg.backend.kind == "opensearch":
+        from sourcegate.pipelines.search.opensearch import OpenSearchStore
+
+        return OpenSearchStore.from_config(cfg)
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
+
+    if is_remote(cfg.artifacts):  # serving from an object store: versions cached locally, verified
+        from sourcegate.pipelines.app.version_cache import CachedStore
+
+        return CachedStore(cfg.artifacts)
+    root = Path(cfg.artifacts)
+    return EmbeddedStore(root / rf.RUNS, root / "LIVE")
+
+
+def retriever_for(cfg: PipelineConfig, searcher, required: bool = True):
+    """The config's retriever over `searcher`, and its reranker. `required` (a night, a calibration, a benchmark):
+    a configured reranker or answer model that cannot be used raises ModelUnavailable before anything is scored,
+    since a signal it would give would be missing from every question and the verdict would measure the
+    failure. Serving (`serving_for`) passes False: there the reranker is a preference."""
+    from sourcegate.pipelines.retrieval.retriever import Retriever
+
+    embedder = get_embedder(cfg)
+    mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
+    scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path, required=required)
+    section = cfg.answerability
+    answer = answer_scorer_for(section.answer_model_path, required=required) if section.answer_support else None
+    return Retriever.from_config(searcher, embedder, scorer, cfg, answer_scorer=answer), scorer
+
+
+@dataclass
+class Serving:
+    """What answers a query: the retriever, the decision `answer.decide` applies, the verdict it was proven by,
+    and what differs from that verdict's decision (empty unless answering `unproven`, which serves the config)."""
+
+    retriever: object
+    decision: dict
+    proven_by: str
+    overridden: list[str] = field(default_factory=list)
+
+
+def verdict_of(cfg: PipelineConfig, version: str) -> tuple[dict | None, str]:
+    """A version's gate verdict (None when it has none) and where it was read, from the artifacts store."""
+    key = f"runs/{version}/gate.json"
+    if is_remote(cfg.artifacts):
+        data = ObjectStore.from_uri(cfg.artifacts).get(key)
+        return (json.loads(data) if data else None), f"{cfg.artifacts.rstrip('/')}/{key}"
+    path = Path(cfg.artifacts) / key
+    return (json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None), str(path)
+
+
+def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: bool = False) -> Serving:
+    """The live version (or the embedded run folder `index`) and the decision its passed verdict proved (G11).
+
+    The version is opened (and verified) first; then a config value or a model on disk that differs from the
+    decision, or a version without a passed verdict, is refused (decision.NotProven) unless `unproven`, which
+    answers with the config as it is and lists what differs."""
+    if index is not None:
+        from sourcegate.pipelines.search.embedded import open_run_folder
+
+        searcher = open_run_folder(index)
+        path = Path(index) / rf.GATE
+        gate, where = (json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None), str(path)
+    else:
+        store = open_store(cfg)
+        live = store.live()
+        searcher = store.open(live)
+        gate, where = verdict_of(cfg, live)
+    try:
+        decision = decisions.of_verdict(gate, where)
+        overridden = decisions.mismatches(decision, cfg)
+    except decisions.NotProven as exc:
+        decision, overridden = {}, [str(exc)]
+    if overridden and not unproven:
+        raise decisions.refusal(where, overridden)
+    if overridden:
+        decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
+    retriever, _ = retriever_for(cfg, searcher, required=False)  # serving: the reranker is a preference
+    return Serving(retriever, decision, where, overridden)
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """The backend's pre-flight check before a night writes (OpenSearch: health and blocks; embedded: none)."""
+    if cfg.backend.kind == "opensearch":
+        from sourcegate.pipelines.search.opensearch.health import preflight as opensearch_preflight
+
+        store = open_store(cfg)
+        opensearch_preflight(store.client, store.prefix)

