@@ -22,8 +22,9 @@ from sourcegate.pipelines import models
 from sourcegate.pipelines.build.chunk import chunk_documents
 from sourcegate.pipelines.build.ingest import ingest
 from sourcegate.pipelines.config import PipelineConfig
+from sourcegate.pipelines.home import home
 
-POOL = Path(__file__).resolve().parents[2] / "config" / "evals" / "pool" / "off-topic.jsonl"
+POOL = home() / "config" / "evals" / "pool" / "off-topic.jsonl"
 CANDIDATES = 60  # borrowing candidates generated for review
 SEED = 13
 

@@ -29,12 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from sourcegate.pipelines import config, models
+from sourcegate.pipelines.home import home
 from sourcegate.pipelines.retrieval import kept
 from sourcegate.pipelines.retrieval.rerank import ModelUnavailable, OnnxCrossEncoder, sigmoid
 from sourcegate.pipelines.versions.manifest import sha256_file
 
 log = logging.getLogger(__name__)
-SHIPPED = Path(__file__).resolve().parents[2] / "models" / "answer_support"
+SHIPPED = home() / "models" / "answer_support"
 # the default window, the fused top passages one of which may hold the answer: the config's (its one source)
 PASSAGES = config.Answerability.model_fields["answer_passages"].default
 MAX_LENGTH = 256  # the length the model was trained at

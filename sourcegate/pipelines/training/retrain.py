@@ -15,11 +15,12 @@ from pathlib import Path
 
 import yaml
 
+from sourcegate.pipelines.home import home
 from sourcegate.pipelines.retrieval import learned_corpus
 from sourcegate.pipelines.retrieval.answer_support import PASSAGES
 from sourcegate.pipelines.versions.manifest import sha256_file
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = home()  # the recipes' recorded paths are relative to the project folder
 OLD_WINDOW = PASSAGES  # recipes from before the window was recorded were trained on the default window
 
 

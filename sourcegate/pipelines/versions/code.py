@@ -11,12 +11,14 @@ from pathlib import Path
 
 from sourcegate.pipelines import models
 
+# The sourcegate package: what a night runs (steps, evaluation, artifact files and the DAGs' wiring), hashed by
+# paths relative to it (the modules keep the relative paths they had at the repository root), so a checkout and
+# an installed wheel of one source agree.
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE_PACKAGES = ("pipelines", "evals", "artifact_io", "dags")  # what a night runs
 
 
 def source_files(root: Path = ROOT) -> list[Path]:
-    return sorted(p for package in SOURCE_PACKAGES for p in (root / package).rglob("*.py"))
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def source_hash(root: Path = ROOT) -> str:
