@@ -2,7 +2,7 @@
 
 Each night runs the nightly DAG's tasks in order, **each task in its own process** (the share-nothing case:
 a Celery or Kubernetes worker per task). On the S3 side every task goes through `staging.task_staged`,
-exactly as the DAG's `dags/_common.in_store` wraps it: it stages only what its step reads into a scratch
+exactly as the DAG's `sourcegate.dags.common.in_store` wraps it: it stages only what its step reads into a scratch
 folder of its own, runs the step, publishes what changed and removes the scratch. On the local side the same
 step runs on the local artifacts folder. Both start from the same base (built once on local disk, copied to
 a second local folder and published to the bucket, neither counted).
@@ -83,7 +83,7 @@ def run_task(step: str, cfg, run_id: str, extra: dict) -> object:
 
 
 def child(step: str, overrides: str, run_id: str, extra: str) -> None:
-    """A task's process: on an s3:// artifacts prefix through staging.task_staged (as dags/_common.in_store)."""
+    """A task's process: on an s3:// artifacts prefix through staging.task_staged (as sourcegate.dags.common.in_store)."""
     from sourcegate.pipelines import config
     from sourcegate.pipelines.app.staging import task_staged
 

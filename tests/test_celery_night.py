@@ -14,7 +14,7 @@ Both workers run with SOURCEGATE_STOP_AT=embed:encoded (sourcegate/pipelines/fau
 vectors, and written nothing, stops itself. The first worker seen holding a stopped shard is killed, SIGKILL to it
 and every process under it, as a machine going away; every other stopped shard is let go on (SIGCONT). The
 scheduler fails the lost try once its heartbeat stops (`task_instance_heartbeat_timeout`, 30 s here, 300 s by
-default), and the retry every task has (dags/_common.py DEFAULT_ARGS) runs it on the surviving worker.
+default), and the retry every task has (sourcegate/dags/common.py DEFAULT_ARGS) runs it on the surviving worker.
 
 What it proves: the tasks of one night ran on both workers (the task instances' host names, and each worker's own
 task logs), the lost shard's retry ran on the other worker, the night passed and promoted once (one record in the

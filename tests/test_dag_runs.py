@@ -96,8 +96,7 @@ if scorer is not None:
     tmp.write_text(json.dumps([[q, p, x] for (q, p), x in scorer._memo.items()]))
     tmp.replace(memo)
 
-sys.path.insert(0, args["dags"])
-import _common
+from sourcegate.dags import common as _common
 from sourcegate.pipelines.app.factories import open_store
 cfg = _common.load_config(args["conf"]["config"], {"backend.kind": args["conf"].get("backend", "embedded")})
 with _common.store_connection(cfg):  # s3:// artifacts: as the tasks reach the store

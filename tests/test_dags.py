@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -49,13 +48,9 @@ def dagbag():
 
 @pytest.fixture(scope="module")
 def common():
-    sys.path.insert(0, str(DAGS))
-    try:
-        import _common
+    from sourcegate.dags import common
 
-        yield _common
-    finally:
-        sys.path.remove(str(DAGS))
+    return common
 
 
 def upstream_map(dag) -> dict[str, set[str]]:
@@ -79,8 +74,12 @@ def test_no_import_errors(dagbag):
     assert set(dagbag.dags) == {"sourcegate_nightly", "sourcegate_recalibrate"}
 
 
-def test_helper_module_is_not_a_dag_file():
-    assert "_common.py" in (DAGS / ".airflowignore").read_text().split()
+def test_the_dag_files_only_build_the_packaged_dags():
+    """The repository's DAG files are what a user's are: a call into the installed package, so both run one code."""
+    for name, builder in (("sourcegate_nightly", "nightly_dag"), ("sourcegate_recalibrate", "recalibrate_dag")):
+        source = (DAGS / f"{name}.py").read_text(encoding="utf-8")
+        assert f"from sourcegate.dags import {builder}" in source and f"dag = {builder}()" in source
+    assert sorted(p.name for p in DAGS.glob("*.py")) == ["sourcegate_nightly.py", "sourcegate_recalibrate.py"]
 
 
 def test_nightly_structure(dagbag):

@@ -1,6 +1,6 @@
 """A verdict judges content, not locations: a version is promoted or rolled back from wherever it was built.
 
-`run --corpus <folder>`, a DAG (every path absolute, connection ids set: dags/_common.py) and the CLI from the
+`run --corpus <folder>`, a DAG (every path absolute, connection ids set: sourcegate/dags/common.py) and the CLI from the
 project root (paths relative to it) are one judged config. A real difference is refused naming each key with the
 judged value and today's (sourcegate/pipelines/release/verdict.py).
 """
@@ -28,16 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def dag_path_keys() -> tuple[str, ...]:
-    """dags/_common.py's PATH_KEYS, read from the file (importing it needs Airflow)."""
-    tree = ast.parse((ROOT / "dags" / "_common.py").read_text(encoding="utf-8"))
+    """sourcegate/dags/common.py's PATH_KEYS, read from the file (importing it needs Airflow)."""
+    tree = ast.parse((ROOT / "sourcegate" / "dags" / "common.py").read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PATH_KEYS" for t in node.targets):
             return ast.literal_eval(node.value)
-    raise AssertionError("dags/_common.py defines no PATH_KEYS")
+    raise AssertionError("sourcegate/dags/common.py defines no PATH_KEYS")
 
 
 def dag_style(cfg: config.PipelineConfig) -> config.PipelineConfig:
-    """What dags/_common.load_config makes of the same file: every path absolute, both connection ids set."""
+    """What sourcegate.dags.common.load_config makes of the same file: every path absolute, both connection ids set."""
     paths = {}
     for key in dag_path_keys():
         value = config.get(cfg, key)

@@ -1,13 +1,12 @@
 """Shared wiring for the sourcegate DAGs: project paths, config, params, run ids, the gate verdict.
 
-No pipeline logic lives here: every task body in the DAG files is a call into
+No pipeline logic lives here: every task body in the DAGs (nightly.py, recalibrate.py) is a call into
 `sourcegate.pipelines.app.steps`. This module only turns Airflow's context (params, logical date) into
-the arguments those steps take. It is listed in `.airflowignore` (not a DAG file) and
-imported by the DAG files as a sibling module (Airflow puts the DAGs folder on sys.path).
+the arguments those steps take.
 
-Paths: the project root is the parent of `dags/`. The config file and every relative path
-inside it (corpus, artifacts, model paths, eval sets, baseline) are resolved against that
-root, never against the worker's current directory, and nothing here calls os.chdir.
+Paths: the project folder is sourcegate.pipelines.home.home() ($SOURCEGATE_HOME, else a checkout's root). The
+config file and every relative path inside it (corpus, artifacts, model paths, eval sets, baseline) are resolved
+against that folder, never against the worker's current directory, and nothing here calls os.chdir.
 """
 
 from __future__ import annotations
@@ -23,11 +22,12 @@ from airflow.sdk import Asset, Param, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from sourcegate.pipelines import config as config_mod
+from sourcegate.pipelines.home import HOME_ENV, home
 from sourcegate.pipelines.versions.object_store import is_remote
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = home()
 DEFAULT_CONFIG = "config/pipeline.yaml"
 
 # Proposed config key `airflow.schedule` (see the report to the lead); a constant until then.
@@ -149,7 +149,18 @@ def store_connection(config: config_mod.PipelineConfig):
         yield
 
 
-_DEFAULTS = config_mod.load(absolute(DEFAULT_CONFIG))  # for the params' defaults shown in the UI
+def default_config() -> config_mod.PipelineConfig:
+    """The project folder's config/pipeline.yaml, for the params' defaults shown in the UI."""
+    path = Path(absolute(DEFAULT_CONFIG))
+    if not path.is_file():  # an installed wheel without SOURCEGATE_HOME looks inside site-packages
+        raise FileNotFoundError(
+            f"{path}: no pipeline config in the project folder {PROJECT_ROOT}; set {HOME_ENV} to the folder "
+            f"holding {DEFAULT_CONFIG} (docs/deploying.md)"
+        )
+    return config_mod.load(path)
+
+
+_DEFAULTS = default_config()
 
 
 def config_params() -> dict:

@@ -1,0 +1,124 @@
+"""sourcegate_nightly: rebuild the retrieval index, evaluate it, promote it only if the gate passes.
+
+ingest -> chunk -> embed (mapped over shards) -> merge -> validate -> load a NEW index version
+-> evaluate -> gate -> promote (alias swap; emits the live-index asset) -> cleanup (retention).
+
+The run id (run folder and index version) is the logical date, `YYYYMMDD-HHMMSS` (UTC): re-running
+a night reuses its folder and, once loaded, its index version (never rebuilt: a rerun from other
+inputs is refused and needs a new run id). A failed gate fails the run
+before promote, so the live index stays on the last good version; the failed version stays on disk
+with its report for a maintainer to inspect. Params override the config file's corpus and backend.
+Every task body is a call into `sourcegate.pipelines.app.steps`; the wiring helpers are in `common.py`.
+A DAG file builds it with `nightly_dag()` (the repository's dags/sourcegate_nightly.py is one such file).
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import dag, task
+
+from sourcegate.dags.common import (
+    DEFAULT_ARGS,
+    LIVE_INDEX,
+    NIGHTLY_SCHEDULE,
+    RETRY_ARGS,
+    START_DATE,
+    dag_actor,
+    enforce_gate,
+    in_store,
+    nightly_params,
+    params,
+    run_id,
+    shard_list,
+)
+
+
+def nightly_dag(dag_id: str = "sourcegate_nightly", schedule=NIGHTLY_SCHEDULE, start_date=START_DATE, **kwargs):
+    """The nightly DAG with today's id, schedule and params by default; `kwargs` go to Airflow's @dag (tags,
+    default_args, max_active_runs, ...) over ours. Call it at the top level of a DAG file."""
+    settings = {
+        "catchup": False,
+        "max_active_runs": 1,
+        "default_args": DEFAULT_ARGS,
+        "params": nightly_params(),
+        "tags": ["sourcegate"],
+        "doc_md": __doc__,
+        **kwargs,
+    }
+
+    @dag(dag_id=dag_id, schedule=schedule, start_date=start_date, **settings)
+    def sourcegate_nightly():
+        nightly_tasks()
+
+    return sourcegate_nightly()
+
+
+def nightly_tasks() -> None:
+    """The night's tasks and their order, inside the DAG being built."""
+
+    @task
+    def ingest() -> dict:
+        from sourcegate.pipelines.app import steps
+
+        return in_store("ingest", lambda c: steps.ingest_step(c, run_id()))
+
+    @task
+    def chunk() -> list[int]:
+        from sourcegate.pipelines.app import steps
+
+        return shard_list(in_store("chunk", lambda c: steps.chunk_step(c, run_id())))
+
+    @task
+    def embed(shard: int, shards: list[int]) -> dict:
+        from sourcegate.pipelines.app import steps
+
+        cache = not params()["full_rebuild"]
+        part = (shard, len(shards))
+        return in_store("embed", lambda c: steps.embed_step(c, run_id(), *part, use_cache=cache), shard=part)
+
+    @task
+    def merge(shard_stats) -> int:
+        from sourcegate.pipelines.app import steps
+
+        return in_store("merge", lambda c: steps.merge_step(c, run_id(), list(shard_stats)))
+
+    @task
+    def validate() -> bool:
+        from sourcegate.pipelines.app import steps
+
+        return in_store("validate", lambda c: steps.validate_step(c, run_id()))
+
+    @task(**RETRY_ARGS)
+    def load() -> int:
+        from sourcegate.pipelines.app import steps
+
+        full = params()["full_rebuild"]
+        return in_store("load", lambda c: steps.load_step(c, run_id(), full=full))
+
+    @task
+    def evaluate() -> dict:
+        from sourcegate.pipelines.app import steps
+
+        return in_store("evaluate", lambda c: steps.evaluate_step(c, run_id()))
+
+    @task
+    def gate() -> dict:
+        from sourcegate.pipelines.app import steps
+
+        return enforce_gate(in_store("gate", lambda c: steps.gate_step(c, run_id())))
+
+    @task(outlets=[LIVE_INDEX], **RETRY_ARGS)
+    def promote() -> str:
+        from sourcegate.pipelines.app import steps
+
+        return in_store("promote", lambda c: steps.promote_step(c, run_id(), actor=dag_actor()))
+
+    @task
+    def cleanup() -> dict:
+        from sourcegate.pipelines.app import steps
+
+        return in_store("cleanup", steps.cleanup_step)
+
+    shards = chunk()
+    ingest() >> shards
+    shard_stats = embed.partial(shards=shards).expand(shard=shards)
+    merge(shard_stats) >> validate() >> load() >> evaluate() >> gate() >> promote() >> cleanup()
