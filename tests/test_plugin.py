@@ -28,13 +28,9 @@ SECRET = "top secret, outside the artifacts"
 
 @pytest.fixture(scope="module")
 def plugin_module():
-    sys.path.insert(0, str(PLUGINS))
-    try:
-        import sourcegate_reports
+    from sourcegate.plugins import reports
 
-        yield sourcegate_reports
-    finally:
-        sys.path.remove(str(PLUGINS))
+    return reports
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -17,7 +16,7 @@ os.environ.setdefault("AIRFLOW_HOME", str(Path(tempfile.gettempdir()) / "sourceg
 from fastapi import FastAPI  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from tests.test_plugin import PLUGINS, TRAVERSALS, raw_get  # noqa: E402
+from tests.test_plugin import TRAVERSALS, raw_get  # noqa: E402
 
 pytestmark = pytest.mark.s3
 
@@ -55,14 +54,10 @@ def run_folder(root: Path, run: str, passed: bool, started: str, report: str) ->
 
 @pytest.fixture(scope="module")
 def reports():
-    """plugins/sourcegate_reports.py, imported as Airflow imports it (the plugins folder on sys.path)."""
-    sys.path.insert(0, str(PLUGINS))
-    try:
-        import sourcegate_reports
+    """sourcegate/plugins/reports.py, the module the plugins folder's file loads."""
+    from sourcegate.plugins import reports
 
-        yield sourcegate_reports
-    finally:
-        sys.path.remove(str(PLUGINS))
+    return reports
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +162,7 @@ def test_hostile_run_ids_and_keys_never_leave_runs_on_the_bucket(reports, bucket
 
 def test_a_key_is_checked_before_it_reaches_the_store(reports):
     """The store resolves `..` inside a key, so the key itself is refused, not only the run id."""
-    import sourcegate_bucket_runs as bucket_runs
+    from sourcegate.plugins import bucket_runs
 
     assert bucket_runs.run_key(PASSED, "report.html") == f"runs/{PASSED}/report.html"
     for run_id, name in ((PASSED, "chunks.parquet"), ("..", "gate.json"), (".", "gate.json"), ("a/../..", "x")):

@@ -1,13 +1,12 @@
 """The reports plugin's runs on an object store (`artifacts: s3://bucket/prefix`).
 
 The store is reached exactly as a DAG task reaches it: the Airflow connection `artifacts_airflow_conn_id`
-(dags/_common.aws_connection_options; aws_default left undefined: the AWS environment), handed to
+(sourcegate.dags.common.aws_connection_options; aws_default left undefined: the AWS environment), handed to
 sourcegate/pipelines/versions/object_store.py, the only code that talks to the store. The index is one listing of
 `runs/` (keys and sizes, no object read) plus each valid run's run.json and gate.json; a served file is
 streamed from the store, never a run folder downloaded. Every key is built from a valid run id and a name
 in ALLOWED and checked once more before use: the store resolves `..` in a key (`runs/../x` reads `x`), so a
-key that could leave `runs/` is never sent. sourcegate_reports.py imports this module only for a bucket, and
-plugins/.airflowignore keeps Airflow's plugin loader from importing it as a plugin of its own.
+key that could leave `runs/` is never sent. reports.py imports this module only for a bucket.
 """
 
 from __future__ import annotations
@@ -18,11 +17,11 @@ from datetime import datetime
 
 from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
-from sourcegate_reports import ALLOWED, NOSNIFF, gate_status, live_name, not_found, valid_run_id
 
 from sourcegate.artifact_io import run_folder as rf
 from sourcegate.pipelines.app.staging import LIVE, run_of
 from sourcegate.pipelines.versions.object_store import CHUNK, ObjectStore, connection, key_problem
+from sourcegate.plugins.served import ALLOWED, NOSNIFF, gate_status, live_name, not_found, valid_run_id
 
 RUNS = "runs/"
 
@@ -69,20 +68,21 @@ class BucketRuns:
     """The runs of `uri` (s3://bucket/prefix), reached through the Airflow connection `conn_id`."""
 
     def __init__(self, uri: str, conn_id: str | None):
-        from sourcegate_reports import dag_common
+        from sourcegate.dags import common
 
         self.uri = uri.rstrip("/")
-        self.conn_id = conn_id or dag_common().AWS_CONN_ID
+        self.conn_id = conn_id or common.AWS_CONN_ID
         self.location = f"{self.uri}/runs"
 
     def store(self) -> ObjectStore:
         """The store as a DAG task opens it, per request (a connection edited in the UI applies to the next page).
         The filesystem keeps the connection's options, so it stays usable after the block."""
         from airflow.sdk.exceptions import AirflowFailException
-        from sourcegate_reports import dag_common
+
+        from sourcegate.dags import common
 
         try:
-            with connection(dag_common().aws_connection_options(self.conn_id)):
+            with connection(common.aws_connection_options(self.conn_id)):
                 return ObjectStore.from_uri(self.uri)
         except AirflowFailException as exc:  # the connection the config names is missing or incomplete
             raise unavailable(self.uri, exc) from None
