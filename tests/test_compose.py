@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ("airflow-worker-1", "airflow-worker-2")
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", *WORKERS)
-CODE = ("dags", "plugins", "config", "pipelines", "evals", "artifact_io", "corpus")  # mounted read-only
+CODE = ("dags", "plugins", "config", "sourcegate", "corpus")  # mounted read-only
 
 
 def compose_config(env: dict | None = None) -> dict:
