@@ -296,7 +296,7 @@ def test_training_sits_above_retrieval_and_below_the_application_and_each_functi
     )
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in sorted((ROOT / "pipelines" / "training").rglob("*.py"))
+        for path in sorted((PIPELINES / "training").rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
     ]

@@ -6,7 +6,7 @@ through `pyarrow.fs.S3FileSystem` (no hand-written client). Endpoint and credent
 standard AWS environment: the SDK reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN
 itself; pyarrow 26 does not read AWS_ENDPOINT_URL, so it is passed as `endpoint_override` here
 (AWS_ENDPOINT_URL_S3 first, as the AWS CLI does). Inside a DAG task they may come from an Airflow
-connection instead (dags/_common.py reads it; `connection(options)` hands them to every store opened in
+connection instead (sourcegate/dags/common.py reads it; `connection(options)` hands them to every store opened in
 that block, in that task only). `s3_filesystem()` is the one place the filesystem is built. Nothing
 secret is ever kept in a value this module returns or logs.
 
