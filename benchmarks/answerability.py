@@ -162,9 +162,9 @@ def sentence_rerank(scorer, query: str, texts: Sequence[str]) -> float | None:
 
 
 def collect_demo(index: Path, question_files: Sequence[str], config: str) -> list[dict]:
+    from sourcegate.api import retriever_for
     from sourcegate.evals.evalset import load_evalset
     from sourcegate.pipelines import config as config_mod
-    from sourcegate.pipelines.app.factories import retriever_for
     from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
     cfg = config_mod.load(config, {})

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--result", default="background_transfer.json")
     args = parser.parse_args(argv)
-    from sourcegate.pipelines.app.beir import load_queries
+    from sourcegate.api import load_queries
 
     thresholds = {s: read_json(args.candidates)["signals"][s]["fit_threshold"] for s in SIGNALS}
     off_topic = [q["question"] for q in load_evalset(FIT_SET) if q.get("kind") == "off_topic"]

@@ -88,7 +88,7 @@ def scored(items: list[dict], vectors: np.ndarray, passages: np.ndarray, backgro
 
 
 def measure(model_name: str, args, sets: dict[str, list[dict]], background: list[str]) -> dict:
-    from sourcegate.pipelines.app.beir import load_queries
+    from sourcegate.api import load_queries
 
     model, cache = encoder(model_name), Path(args.cache)
     back = encoded(model, model_name, background, cache)

@@ -79,8 +79,8 @@ def chunk_texts(dataset: Path) -> tuple[list[str], list[str]]:
     """(chunk texts, their doc ids), chunked by the pipeline's steps with the shipped config."""
     import pyarrow.parquet as pq
 
+    from sourcegate import api as steps
     from sourcegate.pipelines import config
-    from sourcegate.pipelines.app import steps
 
     cfg = config.load(
         ROOT / "config" / "pipeline.yaml",
@@ -122,7 +122,7 @@ def main() -> None:
     import Stemmer
     from rank_bm25 import BM25Okapi
 
-    from sourcegate.pipelines.app.beir import evaluate_systems, load_queries
+    from sourcegate.api import evaluate_systems, load_queries
     from sourcegate.pipelines.search.analyzer import STOPWORDS, words
     from sourcegate.pipelines.search.bm25 import BM25Index, _legacy_tokens
 

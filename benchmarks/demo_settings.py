@@ -28,11 +28,11 @@ def main() -> None:
     args = ap.parse_args()
     res = Result("demo_settings", settings={})
 
+    from sourcegate import api as factories
+    from sourcegate.api import build
     from sourcegate.artifact_io import read_json
     from sourcegate.evals.harness import evaluate
     from sourcegate.pipelines import config as config_mod
-    from sourcegate.pipelines.app import factories
-    from sourcegate.pipelines.app.run import build
     from sourcegate.pipelines.retrieval.rerank import load_scorer
     from sourcegate.pipelines.retrieval.retriever import Retriever
 

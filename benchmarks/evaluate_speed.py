@@ -195,8 +195,8 @@ def main() -> None:
     ap.add_argument("--name", default="evaluate_speed")
     args = ap.parse_args()
 
+    from sourcegate.api import get_embedder, open_store, scorer_for
     from sourcegate.pipelines import config
-    from sourcegate.pipelines.app.factories import get_embedder, open_store, scorer_for
 
     cfg = config.load(Path("config/pipeline.yaml"), {"artifacts": args.artifacts})
     searcher = open_store(cfg).open(args.version)

@@ -127,9 +127,9 @@ def content_key(*parts) -> str:
 
 def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     """The demo corpus built once under `cache/demo` (keyed by its files, embedding, chunking, analyser)."""
+    from sourcegate import api as factories
+    from sourcegate.api import build
     from sourcegate.pipelines import config as config_mod
-    from sourcegate.pipelines.app import factories
-    from sourcegate.pipelines.app.run import build
     from sourcegate.pipelines.search.analyzer import ANALYZER_ID
 
     corpus = ROOT / cfg.corpus.path
@@ -146,10 +146,10 @@ def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
 
 def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
     """Queries, labels, the searcher and chunk table of one dataset (its index built if missing)."""
+    from sourcegate import api as factories
+    from sourcegate.api import index_dataset, load_queries
     from sourcegate.evals.evalset import load_evalset
     from sourcegate.evals.evaluate import qrels_for
-    from sourcegate.pipelines.app import factories
-    from sourcegate.pipelines.app.beir import index_dataset, load_queries
     from sourcegate.pipelines.build.validate import loadable_chunks
     from sourcegate.pipelines.retrieval.retriever import effective_query
 
@@ -174,7 +174,7 @@ def load_dataset(name: str, cfg: dict, cache: Path) -> dict:
 
 def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple[list, list]]:
     """qid -> (BM25 list, kNN list), each [(chunk_id, score)] DEPTH deep; searched once, then read from disk."""
-    from sourcegate.pipelines.app import factories
+    from sourcegate import api as factories
     from sourcegate.pipelines.search.base import hybrid_search
 
     path = cache / name / f"fusion-lists-{ds['version']}.json"
@@ -248,8 +248,8 @@ def score_round(loaded: dict, rerank_depth: int, ks, depths, subsets: dict[str, 
 
 def evaluate(name: str, ds: dict, runs: dict[str, dict[str, list[str]]], qids=None) -> dict[str, dict]:
     """nDCG@10 (+ recall@100 on BEIR, p@1 on the demo) of chunk-id runs, per system name, over `qids` (all)."""
+    from sourcegate.api import doc_ranking
     from sourcegate.evals.metrics import ndcg_at, precision_at, recall_at
-    from sourcegate.pipelines.app.beir import doc_ranking
 
     qids = set(ds["queries"] if qids is None else qids)
     qrels = {q: r for q, r in ds["qrels"].items() if q in qids}

@@ -117,7 +117,7 @@ def config(artifacts: Path, corpus: Path) -> dict:
 
 def build(cfg: dict, run_id: str, embedder, use_cache: bool) -> dict:
     """ingest -> chunk -> embed -> merge -> validate -> load, each step timed."""
-    from sourcegate.pipelines.app import steps
+    from sourcegate import api as steps
 
     t: dict[str, float] = {}
     out: dict = {}

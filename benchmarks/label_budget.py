@@ -92,7 +92,7 @@ def onnx_hashes(model: str) -> dict[str, str]:
 
 
 def score(args) -> int:
-    from sourcegate.pipelines.app.cli import main as sourcegate
+    from sourcegate.api import cli as sourcegate
 
     rows = []
     for spec in args.design:

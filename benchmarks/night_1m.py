@@ -116,8 +116,8 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from sourcegate import api as steps
     from sourcegate.artifact_io import atomic_write
-    from sourcegate.pipelines.app import steps
 
     run = RunFolder(cfg.artifacts, run_id)
     folder = run.path
@@ -147,7 +147,7 @@ def synthetic_embed(cfg: dict, run_id: str) -> dict:
 
 def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
     """Open the version (verified by size; SHA-256 of 1 GB of files is load's business) and answer queries."""
-    from sourcegate.pipelines.app import steps
+    from sourcegate import api as steps
 
     t = time.perf_counter()
     searcher = steps.open_store(cfg).open(run_id, hashes=False)
@@ -165,7 +165,7 @@ def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
 
 
 def run_step(step: str, cfg: dict, run_id: str) -> object:
-    from sourcegate.pipelines.app import steps
+    from sourcegate import api as steps
 
     stats_file = RunFolder(cfg.artifacts, run_id).path / "embed" / "stats.json"  # embed's stats, read by merge
 

@@ -43,8 +43,8 @@ def off_topic_file(fit_set: Path) -> Path:
 
 def dataset_retriever(cfg, dataset: Path, folder: Path):
     """The shipped config's retriever over a BEIR dataset, indexed like `sourcegate beir` (cached under `folder`)."""
-    from sourcegate.pipelines.app import factories
-    from sourcegate.pipelines.app.beir import index_dataset
+    from sourcegate import api as factories
+    from sourcegate.api import index_dataset
 
     folder.mkdir(parents=True, exist_ok=True)
     bcfg, version = index_dataset(cfg, dataset, folder, progress=True)
@@ -52,7 +52,7 @@ def dataset_retriever(cfg, dataset: Path, folder: Path):
 
 
 def score_datasets(out: Path) -> None:
-    from sourcegate.pipelines.app.beir import calibrate_beir, load_queries
+    from sourcegate.api import calibrate_beir, load_queries
     from sourcegate.pipelines.config import load
 
     cfg = load("config/pipeline.yaml")

@@ -37,9 +37,9 @@ def main() -> None:
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args()
 
+    from sourcegate import api as factories
+    from sourcegate.api import run_beir
     from sourcegate.pipelines import config as config_mod
-    from sourcegate.pipelines.app import factories
-    from sourcegate.pipelines.app.beir import run_beir
     from sourcegate.pipelines.retrieval.rerank import OnnxCrossEncoder
 
     cfg = config_mod.load("config/pipeline.yaml", {})

@@ -45,7 +45,7 @@ DEPTH = 100
 
 
 def ndcg(runs: dict, qrels) -> dict:
-    from sourcegate.pipelines.app.beir import evaluate_systems
+    from sourcegate.api import evaluate_systems
 
     return evaluate_systems(runs, qrels)
 
@@ -113,7 +113,7 @@ def scifact_corpus() -> dict[str, str]:
 
 def fusion_runs(lists: dict, doc_of: dict) -> tuple[dict, dict]:
     """BM25, dense and their RRF fusions (chunk- and document-level); and the k=60 fused chunk lists."""
-    from sourcegate.pipelines.app.beir import doc_ranking
+    from sourcegate.api import doc_ranking
     from sourcegate.pipelines.retrieval.retriever import rrf
     from sourcegate.pipelines.search.base import Hit
 
@@ -137,7 +137,7 @@ def fusion_runs(lists: dict, doc_of: dict) -> tuple[dict, dict]:
 
 
 def chunk_rerank_runs(runs, items, fused_chunks, text_of, doc_of, ce, depths) -> None:
-    from sourcegate.pipelines.app.beir import doc_ranking
+    from sourcegate.api import doc_ranking
 
     hybrid = runs["hybrid_chunks_rrf_k60"]
     for d in depths:
@@ -153,7 +153,7 @@ def chunk_rerank_runs(runs, items, fused_chunks, text_of, doc_of, ce, depths) ->
 
 
 def blend_runs(runs, items, lists, text_of, doc_of, ce, args) -> None:
-    from sourcegate.pipelines.app.beir import doc_ranking
+    from sourcegate.api import doc_ranking
     from sourcegate.pipelines.retrieval.retriever import blend, rrf
     from sourcegate.pipelines.search.base import Hit
 
@@ -209,8 +209,8 @@ def score_systems(runs: dict, qrels: dict, items: list) -> tuple[dict, dict]:
 def main() -> None:
     args = parse_args()
     res = Result(args.name)  # started here so wall_seconds covers the whole run
+    from sourcegate.api import index_dataset, load_queries
     from sourcegate.pipelines import config as config_mod
-    from sourcegate.pipelines.app.beir import index_dataset, load_queries
     from sourcegate.pipelines.build.embed import Embedder
     from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 

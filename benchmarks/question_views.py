@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from benchmarks._common import finished, machine, uptime
+from sourcegate.api import retriever_for
 from sourcegate.evals.evalset import load_evalset, relevant
 from sourcegate.pipelines import config
-from sourcegate.pipelines.app.factories import retriever_for
 from sourcegate.pipelines.retrieval.retriever import content_terms, rrf
 from sourcegate.pipelines.search.analyzer import STOPWORDS
 from sourcegate.pipelines.search.base import Hit

@@ -65,7 +65,7 @@ def requests_since(log_file: Path, offset: int) -> tuple[Counter, int]:
 
 def run_task(step: str, cfg, run_id: str, extra: dict) -> object:
     """The DAG task's step call (dags/sourcegate_nightly.py) on `cfg` (a staged scratch folder or local)."""
-    from sourcegate.pipelines.app import steps
+    from sourcegate import api as steps
 
     calls = {
         "ingest": lambda c: steps.ingest_step(c, run_id),
@@ -84,8 +84,8 @@ def run_task(step: str, cfg, run_id: str, extra: dict) -> object:
 
 def child(step: str, overrides: str, run_id: str, extra: str) -> None:
     """A task's process: on an s3:// artifacts prefix through staging.task_staged (as sourcegate.dags.common.in_store)."""
+    from sourcegate.api import task_staged
     from sourcegate.pipelines import config
-    from sourcegate.pipelines.app.staging import task_staged
 
     cfg = config.load(ROOT / "config" / "pipeline.yaml", json.loads(overrides))
     shard = (0, 1) if step == "embed" else None
@@ -112,7 +112,7 @@ def spawn(step: str, overrides: dict, run_id: str, extra: dict, env: dict) -> di
 
 def publish_base(local_artifacts: Path, uri: str) -> None:
     """Put a base artifacts folder on the bucket as a night would have published it (not counted)."""
-    from sourcegate.pipelines.app import staging
+    from sourcegate import api as staging
     from sourcegate.pipelines.versions.object_store import ObjectStore
 
     staging.publish(ObjectStore.from_uri(uri), local_artifacts, staging.Snapshot())

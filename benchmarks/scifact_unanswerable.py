@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import SCIFACT
-from sourcegate.pipelines.app.beir import load_queries
+from sourcegate.api import load_queries
 from sourcegate.pipelines.search.bm25 import BM25Index, tokenize
 
 

@@ -301,3 +301,19 @@ def test_training_sits_above_retrieval_and_below_the_application_and_each_functi
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
     ]
     assert not long, "split these:\n" + "\n".join(long)
+
+
+# They time the imports a CLI command pays (the cold query, the serve process), so they import those modules.
+TIMES_THE_CLI_IMPORTS = ("benchmarks/query_speed.py", "benchmarks/serve_load.py")
+
+
+def test_benchmarks_reach_the_application_only_through_the_public_api():
+    """sourcegate/api.py is the surface a script may rely on; a step's internals can change under it."""
+    inside = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / "benchmarks").rglob("*.py"))
+        if str(path.relative_to(ROOT)) not in TIMES_THE_CLI_IMPORTS
+        for line, module, _ in imports(path)
+        if module == "sourcegate.pipelines.app" or module.startswith("sourcegate.pipelines.app.")
+    ]
+    assert not inside, "import these from sourcegate.api:\n" + "\n".join(inside)
