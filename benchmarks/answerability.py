@@ -125,7 +125,7 @@ def table(
         f"stratified {k}-fold, {repeats} seeds from {seed}; combined = logistic regression over {combined_over}, "
         "fitted per kind (should-answer vs that kind)"
     )
-    # the shipped protocol (pipelines/combiner.cross_validate): one fit against every should-decline kind
+    # the shipped protocol (sourcegate/pipelines/retrieval/combiner.cross_validate): one fit against every should-decline kind
     out["combined_all_kinds"] = [
         combiner_cv(training_rows(records, combined_over), k=k, seed=seed + rep) for rep in range(repeats)
     ]
