@@ -21,8 +21,11 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks._common import RESULTS, finished, machine
 from sourcegate.evals.evalset import load_evalset
+from sourcegate.evals.sweep import roc_auc
 
 HAND_WRITTEN = (  # the training sets a person wrote (place-asks-train.jsonl was generated from templates)
     "config/evals/riders.jsonl",
@@ -56,7 +59,7 @@ def fit_figures(rows: list[dict], signal: str) -> dict:
     off = [score(r) for r in rows if r.get("kind") == "off_topic" and score(r) is not None]
     near = [score(r) for r in rows if r.get("kind") == "near_topic" and score(r) is not None]
     lowest = min(answer)
-    auc = sum((a > o) + 0.5 * (a == o) for a in answer for o in off) / (len(answer) * len(off))
+    auc = roc_auc(np.asarray(answer), np.asarray(off))
     return {
         "gap_off_topic": round(lowest - max(off), 6),
         "off_topic_declined_at_full_coverage": f"{sum(o < lowest for o in off)}/{len(off)}",

@@ -275,14 +275,19 @@ def test_the_checks_see_a_dangling_and_an_upward_import(tmp_path):
     assert "evaluate_step" in top_level_names(PIPELINES / "app" / "steps.py")
 
 
+def functions_longer_than(paths: list[Path], lines: int) -> list[str]:
+    """`file:line name (n lines)` of every function in `paths` longer than `lines`."""
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > lines
+    ]
+
+
 def test_no_benchmark_function_runs_past_100_lines():
     """A benchmark is its steps as functions over the shared harness (benchmarks/_common.py), not one long main."""
-    long = [
-        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in sorted((ROOT / "benchmarks").glob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 100
-    ]
+    long = functions_longer_than(sorted((ROOT / "benchmarks").glob("*.py")), 100)
     assert not long, "split these:\n" + "\n".join(long)
 
 
@@ -294,12 +299,7 @@ def test_training_sits_above_retrieval_and_below_the_application_and_each_functi
         < layer_of("sourcegate.pipelines.training")
         < layer_of("sourcegate.pipelines.app")
     )
-    long = [
-        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in sorted((PIPELINES / "training").rglob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
-    ]
+    long = functions_longer_than(sorted((PIPELINES / "training").rglob("*.py")), 80)
     assert not long, "split these:\n" + "\n".join(long)
 
 
