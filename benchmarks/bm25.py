@@ -91,8 +91,8 @@ def chunk_texts(dataset: Path) -> tuple[list[str], list[str]]:
             "corpus.max_doc_bytes": 10**7,
         },
     )
-    steps.ingest_step(cfg, "bm25")
-    steps.chunk_step(cfg, "bm25")
+    steps.ingest_step(RunFolder(cfg.artifacts, "bm25"), cfg)
+    steps.chunk_step(RunFolder(cfg.artifacts, "bm25"), cfg.chunking, cfg.embedding)
     table = pq.read_table(RunFolder(cfg.artifacts, "bm25").path / "chunks.text.parquet", columns=["doc_id", "text"])
     return table["text"].to_pylist(), table["doc_id"].to_pylist()
 

@@ -55,12 +55,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
+    from sourcegate.api import judging
     from sourcegate.evals.calibration import calibrate
     from sourcegate.evals.harness import calibration_config
     from sourcegate.pipelines import config as config_mod
 
     cfg = config_mod.load("config/pipeline.yaml", {})
-    ccfg = calibration_config(cfg)
+    ccfg = calibration_config(judging(cfg))
 
     res = Result("calibration", questions=args.questions, repeats=args.repeats, target_s=TARGET_S, config=ccfg)
     records = synthetic_records(args.questions)

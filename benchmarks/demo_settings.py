@@ -44,9 +44,9 @@ def main() -> None:
         )
         keys = ("evals.calibration_set", "evals.precision_set", "evals.baseline")
         cfg = config_mod.replace(cfg, {k: str(ROOT / config_mod.get(cfg, k)) for k in keys})
-        build(cfg, "demo")
+        build(RunFolder(cfg.artifacts, "demo"), cfg)
         searcher = factories.open_store(cfg).open("demo")
-        embedder, scorer = factories.get_embedder(cfg), load_scorer("onnx")
+        embedder, scorer = factories.get_embedder(cfg.embedding), load_scorer("onnx")
         res["reranker"] = scorer.model_id
         for item in args.settings.split(","):
             k, w = item.split(":")
@@ -60,7 +60,7 @@ def main() -> None:
             evaluate(
                 Retriever.from_config(searcher, embedder, scorer, c),
                 RunFolder(c.artifacts, "demo").path / "chunks.parquet",
-                c,
+                factories.judging(c),
                 out,
             )
             cal, pre = read_json(out / "calibration.json"), read_json(out / "precision.json")

@@ -125,6 +125,7 @@ def new_process(scorer) -> None:
 
 
 def one_pass(kind: str, cfg: dict, searcher, embedder, scorer, out: Path, kept_from: Path | None) -> dict:
+    from sourcegate.api import judging
     from sourcegate.evals.harness import evaluate, gate_for_dir
 
     timed = TimedSearcher(searcher)
@@ -136,9 +137,9 @@ def one_pass(kind: str, cfg: dict, searcher, embedder, scorer, out: Path, kept_f
     if not chunks.exists():
         chunks = chunks.with_name("chunks.parquet")
     c, t = time.process_time(), time.perf_counter()
-    stats = evaluate(subject, chunks, cfg, out, kept_from=kept_from)
+    stats = evaluate(subject, chunks, judging(cfg), out, kept_from=kept_from)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
-    gate = gate_for_dir(cfg, out, {})
+    gate = gate_for_dir(judging(cfg), out, {}, out / "check_scorings.jsonl")  # this pass's looks only
     return {
         "kind": kind,
         "evaluate_s": round(wall, 2),
@@ -200,7 +201,7 @@ def main() -> None:
 
     cfg = config.load(Path("config/pipeline.yaml"), {"artifacts": args.artifacts})
     searcher = open_store(cfg).open(args.version)
-    embedder = get_embedder(cfg)
+    embedder = get_embedder(cfg.embedding)
     scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
     res = Result(args.name, version=args.version, backend=cfg.embedding.backend, passes=[])
     with tempfile.TemporaryDirectory(prefix="sgbench-evaluate-") as tmp:

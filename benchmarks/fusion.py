@@ -139,7 +139,7 @@ def demo_index(cfg: dict, cache: Path) -> tuple[dict, str]:
     dcfg = config_mod.replace(cfg, {"artifacts": str(cache / "demo" / "cache"), "corpus.path": str(corpus)})
     marker = RunFolder(dcfg.artifacts, run_id).path / "loaded-embedded.json"
     if not (marker.exists() and run_id in factories.open_store(dcfg).versions()):
-        build(dcfg, run_id)
+        build(RunFolder(dcfg.artifacts, run_id), dcfg)
         marker.write_text(json.dumps({"version": run_id}) + "\n")
     return dcfg, run_id
 
@@ -181,7 +181,7 @@ def cached_lists(name: str, ds: dict, cfg: dict, cache: Path) -> dict[str, tuple
     saved = json.loads(path.read_text()) if path.exists() else {}
     todo = [q for q in ds["queries"] if q not in saved or saved[q]["query"] != ds["queries"][q]]
     if todo:
-        embedder = factories.get_embedder(cfg)
+        embedder = factories.get_embedder(cfg.embedding)
         t = time.perf_counter()
         for qid in todo:
             text = ds["queries"][qid]

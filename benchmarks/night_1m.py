@@ -164,32 +164,30 @@ def serve(cfg: dict, run_id: str, queries: int = 20) -> dict:
     return {"open_s": round(opened, 2), "query_p50_ms": round(float(np.median(times)) * 1000, 1)}
 
 
-def run_step(step: str, cfg: dict, run_id: str) -> object:
+def run_step(step: str, cfg, run_id: str) -> object:
     from sourcegate import api as steps
 
-    stats_file = RunFolder(cfg.artifacts, run_id).path / "embed" / "stats.json"  # embed's stats, read by merge
+    run = RunFolder(cfg.artifacts, run_id)
+    stats_file = run.path / "embed" / "stats.json"  # embed's stats, read by merge
 
-    def embed(cfg: dict, run_id: str) -> dict:
-        stats = steps.embed_step(cfg, run_id, 0, 1)
+    def embed() -> dict:
+        stats = steps.embed_step(run, cfg.embedding, 0, 1)
         stats_file.write_text(json.dumps([stats]))
         return stats
 
-    def merge(cfg: dict, run_id: str) -> int:
-        return steps.merge_step(cfg, run_id, json.loads(stats_file.read_text()))
-
     runners = {
-        "ingest": steps.ingest_step,
-        "chunk": steps.chunk_step,
-        "synthetic_embed": synthetic_embed,
+        "ingest": lambda: steps.ingest_step(run, cfg),
+        "chunk": lambda: steps.chunk_step(run, cfg.chunking, cfg.embedding),
+        "synthetic_embed": lambda: synthetic_embed(cfg, run_id),
         "embed": embed,
-        "merge": merge,
-        "validate": steps.validate_step,
-        "load": steps.load_step,
-        "serve": serve,
+        "merge": lambda: steps.merge_step(run, cfg.embedding, json.loads(stats_file.read_text())),
+        "validate": lambda: steps.validate_step(run),
+        "load": lambda: steps.load_step(run, cfg),
+        "serve": lambda: serve(cfg, run_id),
     }
     if step not in runners:
         raise ValueError(step)
-    return runners[step](cfg, run_id)
+    return runners[step]()
 
 
 def child(step: str, config_json: str, run_id: str) -> None:

@@ -43,7 +43,7 @@ def warm_query(n: int, queries: int, seed: int) -> dict:
         searcher = EmbeddedSearcher(Path(tmp))
         np.asarray(searcher.vectors).sum()  # fault the mmap in: a warm process
         scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
-        retriever = Retriever.from_config(searcher, get_embedder(cfg), scorer, cfg)
+        retriever = Retriever.from_config(searcher, get_embedder(cfg.embedding), scorer, cfg)
         rng = np.random.default_rng(seed + 1)
         asked = [" ".join(words[i] for i in zipf_ids(rng, int(rng.integers(4, 11)))) for _ in range(queries + 5)]
         for q in asked[:5]:  # warm-up: models and memory touched once

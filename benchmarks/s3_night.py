@@ -63,23 +63,25 @@ def requests_since(log_file: Path, offset: int) -> tuple[Counter, int]:
 # --- one task in its own process ----------------------------------------------------------------
 
 
-def run_task(step: str, cfg, run_id: str, extra: dict) -> object:
-    """The DAG task's step call (dags/sourcegate_nightly.py) on `cfg` (a staged scratch folder or local)."""
+def run_task(step: str, cfg, root: Path, run_id: str, extra: dict) -> object:
+    """The DAG task's step call (sourcegate/dags/nightly.py) in the artifacts folder `root` (a staged scratch folder
+    or the local one)."""
     from sourcegate import api as steps
 
+    run = steps.RunFolder(root, run_id)
     calls = {
-        "ingest": lambda c: steps.ingest_step(c, run_id),
-        "chunk": lambda c: steps.chunk_step(c, run_id),
-        "embed": lambda c: steps.embed_step(c, run_id, 0, 1, use_cache=True),
-        "merge": lambda c: steps.merge_step(c, run_id, [extra["embed"]]),
-        "validate": lambda c: steps.validate_step(c, run_id),
-        "load": lambda c: steps.load_step(c, run_id),
-        "evaluate": lambda c: steps.evaluate_step(c, run_id),
-        "gate": lambda c: steps.gate_step(c, run_id)["passed"],
-        "promote": lambda c: steps.promote_step(c, run_id, actor="benchmark"),
-        "cleanup": steps.cleanup_step,
+        "ingest": lambda: steps.ingest_step(run, cfg),
+        "chunk": lambda: steps.chunk_step(run, cfg.chunking, cfg.embedding),
+        "embed": lambda: steps.embed_step(run, cfg.embedding, 0, 1, use_cache=True),
+        "merge": lambda: steps.merge_step(run, cfg.embedding, [extra["embed"]]),
+        "validate": lambda: steps.validate_step(run),
+        "load": lambda: steps.load_step(run, cfg),
+        "evaluate": lambda: steps.evaluate_step(run, cfg),
+        "gate": lambda: steps.gate_step(run, cfg)["passed"],
+        "promote": lambda: steps.promote_step(run, cfg, actor="benchmark"),
+        "cleanup": lambda: steps.cleanup_step(root, cfg),
     }
-    return calls[step](cfg)
+    return calls[step]()
 
 
 def child(step: str, overrides: str, run_id: str, extra: str) -> None:
@@ -90,8 +92,8 @@ def child(step: str, overrides: str, run_id: str, extra: str) -> None:
     cfg = config.load(ROOT / "config" / "pipeline.yaml", json.loads(overrides))
     shard = (0, 1) if step == "embed" else None
     t = time.perf_counter()
-    with task_staged(cfg, step, run_id, shard) as local:
-        out = run_task(step, local, run_id, json.loads(extra))
+    with task_staged(cfg, step, run_id, shard) as root:
+        out = run_task(step, cfg, root, run_id, json.loads(extra))
     print("RESULT " + json.dumps({"step": step, "wall_s": round(time.perf_counter() - t, 2), "out": out}, default=str))
 
 

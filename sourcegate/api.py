@@ -5,6 +5,7 @@ answered under the proven decision; staging a task's folder on an object store; 
 here may move between releases; tests/test_layers.py holds the benchmarks to this module.
 """
 
+from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines.app.answering import ask
 from sourcegate.pipelines.app.beir import (
     calibrate_beir,
@@ -19,6 +20,7 @@ from sourcegate.pipelines.app.cli import main as cli
 from sourcegate.pipelines.app.factories import (
     answer_scorer_for,
     get_embedder,
+    judging,
     open_store,
     retriever_for,
     scorer_for,
@@ -44,6 +46,7 @@ from sourcegate.pipelines.release.verdict import embedding_fingerprint
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "RunFolder",
     "Snapshot",
     "answer_scorer_for",
     "ask",
@@ -59,6 +62,7 @@ __all__ = [
     "evaluate_systems",
     "gate_step",
     "get_embedder",
+    "judging",
     "index_dataset",
     "ingest_step",
     "load_config",

@@ -68,7 +68,7 @@ def embedder():
     from sourcegate.pipelines import config
     from sourcegate.pipelines.app.factories import get_embedder
 
-    return get_embedder(config.load(ROOT / "config" / "pipeline.yaml"))
+    return get_embedder(config.load(ROOT / "config" / "pipeline.yaml").embedding)
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +116,18 @@ def os_client():
     return client
 
 
+def build_validated(cfg, run_id: str, embedder) -> RunFolder:
+    """Run `run_id` under `cfg` from ingest through validation (embedded by `embedder`): a build up to its load."""
+    from sourcegate.pipelines.app import steps
+
+    run = RunFolder(cfg.artifacts, run_id)
+    steps.ingest_step(run, cfg)
+    steps.chunk_step(run, cfg.chunking, cfg.embedding)
+    steps.merge_step(run, cfg.embedding, [steps.embed_step(run, cfg.embedding, embedder=embedder)])
+    assert steps.validate_step(run)
+    return run
+
+
 @pytest.fixture(scope="session")
 def demo_index(tmp_path_factory, embedder):
     """The demo corpus built once into an embedded index: (cfg, run id, searcher)."""
@@ -125,12 +137,7 @@ def demo_index(tmp_path_factory, embedder):
     artifacts = tmp_path_factory.mktemp("demo") / "artifacts"
     cfg = promotable_config({"artifacts": str(artifacts), "corpus.path": str(DEMO)})
     run_id = "20260101-000000"
-    steps.ingest_step(cfg, run_id)
-    steps.chunk_step(cfg, run_id)
-    stats = steps.embed_step(cfg, run_id, embedder=embedder)
-    steps.merge_step(cfg, run_id, [stats])
-    steps.validate_step(cfg, run_id)
-    steps.load_step(cfg, run_id)
+    steps.load_step(build_validated(cfg, run_id, embedder), cfg)
     return cfg, run_id, EmbeddedSearcher(RunFolder(cfg.artifacts, run_id).path / "index")
 
 

@@ -25,7 +25,7 @@ def scoring(run: str, threshold: float) -> dict:
 def gate_task(cfg, run: str, record: dict | None) -> list[dict]:
     """What one gate task does with the log: read it from its staged folder, append its own scoring."""
     with staging.task_staged(cfg, "gate", run) as local:
-        log = Path(local.artifacts) / check_log.LOG
+        log = Path(local) / check_log.LOG
         seen = check_log.read(log)
         if record is not None:
             check_log.append(log, record)
@@ -61,5 +61,5 @@ def test_a_task_that_does_not_read_the_log_neither_stages_nor_publishes_it(s3_se
     cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": uri})
     gate_task(cfg, "20260101-020000", scoring("20260101-020000", 0.1))
     with staging.task_staged(cfg, "promote", "20260101-020000") as local:
-        assert not (Path(local.artifacts) / check_log.LOG).exists()
+        assert not (Path(local) / check_log.LOG).exists()
     assert len(ObjectStore.from_uri(uri).listing(staging.CHECK_SCORINGS_PREFIX)) == 1

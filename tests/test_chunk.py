@@ -74,8 +74,8 @@ def test_nightly_chunking_redoes_only_changed_documents(make_cfg, small_corpus):
     from sourcegate.pipelines.app import steps
 
     def night(cfg, run_id):
-        steps.ingest_step(cfg, run_id)
-        steps.chunk_step(cfg, run_id)
+        steps.ingest_step(RunFolder(cfg.artifacts, run_id), cfg)
+        steps.chunk_step(RunFolder(cfg.artifacts, run_id), cfg.chunking, cfg.embedding)
         (RunFolder(cfg.artifacts, run_id).path / "chunks.parquet").touch()  # what makes a run a chunk baseline
         folder = RunFolder(cfg.artifacts, run_id).path
         return folder, read_json(folder / "run.json")["counts"]
@@ -156,9 +156,11 @@ def test_chunk_step_quarantines_degenerate_documents_and_counts_them(make_cfg, s
 
     shutil.copy(DATA / "bad_corpus" / "one-long-token.md", small_corpus)
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
-    steps.ingest_step(cfg, "r1")
-    steps.chunk_step(cfg, "r1")
-    steps.chunk_step(cfg, "r1")  # a retried step rewrites its own quarantine rows, never duplicates them
+    steps.ingest_step(RunFolder(cfg.artifacts, "r1"), cfg)
+    steps.chunk_step(RunFolder(cfg.artifacts, "r1"), cfg.chunking, cfg.embedding)
+    steps.chunk_step(
+        RunFolder(cfg.artifacts, "r1"), cfg.chunking, cfg.embedding
+    )  # a retried step rewrites its own quarantine rows, never duplicates them
     folder = RunFolder(cfg.artifacts, "r1").path
     rows = [json.loads(line) for line in (folder / "quarantine.jsonl").read_text().splitlines()]
     assert [(r["stage"], r["doc_id"]) for r in rows] == [("chunk", "one-long-token")]

@@ -139,8 +139,8 @@ def test_every_config_key_says_why_it_has_its_default():
 
 # What main at 398f1a7 (configs were plain dicts then) bound into gate.json and the index manifest for the shipped
 # config, printed by:
-#   python -c "from sourcegate.pipelines import config; from sourcegate.pipelines.release import verdict; from sourcegate.pipelines.versions import manifest as mf;
-#              c = config.load('config/pipeline.yaml'); print(verdict.config_hash(c), mf.index_config_hash(c))"
+#   python -c "from sourcegate.pipelines import config; from sourcegate.pipelines.release import verdict;
+#              c = config.load('config/pipeline.yaml'); print(verdict.config_hash(c), verdict.index_config_hash(c))"
 # A version built before the typed config must still match the same YAML (its index settings did not change).
 SHIPPED_INDEX_CONFIG_SHA256 = "3dd56803ac7c90643dea280603c18c15bfae09f7dbb2ddd6969f552ec0e16f86"
 # The verdict's config hash changed when it stopped judging locations: it now leaves out every path and
@@ -154,10 +154,9 @@ SHIPPED_LEGACY_VERDICT_CONFIG_SHA256 = "60b964370a4905540373b18bf9a41fc4286694e1
 
 def test_the_index_hash_is_main_s_from_before_the_typed_config_and_the_verdict_hash_binds_what_was_judged():
     from sourcegate.pipelines.release import verdict
-    from sourcegate.pipelines.versions import manifest as mf
 
     cfg = config.load("config/pipeline.yaml")
-    assert mf.index_config_hash(cfg) == SHIPPED_INDEX_CONFIG_SHA256
+    assert verdict.index_config_hash(cfg) == SHIPPED_INDEX_CONFIG_SHA256
     assert verdict.config_hash(cfg) == SHIPPED_VERDICT_CONFIG_SHA256
     assert verdict.legacy_config_hash(cfg) == SHIPPED_LEGACY_VERDICT_CONFIG_SHA256
     elsewhere = config.replace(cfg, {"artifacts": "s3://bucket/prefix"})  # a location, not what was judged

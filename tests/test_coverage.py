@@ -149,9 +149,10 @@ def test_an_empty_baseline_file_stops_the_gate_with_an_error(tmp_path):
     cfg = [f"evals.baseline={tmp_path / 'empty.json'}"]
     from sourcegate.evals.harness import gate_for_dir
     from sourcegate.pipelines import config as config_mod
+    from sourcegate.pipelines.app.factories import judging
 
     with pytest.raises(BaselineError):
-        gate_for_dir(config_mod.load("config/pipeline.yaml", _overrides(cfg)), run, {})
+        gate_for_dir(judging(config_mod.load("config/pipeline.yaml", _overrides(cfg))), run, {}, tmp_path / "log.jsonl")
 
 
 def _overrides(items):

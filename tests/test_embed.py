@@ -12,10 +12,10 @@ pytestmark = pytest.mark.models
 
 
 def build(cfg, run_id, embedder):
-    steps.ingest_step(cfg, run_id)
-    n = steps.chunk_step(cfg, run_id)
-    stats = steps.embed_step(cfg, run_id, embedder=embedder)
-    steps.merge_step(cfg, run_id, [stats])
+    steps.ingest_step(RunFolder(cfg.artifacts, run_id), cfg)
+    n = steps.chunk_step(RunFolder(cfg.artifacts, run_id), cfg.chunking, cfg.embedding)
+    stats = steps.embed_step(RunFolder(cfg.artifacts, run_id), cfg.embedding, embedder=embedder)
+    steps.merge_step(RunFolder(cfg.artifacts, run_id), cfg.embedding, [stats])
     return n, stats
 
 
@@ -58,10 +58,10 @@ def test_embeddings_are_unit_norm_float32_and_deterministic(make_cfg, small_corp
 
 def test_sharded_embedding_merges_back_in_chunk_order(make_cfg, small_corpus, embedder):
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
-    steps.ingest_step(cfg, "r1")
-    steps.chunk_step(cfg, "r1")
-    stats = [steps.embed_step(cfg, "r1", s, 3, embedder=embedder) for s in range(3)]
-    steps.merge_step(cfg, "r1", stats)
+    steps.ingest_step(RunFolder(cfg.artifacts, "r1"), cfg)
+    steps.chunk_step(RunFolder(cfg.artifacts, "r1"), cfg.chunking, cfg.embedding)
+    stats = [steps.embed_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, s, 3, embedder=embedder) for s in range(3)]
+    steps.merge_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, stats)
     folder = RunFolder(cfg.artifacts, "r1").path
     order = pq.read_table(folder / "chunks.text.parquet")["chunk_id"].to_pylist()
     assert pq.read_table(folder / "chunks.parquet")["chunk_id"].to_pylist() == order
@@ -69,10 +69,10 @@ def test_sharded_embedding_merges_back_in_chunk_order(make_cfg, small_corpus, em
 
 def test_the_embed_step_records_its_time_in_run_json_summed_over_shards(make_cfg, small_corpus, embedder):
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
-    steps.ingest_step(cfg, "r1")
-    steps.chunk_step(cfg, "r1")
-    stats = [steps.embed_step(cfg, "r1", s, 2, embedder=embedder) for s in range(2)]
-    steps.merge_step(cfg, "r1", stats)
+    steps.ingest_step(RunFolder(cfg.artifacts, "r1"), cfg)
+    steps.chunk_step(RunFolder(cfg.artifacts, "r1"), cfg.chunking, cfg.embedding)
+    stats = [steps.embed_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, s, 2, embedder=embedder) for s in range(2)]
+    steps.merge_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, stats)
     timings = RunFolder(cfg.artifacts, "r1").info()["timings_s"]
     # every step of a night is timed, so `sourcegate runs` sums the whole night, the embedding included
     assert {"ingest", "chunk", "embed"} <= set(timings)

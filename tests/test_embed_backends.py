@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines import models
 from sourcegate.pipelines.app import steps
 from sourcegate.pipelines.build import embed_backends
@@ -98,15 +99,15 @@ def test_the_export_is_made_once_and_reused(onnx_embedders):
 @pytest.mark.models
 def test_switching_backend_re_embeds_everything(make_cfg, small_corpus, torch_fp32, onnx_embedders):
     cfg = make_cfg(**{"corpus.path": str(small_corpus), "embedding.backend": "torch"})
-    steps.ingest_step(cfg, "r1")
-    n = steps.chunk_step(cfg, "r1")
-    first = steps.embed_step(cfg, "r1", embedder=torch_fp32)
-    steps.merge_step(cfg, "r1", [first])
+    steps.ingest_step(RunFolder(cfg.artifacts, "r1"), cfg)
+    n = steps.chunk_step(RunFolder(cfg.artifacts, "r1"), cfg.chunking, cfg.embedding)
+    first = steps.embed_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, embedder=torch_fp32)
+    steps.merge_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, [first])
     onnx_cfg = make_cfg(**{"corpus.path": str(small_corpus), "embedding.backend": "onnx", "artifacts": cfg.artifacts})
     assert steps.embedding_fingerprint(onnx_cfg) == onnx_embedders["onnx"].fingerprint != torch_fp32.fingerprint
-    steps.ingest_step(onnx_cfg, "r2")
-    steps.chunk_step(onnx_cfg, "r2")
-    second = steps.embed_step(onnx_cfg, "r2", embedder=onnx_embedders["onnx"])
+    steps.ingest_step(RunFolder(onnx_cfg.artifacts, "r2"), onnx_cfg)
+    steps.chunk_step(RunFolder(onnx_cfg.artifacts, "r2"), onnx_cfg.chunking, onnx_cfg.embedding)
+    second = steps.embed_step(RunFolder(onnx_cfg.artifacts, "r2"), onnx_cfg.embedding, embedder=onnx_embedders["onnx"])
     assert first["encoded"] == n and second["encoded"] == n and second["reused"] == 0
 
 

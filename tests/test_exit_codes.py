@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines import config
 from sourcegate.pipelines.app import cli
 from sourcegate.pipelines.app.errors import exit_line
@@ -44,17 +45,18 @@ def test_the_traceback_only_with_verbose(capsys):
 
 def test_a_locked_step_names_itself_and_an_outer_step_does_not_rename_it(tmp_path):
     cfg = config.load(None, {"artifacts": str(tmp_path)})
+    run = RunFolder(tmp_path, "r1")
 
     @locked("evaluate")
-    def inner(cfg):
+    def inner(run, cfg):
         raise ValueError("no such question")
 
     @locked("run")
-    def outer(cfg):
-        inner(cfg)
+    def outer(run, cfg):
+        inner(run, cfg)
 
     with pytest.raises(ValueError) as caught:
-        outer(cfg)
+        outer(run, cfg)
     assert step_of(caught.value) == "evaluate"
     assert exit_line(caught.value, "run", "http://x") == "ValueError during evaluate: no such question"
 

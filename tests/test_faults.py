@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines.search.embedded import EmbeddedStore
+from tests.conftest import build_validated
 
 pytestmark = pytest.mark.models
 
@@ -191,37 +193,31 @@ def test_disk_full_at_load_and_while_writing_artifacts(tiny, small_disk, embedde
     cfg = config_mod.load(tiny["config"], {"artifacts": str(artifacts)})
     store = store_of(artifacts)
 
-    def build_until_load(run_id):
-        steps.ingest_step(cfg, run_id)
-        steps.chunk_step(cfg, run_id)
-        steps.merge_step(cfg, run_id, [steps.embed_step(cfg, run_id, embedder=embedder)])
-        assert steps.validate_step(cfg, run_id)
-
     good = "20260101-020000"
-    build_until_load(good)
-    steps.load_step(cfg, good)
-    steps.evaluate_step(cfg, good)
-    assert steps.gate_step(cfg, good)["passed"]
-    steps.promote_step(cfg, good)
+    build_validated(cfg, good, embedder)
+    steps.load_step(RunFolder(cfg.artifacts, good), cfg)
+    steps.evaluate_step(RunFolder(cfg.artifacts, good), cfg)
+    assert steps.gate_step(RunFolder(cfg.artifacts, good), cfg)["passed"]
+    steps.promote_step(RunFolder(cfg.artifacts, good), cfg)
     assert store.live() == good
     live_before = (artifacts / "LIVE").read_bytes()
 
     # 1. Out of space at load: the index is never renamed into place, LIVE is untouched.
     night = "20260102-020000"
-    build_until_load(night)
+    build_validated(cfg, night, embedder)
     filler = fill(small_disk, leave=4096)
     with pytest.raises(OSError, match="No space left"):
-        steps.load_step(cfg, night)
+        steps.load_step(RunFolder(cfg.artifacts, night), cfg)
     assert night not in store.versions() and not (artifacts / "runs" / night / "index").exists()
     assert not (artifacts / "runs" / night / "index.tmp").exists()  # a failed load cleans up after itself
     assert (artifacts / "LIVE").read_bytes() == live_before
     with pytest.raises(RuntimeError, match="no gate verdict"):
-        steps.promote_step(cfg, night)  # no verdict, no index: nothing to promote
+        steps.promote_step(RunFolder(cfg.artifacts, night), cfg)  # no verdict, no index: nothing to promote
 
     # 2. Out of space while writing artifacts (the next night's ingest): no file half-written under its name.
     later = "20260103-020000"
     with pytest.raises(OSError, match="No space left"):
-        steps.ingest_step(cfg, later)
+        steps.ingest_step(RunFolder(cfg.artifacts, later), cfg)
     assert not (artifacts / "runs" / later / "documents.parquet").exists()
     assert not list((artifacts / "runs" / later).glob(".*.tmp"))
     assert store.live() == good and (artifacts / "LIVE").read_bytes() == live_before
@@ -233,10 +229,10 @@ def test_disk_full_at_load_and_while_writing_artifacts(tiny, small_disk, embedde
 
     # 4. Space again: the interrupted night completes and is promoted.
     filler.unlink()
-    steps.load_step(cfg, night)
-    steps.evaluate_step(cfg, night)
-    assert steps.gate_step(cfg, night)["passed"]
-    steps.promote_step(cfg, night)
+    steps.load_step(RunFolder(cfg.artifacts, night), cfg)
+    steps.evaluate_step(RunFolder(cfg.artifacts, night), cfg)
+    assert steps.gate_step(RunFolder(cfg.artifacts, night), cfg)["passed"]
+    steps.promote_step(RunFolder(cfg.artifacts, night), cfg)
     assert store.live() == night
 
 
@@ -256,11 +252,7 @@ def test_a_corrupted_live_version_fails_query_evaluate_and_verify_naming_the_fil
     artifacts = tmp_path / "artifacts"
     cfg = config_mod.load(tiny["config"], {"artifacts": str(artifacts)})
     version = "20260101-020000"
-    steps.ingest_step(cfg, version)
-    steps.chunk_step(cfg, version)
-    steps.merge_step(cfg, version, [steps.embed_step(cfg, version, embedder=embedder)])
-    assert steps.validate_step(cfg, version)
-    steps.load_step(cfg, version)
+    steps.load_step(build_validated(cfg, version, embedder), cfg)
     store = store_of(artifacts)
     store.promote(version)
     index = artifacts / "runs" / version / "index"
@@ -278,7 +270,7 @@ def test_a_corrupted_live_version_fails_query_evaluate_and_verify_naming_the_fil
         query = cli(tiny, "query", "--artifacts", str(artifacts), "Can I bring my bike on the train?")
         assert query.returncode == 2 and name in query.stderr and "Traceback" not in query.stderr, query.stderr
         with pytest.raises(IntegrityError, match=name):
-            steps.evaluate_step(cfg, "recal-20260101-030000", version=version)
+            steps.evaluate_step(RunFolder(cfg.artifacts, "recal-20260101-030000"), cfg, version=version)
         assert store.live() == version  # nothing moved; the maintainer restores or rolls back
         path.write_bytes(intact)
     assert cli(tiny, "verify", version, "--artifacts", str(artifacts)).returncode == 0

@@ -28,7 +28,7 @@ def first_of_riders(n: int) -> list[dict]:
 @pytest.mark.models
 def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night_judged_on_one(demo_index, tmp_path):
     from sourcegate.evals.harness import evaluate, gate_for_dir
-    from sourcegate.pipelines.app.factories import answer_scorer_for, retriever_for
+    from sourcegate.pipelines.app.factories import answer_scorer_for, judging, retriever_for
     from sourcegate.pipelines.retrieval.answer_support import AnswerSupportModel
     from sourcegate.pipelines.training.in_domain import export, fused_tops, train_in_domain
 
@@ -77,10 +77,11 @@ def test_a_model_trained_in_domain_loads_records_its_questions_and_fails_a_night
         )
     )
     judged, _ = retriever_for(night, searcher)
-    evaluate(judged, index / "chunks.parquet", night, tmp_path, calibration_set=str(fit), precision_set=str(fit))
+    fit_only = {"calibration_set": str(fit), "precision_set": str(fit)}
+    evaluate(judged, index / "chunks.parquet", judging(night), tmp_path, **fit_only)
     trained_on = json.loads((tmp_path / "calibration.json").read_text())["answer_model_trained_on"]
     assert trained_on == {"fit": ["fit-o-1", "fit-o-2"], "check": []}
-    gate = gate_for_dir(night, tmp_path, run_info={})
+    gate = gate_for_dir(judging(night), tmp_path, {}, tmp_path / "check_scorings.jsonl")
     unseen = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
     assert not unseen["passed"] and "2 of the fit set (fit-o-1, fit-o-2)" in unseen["detail"] and not gate["passed"]
 

@@ -149,6 +149,6 @@ def test_an_altered_kept_file_changes_evaluated_and_is_refused_at_promotion(nigh
     gate["evaluated"]["reused"] = honest["reused"]
     write_json(gate, gate_path)
     with pytest.raises(verdict.VerdictMismatch, match=f"{ANSWER_PAIRS} of run 20260101-020000"):
-        steps.promote_step(cfg, "20260102-020000")
+        steps.promote_step(RunFolder(cfg.artifacts, "20260102-020000"), cfg)
     kept.save(earlier / ANSWER_PAIRS, "sha256:bound", {"k": np.array([2.5])}, 1, np.float64)  # the honest bytes
-    assert steps.promote_step(cfg, "20260102-020000") == "20260102-020000"
+    assert steps.promote_step(RunFolder(cfg.artifacts, "20260102-020000"), cfg) == "20260102-020000"

@@ -317,3 +317,37 @@ def test_benchmarks_reach_the_application_only_through_the_public_api():
         if module == "sourcegate.pipelines.app" or module.startswith("sourcegate.pipelines.app.")
     ]
     assert not inside, "import these from sourcegate.api:\n" + "\n".join(inside)
+
+
+def parameters(path: Path) -> dict[str, list[str]]:
+    """Each top-level function of `path` and its parameters' names, in order."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name: [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+    }
+
+
+def test_a_step_takes_where_it_works_first_and_never_a_bare_run_id():
+    """Where a run's file gets its path is the run folder (sourcegate/artifact_io/run_folder.py): a step is handed
+    the run (or, for a step over the whole store, the artifacts folder) and never rebuilds it from a config and a
+    run id, so a staged scratch folder is a run's root, not a rewritten config."""
+    steps = {name: args for name, args in parameters(PIPELINES / "app" / "steps.py").items() if name.endswith("_step")}
+    assert len(steps) >= 10, sorted(steps)
+    wrong = {name: args for name, args in steps.items() if args[0] not in ("run", "root") or "run_id" in args}
+    assert not wrong, wrong
+
+
+def test_evals_and_version_records_never_receive_the_whole_config():
+    """The evaluation reads typed sections (harness.Judging); a version's records know nothing of the config."""
+    paths = sorted((ROOT / "sourcegate" / "evals").rglob("*.py")) + sorted((PIPELINES / "versions").glob("*.py"))
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if (isinstance(node, ast.Name) and node.id == "PipelineConfig")
+        or (isinstance(node, ast.Attribute) and node.attr == "PipelineConfig")
+        or (isinstance(node, ast.arg) and node.arg == "cfg")
+    ]
+    assert not found, "these take the whole config:\n" + "\n".join(found)

@@ -161,11 +161,11 @@ def test_promote_never_moves_live_backwards(make_cfg, tmp_path):
         write_json({"started_at": started}, folder / "run.json")
         open_store(cfg).load(run_id, str(tmp_path / "c.parquet"))
         pass_gate(cfg, run_id)  # a passed verdict bound to this version (sourcegate/pipelines/release/verdict.py)
-    steps.promote_step(cfg, "manual")
+    steps.promote_step(RunFolder(cfg.artifacts, "manual"), cfg)
     with pytest.raises(RuntimeError, match="created before the live version manual"):
-        steps.promote_step(cfg, "zzz-old")  # newer by name, older by creation time
+        steps.promote_step(RunFolder(cfg.artifacts, "zzz-old"), cfg)  # newer by name, older by creation time
     assert open_store(cfg).live() == "manual"
-    steps.promote_step(cfg, "zzz-old", allow_older=True)
+    steps.promote_step(RunFolder(cfg.artifacts, "zzz-old"), cfg, allow_older=True)
     assert open_store(cfg).live() == "zzz-old"
 
 

@@ -115,7 +115,7 @@ from sourcegate.pipelines.versions import promotions
 cfg = config.load(None, {"artifacts": sys.argv[1], "lock.timeout_s": 0.0, "lock.lease_s": float(sys.argv[2])})
 try:
     with staging.locked_staged(cfg, "writer A", None, staging.Reads()) as local:
-        root = Path(local.artifacts)
+        root = Path(local)
         (root / "LIVE").write_text("v1\\n")
         promotions.append_record(promotions.promotion_record("v1", "v0", "a" * 64, "writer A"),
                                  root / promotions.PROMOTIONS_LOG)
@@ -275,7 +275,7 @@ def test_publishing_without_holding_the_lock_is_refused(s3_server, s3_env):
     uri = s3_server.bucket("publish-unlocked") + "/n"
     store = seed_store(uri)
     with pytest.raises(RuntimeError, match="without holding its writer lock"), staging.staged(cfg_for(uri)) as local:
-        (Path(local.artifacts) / "LIVE").write_text("v1\n")
+        (Path(local) / "LIVE").write_text("v1\n")
     assert store.get(staging.LIVE) == b"v0\n"
 
 

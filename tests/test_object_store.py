@@ -552,7 +552,7 @@ def test_an_evaluate_task_on_the_server_reads_the_kept_values_instead_of_computi
     store = ObjectStore.from_uri(uri)
     bodies = kept_objects(store, tmp_path)
     with staging.task_staged(make_cfg(artifacts=uri), "evaluate", "r3") as local:
-        earlier = RunFolder(local.artifacts, "r3").earlier_evaluation()
+        earlier = RunFolder(local, "r3").earlier_evaluation()
         assert earlier is not None and earlier.run_id == "r2"
         vectors = kept.load(earlier / "text_vectors.parquet", "fp", 3)
         logits = kept.load(earlier / "rerank_pairs.parquet", "fp", 1, np.float64)

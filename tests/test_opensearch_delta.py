@@ -19,6 +19,7 @@ from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines.config import OpenSearch
 from sourcegate.pipelines.search.delta import MAX_DELTA_FRACTION, compute_delta, full_load_reason
 from sourcegate.pipelines.search.opensearch import OpenSearchStore, ids_checksum, indexed_columns
+from tests.conftest import build_validated
 from tests.test_opensearch_backend import DIM, RARE, write_chunks
 
 INPUTS = {
@@ -266,15 +267,10 @@ def test_the_load_step_records_mode_reason_and_counts_in_run_json(make_cfg, smal
     prefix = f"sgdelta-{uuid.uuid4().hex[:12]}"
 
     def night(cfg, run_id, full=False) -> dict:
-        steps.ingest_step(cfg, run_id)
-        steps.chunk_step(cfg, run_id)
-        steps.merge_step(cfg, run_id, [steps.embed_step(cfg, run_id, embedder=embedder)])
-        steps.validate_step(cfg, run_id)
-        steps.load_step(cfg, run_id, full=full)
-        OpenSearchStore(os_client, OpenSearch(index_prefix=prefix)).promote(
-            run_id
-        )  # the gate's verdict is not what is tested here
-        return read_json(RunFolder(cfg.artifacts, run_id).path / "run.json")["load"]
+        run = build_validated(cfg, run_id, embedder)
+        steps.load_step(run, cfg, full=full)
+        OpenSearchStore(os_client, OpenSearch(index_prefix=prefix)).promote(run_id)  # the verdict is not tested here
+        return read_json(run / "run.json")["load"]
 
     opensearch = {
         "corpus.path": str(small_corpus),

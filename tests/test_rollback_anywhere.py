@@ -75,10 +75,16 @@ def test_a_dag_built_version_is_promoted_from_the_cli_and_the_other_way_round(ma
     assert dag.evals.calibration_set.startswith("/") and dag.artifacts_airflow_conn_id == "aws_default"
     assert verdict.config_hash(dag) == verdict.config_hash(cli)
     build(dag, "20260101-020000")
-    assert steps.promote_step(cli, "20260101-020000") == "20260101-020000"  # a DAG's night, promoted by hand
+    assert (
+        steps.promote_step(RunFolder(cli.artifacts, "20260101-020000"), cli) == "20260101-020000"
+    )  # a DAG's night, promoted by hand
     build(cli, "20260102-020000")
-    assert steps.promote_step(dag, "20260102-020000") == "20260102-020000"  # a CLI night, promoted by a DAG
-    assert steps.rollback_step(cli)["version"] == "20260101-020000"  # and rolled back from the project root
+    assert (
+        steps.promote_step(RunFolder(dag.artifacts, "20260102-020000"), dag) == "20260102-020000"
+    )  # a CLI night, promoted by a DAG
+    assert (
+        steps.rollback_step(Path(cli.artifacts), cli)["version"] == "20260101-020000"
+    )  # and rolled back from the project root
 
 
 def test_a_night_built_with_another_corpus_folder_rolls_back_from_the_project_config(make_cfg, build, tmp_path):
@@ -86,10 +92,10 @@ def test_a_night_built_with_another_corpus_folder_rolls_back_from_the_project_co
     elsewhere = make_cfg(**{"corpus.path": str(tmp_path / "my-corpus")})
     for version in ("20260101-020000", "20260102-020000", "20260103-020000"):
         build(elsewhere, version)
-        steps.promote_step(elsewhere, version)
+        steps.promote_step(RunFolder(elsewhere.artifacts, version), elsewhere)
     project = make_cfg()
     assert project.corpus.path != elsewhere.corpus.path
-    assert steps.rollback_step(project)["version"] == "20260102-020000"
+    assert steps.rollback_step(Path(project.artifacts), project)["version"] == "20260102-020000"
     # the command line, with or without --corpus (accepted by rollback and promote as by run)
     cli = [*promotable_args(), "rollback", "--artifacts", project.artifacts, "--backend", "embedded"]
     assert main([*cli, "20260101-020000", "--corpus", str(tmp_path / "my-corpus")]) == 0
@@ -103,7 +109,7 @@ def test_a_real_config_difference_is_refused_naming_each_key_with_both_values(ma
     build(cfg, "20260101-020000")
     changed = config.replace(cfg, {"retrieval.rrf_k": 60, "calibration.pair": ["margin", "bm25_top"]})
     with pytest.raises(verdict.VerdictMismatch) as refused:
-        steps.promote_step(changed, "20260101-020000")
+        steps.promote_step(RunFolder(changed.artifacts, "20260101-020000"), changed)
     message = str(refused.value)
     assert "retrieval.rrf_k: 5 (judged) vs 60 (now)" in message
     assert 'calibration.pair: ["bm25_z", "term_coverage"] (judged) vs ["margin", "bm25_top"] (now)' in message
@@ -149,7 +155,7 @@ def test_each_left_out_location_is_still_bound_by_its_content(make_cfg, build, t
 def bound_and_now(judged_cfg: config.PipelineConfig, now_cfg: config.PipelineConfig, version: str) -> tuple:
     gate = read_json(RunFolder(judged_cfg.artifacts, version).path / "gate.json")
     manifest = open_store(judged_cfg).manifest(version)
-    return gate["evaluated"], verdict.current_binding(now_cfg, manifest, gate["evaluated"])
+    return gate["evaluated"], verdict.current_binding(now_cfg, manifest, gate["evaluated"], now_cfg.artifacts)
 
 
 @pytest.mark.models
@@ -176,5 +182,8 @@ def test_a_verdict_recorded_before_the_judged_values_still_binds_by_its_hash(mak
     old["config_sha256"] = verdict.legacy_config_hash(cfg)
     write_json({**gate, "evaluated": old}, RunFolder(cfg.artifacts, "20260101-020000").path / "gate.json")
     with pytest.raises(verdict.VerdictMismatch, match="before it recorded its values"):
-        steps.promote_step(config.replace(cfg, {"retrieval.rrf_k": 60}), "20260101-020000")
-    assert steps.promote_step(cfg, "20260101-020000") == "20260101-020000"
+        steps.promote_step(
+            RunFolder(config.replace(cfg, {"retrieval.rrf_k": 60}).artifacts, "20260101-020000"),
+            config.replace(cfg, {"retrieval.rrf_k": 60}),
+        )
+    assert steps.promote_step(RunFolder(cfg.artifacts, "20260101-020000"), cfg) == "20260101-020000"

@@ -121,14 +121,14 @@ def test_a_precision_eval_without_its_reranker_writes_no_verdict_and_exits_2(mak
     write_json({"errors": []}, folder / "eval_errors.json")
 
     def gate(_args):
-        return steps.gate_step(cfg, "r1")
+        return steps.gate_step(RunFolder(cfg.artifacts, "r1"), cfg)
 
     code = cli.run_command(argparse.Namespace(func=gate, command="gate", verbose=False))
     err = capsys.readouterr().err
     assert code == 2 and "not a verdict during gate: the precision eval ran without the reranker" in err
     assert not (folder / "gate.json").exists()
     with pytest.raises(NotAVerdict):
-        steps.gate_step(cfg, "r1")
+        steps.gate_step(RunFolder(cfg.artifacts, "r1"), cfg)
 
 
 def test_a_gating_signal_that_could_not_be_computed_is_said_first_and_exits_2():

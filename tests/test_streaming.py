@@ -41,8 +41,8 @@ def test_row_range_reads_touch_only_their_rows_and_shards_tile_the_table(tmp_pat
 
 
 def _chunk_night(cfg, run_id):
-    steps.ingest_step(cfg, run_id)
-    n = steps.chunk_step(cfg, run_id)
+    steps.ingest_step(RunFolder(cfg.artifacts, run_id), cfg)
+    n = steps.chunk_step(RunFolder(cfg.artifacts, run_id), cfg.chunking, cfg.embedding)
     (RunFolder(cfg.artifacts, run_id).path / "chunks.parquet").touch()  # what makes a run a chunk baseline
     return n
 
@@ -75,9 +75,13 @@ def test_embedding_in_small_batches_and_shards_writes_what_one_batch_writes(
     make_cfg, small_corpus, tmp_path, tiny_batches, embedder
 ):
     one = make_cfg(**{"corpus.path": str(small_corpus)})
-    steps.ingest_step(one, "r1")
-    steps.chunk_step(one, "r1")
-    steps.merge_step(one, "r1", [steps.embed_step(one, "r1", embedder=embedder)])
+    steps.ingest_step(RunFolder(one.artifacts, "r1"), one)
+    steps.chunk_step(RunFolder(one.artifacts, "r1"), one.chunking, one.embedding)
+    steps.merge_step(
+        RunFolder(one.artifacts, "r1"),
+        one.embedding,
+        [steps.embed_step(RunFolder(one.artifacts, "r1"), one.embedding, embedder=embedder)],
+    )
     many = make_cfg(**{"corpus.path": str(small_corpus), "artifacts": str(tmp_path / "many")})
     shutil.copytree(
         RunFolder(one.artifacts, "r1").path, RunFolder(many.artifacts, "r1").path
@@ -85,22 +89,26 @@ def test_embedding_in_small_batches_and_shards_writes_what_one_batch_writes(
 
     edited = sorted(small_corpus.glob("*.md"))[3]
     edited.write_text(edited.read_text().replace("\n## ", "\nAn added sentence.\n\n## ", 1))
-    steps.ingest_step(one, "r2")
-    steps.chunk_step(one, "r2")
-    whole = steps.embed_step(one, "r2", embedder=embedder)
-    steps.merge_step(one, "r2", [whole])
+    steps.ingest_step(RunFolder(one.artifacts, "r2"), one)
+    steps.chunk_step(RunFolder(one.artifacts, "r2"), one.chunking, one.embedding)
+    whole = steps.embed_step(RunFolder(one.artifacts, "r2"), one.embedding, embedder=embedder)
+    steps.merge_step(RunFolder(one.artifacts, "r2"), one.embedding, [whole])
 
     tiny_batches(3)
-    steps.ingest_step(many, "r2")
-    steps.chunk_step(many, "r2")
-    stats = [steps.embed_step(many, "r2", s, 1, embedder=embedder) for s in range(1)]
-    steps.merge_step(many, "r2", stats)
+    steps.ingest_step(RunFolder(many.artifacts, "r2"), many)
+    steps.chunk_step(RunFolder(many.artifacts, "r2"), many.chunking, many.embedding)
+    stats = [
+        steps.embed_step(RunFolder(many.artifacts, "r2"), many.embedding, s, 1, embedder=embedder) for s in range(1)
+    ]
+    steps.merge_step(RunFolder(many.artifacts, "r2"), many.embedding, stats)
     a, b = (pq.read_table(RunFolder(c.artifacts, "r2").path / "chunks.parquet") for c in (one, many))
     assert 1 <= whole["encoded"] == stats[0]["encoded"] < a.num_rows
     assert a.equals(b)  # same ids, same vectors bit for bit: reused from the cache or encoded in one call
 
-    sharded = [steps.embed_step(many, "r2", s, 3, embedder=embedder) for s in range(3)]
-    steps.merge_step(many, "r2", sharded)
+    sharded = [
+        steps.embed_step(RunFolder(many.artifacts, "r2"), many.embedding, s, 3, embedder=embedder) for s in range(3)
+    ]
+    steps.merge_step(RunFolder(many.artifacts, "r2"), many.embedding, sharded)
     c = pq.read_table(RunFolder(many.artifacts, "r2").path / "chunks.parquet")
     assert c["chunk_id"].equals(a["chunk_id"]) and sum(s["encoded"] for s in sharded) == whole["encoded"]
     va, vc = (t["embedding"].combine_chunks().flatten().to_numpy() for t in (a, c))
@@ -113,8 +121,8 @@ def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small
     from sourcegate.pipelines.build.embed import chunks_schema, with_vectors
 
     cfg = make_cfg(**{"corpus.path": str(small_corpus)})
-    steps.ingest_step(cfg, "r1")
-    total = steps.chunk_step(cfg, "r1")
+    steps.ingest_step(RunFolder(cfg.artifacts, "r1"), cfg)
+    total = steps.chunk_step(RunFolder(cfg.artifacts, "r1"), cfg.chunking, cfg.embedding)
     folder = RunFolder(cfg.artifacts, "r1").path
     stats = []
     for shard in range(2):
@@ -125,13 +133,13 @@ def test_a_merge_missing_a_shard_names_a_chunk_without_embedding(make_cfg, small
         ]
         write_batches(parts, folder / "embed" / f"shard-{shard:04d}.parquet", chunks_schema(4))
         stats.append({"shard": shard, "encoded": 0, "reused": hi - lo, "dimension": 4, "fingerprint": "f"})
-    assert steps.merge_step(cfg, "r1", stats) == 0
+    assert steps.merge_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, stats) == 0
     assert pq.read_table(folder / "chunks.parquet")["chunk_id"].equals(
         pq.read_table(folder / "chunks.text.parquet")["chunk_id"]
     )
     first_of_second = next(read_rows(folder / "chunks.text.parquet", *shard_range(total, 1, 2)))["chunk_id"][0]
     with pytest.raises(RuntimeError, match=f"chunks have no embedding \\(first: {first_of_second.as_py()}\\)"):
-        steps.merge_step(cfg, "r1", stats[:1])
+        steps.merge_step(RunFolder(cfg.artifacts, "r1"), cfg.embedding, stats[:1])
 
 
 def test_validation_in_small_batches_reports_and_quarantines_what_one_batch_does(tmp_path, tiny_batches):

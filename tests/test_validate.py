@@ -123,8 +123,8 @@ def test_validate_and_load_steps_go_on_without_the_quarantined_documents(make_cf
     folder = RunFolder(cfg.artifacts, "r1").path
     _hostile_chunks(folder)
     write_json({"models": {"embedding": {"id": "test-model", "dimension": DIM}}}, folder / "run.json")
-    assert steps.validate_step(cfg, "r1")
+    assert steps.validate_step(RunFolder(cfg.artifacts, "r1"))
     info = read_json(folder / "run.json")
     assert info["quarantine"]["by_stage"] == {"validate": 3}  # no body is over the default 20,000 characters
     assert info["quarantine"]["by_reason"]["failed ExpectColumnValuesToBeInSet(embedding_has_nan)"] == 1
-    assert steps.load_step(cfg, "r1") == 4  # only the chunks of documents that passed
+    assert steps.load_step(RunFolder(cfg.artifacts, "r1"), cfg) == 4  # only the chunks of documents that passed

@@ -69,9 +69,9 @@ def night(make_cfg, tmp_path):
 
 def test_a_bound_verdict_promotes_and_the_promotion_is_logged(night):
     night("20260101-020000")
-    assert steps.promote_step(night.cfg, "20260101-020000") == "20260101-020000"
+    assert steps.promote_step(RunFolder(night.cfg.artifacts, "20260101-020000"), night.cfg) == "20260101-020000"
     night("20260102-020000")
-    steps.promote_step(night.cfg, "20260102-020000", actor="dag:scheduled__x")
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg, actor="dag:scheduled__x")
     log = night.store.promotions()
     assert [(r["version"], r["previous"], r["actor"]) for r in log] == [
         ("20260101-020000", None, "cli"),
@@ -82,7 +82,7 @@ def test_a_bound_verdict_promotes_and_the_promotion_is_logged(night):
     assert log[-1]["manifest_sha256"] == mf.manifest_hash(night.store.manifest("20260102-020000"))
     lines = night.store.promotions_log.read_text().splitlines()
     assert [json.loads(line) for line in lines] == log  # one JSON line per promotion, appended
-    steps.promote_step(night.cfg, "20260102-020000")  # already live: nothing to log
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)  # already live: nothing to log
     assert len(night.store.promotions()) == 2
 
 
@@ -94,7 +94,7 @@ def test_a_verdict_on_a_rebuilt_version_is_refused(night):
     shutil.rmtree(night.store.folder("v2"))  # a maintainer deleted it; the load task is cleared and re-run ...
     night.store.load("v2", str(night.chunks), inputs=INPUTS)  # ... rebuilt: same inputs, a new manifest
     with pytest.raises(verdict.VerdictMismatch, match="rebuilt or changed since it was evaluated"):
-        steps.promote_step(night.cfg, "v2")
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v2"), night.cfg)
     assert night.store.live() == "v1" and len(night.store.promotions()) == 0
 
 
@@ -112,7 +112,7 @@ def test_a_verdict_is_refused_when_what_it_judged_changed(night, change, message
     night("v1")
     change(night)
     with pytest.raises(verdict.VerdictMismatch, match=message):
-        steps.promote_step(night.cfg, "v1")
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v1"), night.cfg)
     assert night.store.live() is None
 
 
@@ -122,7 +122,7 @@ def test_the_verdict_does_not_depend_on_where_the_artifacts_live(night, tmp_path
     moved = config.replace(night.cfg, {"artifacts": str(tmp_path / "elsewhere")})
     shutil.copytree(night.cfg.artifacts, moved.artifacts)
     assert verdict.config_hash(moved) == verdict.config_hash(night.cfg)
-    assert steps.promote_step(moved, "v1") == "v1"
+    assert steps.promote_step(RunFolder(moved.artifacts, "v1"), moved) == "v1"
     changed = config.replace(moved, {"answer.adjacent": 0.01})
     assert verdict.config_hash(changed) != verdict.config_hash(moved)  # content still counts
 
@@ -130,16 +130,16 @@ def test_the_verdict_does_not_depend_on_where_the_artifacts_live(night, tmp_path
 def test_failed_unbound_or_missing_verdicts_are_refused(night):
     night("v1", passed=False)
     with pytest.raises(verdict.VerdictMismatch, match="gate failed"):
-        steps.promote_step(night.cfg, "v1")
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v1"), night.cfg)
     gate = night("v2")
     del gate["evaluated"]
     write_json(gate, RunFolder(night.cfg.artifacts, "v2").path / "gate.json")
     with pytest.raises(verdict.VerdictMismatch, match="records nothing about what it evaluated"):
-        steps.promote_step(night.cfg, "v2")
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v2"), night.cfg)
     night("v3")
     (RunFolder(night.cfg.artifacts, "v3").path / "gate.json").unlink()
     with pytest.raises(verdict.VerdictMismatch, match="no gate verdict"):
-        steps.promote_step(night.cfg, "v3")
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v3"), night.cfg)
     assert night.store.live() is None
 
 
@@ -154,7 +154,7 @@ def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night
     artifacts = night.cfg.artifacts
     for v in ("20260101-020000", "20260102-020000", "20260103-020000"):
         night(v)
-        steps.promote_step(night.cfg, v)
+        steps.promote_step(RunFolder(night.cfg.artifacts, v), night.cfg)
     assert main(["--config", cli_config(night), "rollback", "--artifacts", artifacts, "--backend", "embedded"]) == 0
     assert "20260103-020000 -> 20260102-020000" in capsys.readouterr().out
     assert night.store.live() == "20260102-020000"
@@ -167,16 +167,16 @@ def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night
     # an explicit target; then the default is the newest logged promotion other than the live one
     args = ["--config", cli_config(night), "rollback", "20260101-020000", "--artifacts", artifacts]
     assert main([*args, "--backend", "embedded"]) == 0
-    assert steps.rollback_step(night.cfg)["version"] == "20260102-020000"
+    assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg)["version"] == "20260102-020000"
 
 
 def test_rollback_refuses_failed_corrupt_or_unknown_targets(night, capsys):
     artifacts = night.cfg.artifacts
     night("v1", passed=False)
     night("v2")
-    steps.promote_step(night.cfg, "v2")
+    steps.promote_step(RunFolder(night.cfg.artifacts, "v2"), night.cfg)
     night("v3")
-    steps.promote_step(night.cfg, "v3")
+    steps.promote_step(RunFolder(night.cfg.artifacts, "v3"), night.cfg)
     assert main(["rollback", "v1", "--artifacts", artifacts, "--backend", "embedded"]) == 2
     assert "never promoted" in capsys.readouterr().err
     assert main(["rollback", "v1", "--force", "--artifacts", artifacts, "--backend", "embedded"]) == 2
@@ -209,10 +209,10 @@ def test_a_torn_last_line_of_the_log_is_skipped(tmp_path):
 def test_rollback_to_a_version_never_promoted_needs_force_and_is_logged_with_its_actor(night, capsys):
     night("20260101-020000")
     night("20260102-020000")
-    steps.promote_step(night.cfg, "20260102-020000")
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)
     with pytest.raises(verdict.VerdictMismatch, match="never promoted"):
-        steps.rollback_step(night.cfg, "20260101-020000")
-    record = steps.rollback_step(night.cfg, "20260101-020000", force=True, actor="ops:alice")
+        steps.rollback_step(Path(night.cfg.artifacts), night.cfg, "20260101-020000")
+    record = steps.rollback_step(Path(night.cfg.artifacts), night.cfg, "20260101-020000", force=True, actor="ops:alice")
     assert night.store.live() == "20260101-020000"
     assert (record["actor"], record["forced"], record["kind"]) == ("ops:alice", True, "rollback")
     assert night.store.promotions()[-1] == record
@@ -221,10 +221,10 @@ def test_rollback_to_a_version_never_promoted_needs_force_and_is_logged_with_its
 def test_rollback_checks_the_full_binding(night):
     for v in ("20260101-020000", "20260102-020000"):
         night(v)
-        steps.promote_step(night.cfg, v)
+        steps.promote_step(RunFolder(night.cfg.artifacts, v), night.cfg)
     night.baseline.write_text(night.baseline.read_text() + " ")  # a new baseline since the verdict
     with pytest.raises(verdict.VerdictMismatch, match="baseline"):
-        steps.rollback_step(night.cfg, "20260101-020000")
+        steps.rollback_step(Path(night.cfg.artifacts), night.cfg, "20260101-020000")
     assert night.store.live() == "20260102-020000"
 
 
@@ -237,7 +237,7 @@ def test_the_verdict_names_a_changed_code_version_or_model(night):
         edited = {**gate, "evaluated": {**gate["evaluated"], field: "something else"}}
         gate_path.write_text(json.dumps(edited))
         with pytest.raises(verdict.VerdictMismatch, match=f"{field}: "):
-            steps.promote_step(night.cfg, "20260101-020000")
+            steps.promote_step(RunFolder(night.cfg.artifacts, "20260101-020000"), night.cfg)
     assert night.store.live() is None
 
 
@@ -247,7 +247,7 @@ def test_a_promotion_retried_after_a_crash_logs_once_and_repairs_run_json(night,
     from sourcegate.pipelines import faults
 
     night("20260101-020000")
-    steps.promote_step(night.cfg, "20260101-020000")
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260101-020000"), night.cfg)
     night("20260102-020000")
 
     def crash(point):
@@ -256,11 +256,11 @@ def test_a_promotion_retried_after_a_crash_logs_once_and_repairs_run_json(night,
 
     monkeypatch.setattr(faults, "reached", crash)
     with pytest.raises(SystemExit):
-        steps.promote_step(night.cfg, "20260102-020000")
+        steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)
     run_json = RunFolder(night.cfg.artifacts, "20260102-020000").path / "run.json"
     assert not run_json.exists() and night.store.live() == "20260102-020000"
     monkeypatch.undo()
-    steps.promote_step(night.cfg, "20260102-020000")  # the retry
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)  # the retry
     log = night.store.promotions()
     assert [(r["version"], r["previous"]) for r in log] == [
         ("20260101-020000", None),

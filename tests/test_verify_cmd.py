@@ -28,7 +28,7 @@ def promoted_then_crashed(cfg, chunks: Path) -> Path:
     """A promoted version whose run.json lost its `promoted` (a crash after the promotions log was written)."""
     open_store(cfg).load(VERSION, str(chunks), inputs=INPUTS)
     pass_gate(cfg, VERSION)
-    steps.promote_step(cfg, VERSION)
+    steps.promote_step(RunFolder(cfg.artifacts, VERSION), cfg)
     run_json = RunFolder(cfg.artifacts, VERSION).path / "run.json"
     info = read_json(run_json)
     del info["promoted"]

@@ -18,10 +18,11 @@ from sourcegate.pipelines import models
 from sourcegate.pipelines.app.cli import main
 from sourcegate.pipelines.app.factories import get_embedder, open_store, retriever_for
 from sourcegate.pipelines.build.embed import VectorCache
+from sourcegate.pipelines.release import verdict
 from sourcegate.pipelines.search.embedded import EmbeddedStore, open_run_folder
 from sourcegate.pipelines.versions import manifest as mf
 from sourcegate.pipelines.versions.stamp import STAMP_FILE
-from tests.conftest import chunks_with_vectors
+from tests.conftest import build_validated, chunks_with_vectors
 from tests.test_embedded_backend import synthetic_chunks
 
 INPUTS = {"corpus_hash": "c1", "config_hash": "k1", "model_fingerprint": "sha256:m1", "code_version": "v1"}
@@ -142,8 +143,8 @@ def test_manifest_hash_changes_with_any_rebuild():
 
 def test_index_config_hash_covers_what_builds_the_index_only(make_cfg):
     base = make_cfg()
-    assert mf.index_config_hash(base) == mf.index_config_hash(make_cfg(**{"answer.adjacent": 0.3}))
-    assert mf.index_config_hash(base) != mf.index_config_hash(make_cfg(**{"chunking.max_tokens": 128}))
+    assert verdict.index_config_hash(base) == verdict.index_config_hash(make_cfg(**{"answer.adjacent": 0.3}))
+    assert verdict.index_config_hash(base) != verdict.index_config_hash(make_cfg(**{"chunking.max_tokens": 128}))
 
 
 def test_model_fingerprint_hashes_the_weights_not_the_id(tmp_path):
@@ -191,10 +192,7 @@ def test_embedding_cache_needs_the_same_id_and_the_same_fingerprint(tmp_path):
 def build_night(cfg, run_id, embedder):
     from sourcegate.pipelines.app import steps
 
-    steps.ingest_step(cfg, run_id)
-    steps.chunk_step(cfg, run_id)
-    steps.merge_step(cfg, run_id, [steps.embed_step(cfg, run_id, embedder=embedder)])
-    return steps.load_step(cfg, run_id)
+    return steps.load_step(build_validated(cfg, run_id, embedder), cfg)
 
 
 @pytest.mark.models
@@ -221,11 +219,14 @@ def test_rerunning_a_promoted_night_reuses_it_or_refuses_naming_what_differs(mak
     edited = sorted(small_corpus.glob("*.md"))[0]
     edited.write_text(edited.read_text() + "\nA sentence added after the night was built.\n")
     with pytest.raises(mf.VersionConflict, match="corpus_hash.*new run id"):
-        steps.ingest_step(cfg, "r1")
+        steps.ingest_step(RunFolder(cfg.artifacts, "r1"), cfg)
     assert (folder / "documents.parquet").read_bytes() == documents  # the refused rerun wrote nothing
     assert not (folder / ".rerun-ingest").exists()
     with pytest.raises(mf.VersionConflict, match="config_hash"):
-        steps.ingest_step(make_cfg(**{"corpus.path": str(small_corpus), "chunking.max_tokens": 128}), "r1")
+        steps.ingest_step(
+            RunFolder(make_cfg(**{"corpus.path": str(small_corpus), "chunking.max_tokens": 128}).artifacts, "r1"),
+            make_cfg(**{"corpus.path": str(small_corpus), "chunking.max_tokens": 128}),
+        )
     assert store.manifest("r1") == manifest and store.open("r1").manifest == manifest
 
 
@@ -247,11 +248,11 @@ def test_same_model_id_with_other_weights_re_embeds_and_cannot_query_the_index(
         else:
             target.symlink_to(path)
     other_cfg = make_cfg(**{"corpus.path": str(small_corpus), "embedding.model_path": str(copy)})
-    other = get_embedder(other_cfg)
+    other = get_embedder(other_cfg.embedding)
     assert other.model_id == embedder.model_id and other.fingerprint != embedder.fingerprint
-    steps.ingest_step(other_cfg, "r2")
-    steps.chunk_step(other_cfg, "r2")
-    stats = steps.embed_step(other_cfg, "r2", embedder=other)
+    steps.ingest_step(RunFolder(other_cfg.artifacts, "r2"), other_cfg)
+    steps.chunk_step(RunFolder(other_cfg.artifacts, "r2"), other_cfg.chunking, other_cfg.embedding)
+    stats = steps.embed_step(RunFolder(other_cfg.artifacts, "r2"), other_cfg.embedding, embedder=other)
     assert stats["encoded"] == n and stats["reused"] == 0  # nothing reused from r1's vectors
     with pytest.raises(mf.IntegrityError, match="model fingerprint"):
         retriever_for(other_cfg, open_store(cfg).open("r1"))

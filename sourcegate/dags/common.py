@@ -220,15 +220,16 @@ def cfg() -> config_mod.PipelineConfig:
 
 
 def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | None = None):
-    """A task's step call `call(config)`: with `artifacts: s3://…`, on a scratch folder of this task holding only
-    what the step reads (an embed `shard`, (shard, shards): only its slice) for run `run` (default: the night's
-    run_id()), published after it (sourcegate/pipelines/app/staging.py), the store reached through the Airflow connection
-    (store_connection); a local artifacts folder as is."""
+    """A task's step call `call(run_folder)` on run `run` (default: the night's run_id()): with `artifacts: s3://…`
+    the folder is in a scratch folder of this task holding only what the step reads (an embed `shard`, (shard,
+    shards): only its slice), published after it (sourcegate/pipelines/app/staging.py), the store reached through the
+    Airflow connection (store_connection); a local artifacts folder as is."""
+    from sourcegate.artifact_io.run_folder import RunFolder
     from sourcegate.pipelines.app.staging import task_staged
 
-    config = cfg()
-    with store_connection(config), task_staged(config, step, run or run_id(), shard) as local:
-        return call(local)
+    config, run = cfg(), run or run_id()
+    with store_connection(config), task_staged(config, step, run, shard) as root:
+        return call(RunFolder(root, run))
 
 
 def params() -> dict:
@@ -268,10 +269,11 @@ def shard_list(chunk_count: int) -> list[int]:
     return list(range(max(1, min(int(params()["shards"]), chunk_count))))
 
 
-def live_version(config: dict) -> str:
+def live_version(run) -> str:
+    """The live version, as the store staged for the task of run folder `run` holds it."""
     from sourcegate.pipelines.app.factories import open_store
 
-    version = open_store(config).live()
+    version = open_store(cfg(), run.root).live()
     if not version:
         raise AirflowFailException("no live index to recalibrate: run sourcegate_nightly first")
     return version

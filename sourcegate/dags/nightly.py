@@ -22,12 +22,12 @@ from sourcegate.dags.common import (
     NIGHTLY_SCHEDULE,
     RETRY_ARGS,
     START_DATE,
+    cfg,
     dag_actor,
     enforce_gate,
     in_store,
     nightly_params,
     params,
-    run_id,
     shard_list,
 )
 
@@ -59,13 +59,14 @@ def nightly_tasks() -> None:
     def ingest() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return in_store("ingest", lambda c: steps.ingest_step(c, run_id()))
+        return in_store("ingest", lambda run: steps.ingest_step(run, cfg()))
 
     @task
     def chunk() -> list[int]:
         from sourcegate.pipelines.app import steps
 
-        return shard_list(in_store("chunk", lambda c: steps.chunk_step(c, run_id())))
+        config = cfg()
+        return shard_list(in_store("chunk", lambda run: steps.chunk_step(run, config.chunking, config.embedding)))
 
     @task
     def embed(shard: int, shards: list[int]) -> dict:
@@ -73,50 +74,50 @@ def nightly_tasks() -> None:
 
         cache = not params()["full_rebuild"]
         part = (shard, len(shards))
-        return in_store("embed", lambda c: steps.embed_step(c, run_id(), *part, use_cache=cache), shard=part)
+        return in_store("embed", lambda run: steps.embed_step(run, cfg().embedding, *part, use_cache=cache), shard=part)
 
     @task
     def merge(shard_stats) -> int:
         from sourcegate.pipelines.app import steps
 
-        return in_store("merge", lambda c: steps.merge_step(c, run_id(), list(shard_stats)))
+        return in_store("merge", lambda run: steps.merge_step(run, cfg().embedding, list(shard_stats)))
 
     @task
     def validate() -> bool:
         from sourcegate.pipelines.app import steps
 
-        return in_store("validate", lambda c: steps.validate_step(c, run_id()))
+        return in_store("validate", steps.validate_step)
 
     @task(**RETRY_ARGS)
     def load() -> int:
         from sourcegate.pipelines.app import steps
 
         full = params()["full_rebuild"]
-        return in_store("load", lambda c: steps.load_step(c, run_id(), full=full))
+        return in_store("load", lambda run: steps.load_step(run, cfg(), full=full))
 
     @task
     def evaluate() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return in_store("evaluate", lambda c: steps.evaluate_step(c, run_id()))
+        return in_store("evaluate", lambda run: steps.evaluate_step(run, cfg()))
 
     @task
     def gate() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return enforce_gate(in_store("gate", lambda c: steps.gate_step(c, run_id())))
+        return enforce_gate(in_store("gate", lambda run: steps.gate_step(run, cfg())))
 
     @task(outlets=[LIVE_INDEX], **RETRY_ARGS)
     def promote() -> str:
         from sourcegate.pipelines.app import steps
 
-        return in_store("promote", lambda c: steps.promote_step(c, run_id(), actor=dag_actor()))
+        return in_store("promote", lambda run: steps.promote_step(run, cfg(), actor=dag_actor()))
 
     @task
     def cleanup() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return in_store("cleanup", steps.cleanup_step)
+        return in_store("cleanup", lambda run: steps.cleanup_step(run.root, cfg()))
 
     shards = chunk()
     ingest() >> shards

@@ -3,15 +3,17 @@ precision.json and questions.jsonl, then the gate verdict and the report from th
 
 The retriever is anything with `retrieve(question, context)` (sourcegate.pipelines.retrieval.retriever.Retriever);
 the evaluate and gate steps, `sourcegate calibrate` and the benchmarks all run this one harness.
-`cfg` is the pipeline's config (sourcegate.pipelines.config.PipelineConfig, read by attribute; sourcegate/evals/ imports nothing of
-sourcegate/pipelines/); what the evals below it read is handed on as plain data.
+What it reads of the pipeline's config arrives as `Judging`: the sections it needs, typed, built by the caller
+(sourcegate/evals/ imports nothing of sourcegate/pipelines/); what the evals below it read is handed on as plain data.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -30,33 +32,45 @@ from sourcegate.evals.report import write_report
 from sourcegate.evals.signal_choice import resolve
 
 
+@dataclass(frozen=True)
+class Judging:
+    """What an evaluation and its gate read of the pipeline's config: its sections, as the config types them."""
+
+    evals: Any  # the eval sets, precision's ks, the baseline, the regression test
+    calibration: Any  # the sweep: signals swept, placement, margins, the promise
+    answer: Any  # the decision: gating signal, thresholds, the rule's candidates
+    reranker: Any  # the cross-encoder that reranks (kind, model path): the precision eval must have used it
+    rerank_depth: int  # retrieval.rerank_depth: the shortlist the reranker reads
+    answer_passages: int  # answerability.answer_passages: the window the answer model reads
+
+
 class NotAVerdict(RuntimeError):
     """An evaluation whose measurement did not happen as configured (the reranker did not run on the precision
     set): neither a passed nor a failed gate."""
 
 
-def check_reranker_ran(cfg, precision: dict) -> None:
+def check_reranker_ran(reranker, precision: dict) -> None:
     """A configured reranker that did not rerank every precision question would compare the fused order with
     itself and bind the reranker's fingerprint to that: no verdict."""
-    if cfg.reranker.kind != "none" and "error" not in precision and precision.get("reranker_used") is False:
+    if reranker.kind != "none" and "error" not in precision and precision.get("reranker_used") is False:
         raise NotAVerdict(
-            f"the precision eval ran without the reranker (reranker.kind {cfg.reranker.kind}, "
-            f"reranker.model_path {cfg.reranker.model_path}): precision.json reranker_used is false; "
+            f"the precision eval ran without the reranker (reranker.kind {reranker.kind}, "
+            f"reranker.model_path {reranker.model_path}): precision.json reranker_used is false; "
             "no verdict is written (see the evaluate step's log for why it did not run)"
         )
 
 
-def calibration_config(cfg, answer_model_corpus: dict | None = None) -> dict:
+def calibration_config(judging: Judging, answer_model_corpus: dict | None = None) -> dict:
     """The sweep's settings as plain data (sourcegate/evals/calibration.py): the config's `calibration` section, the
     gating thresholds of its `answer` section, and for `answer.signal: auto` the candidates, less an answer model
     that has not learned enough of this corpus (sourcegate/evals/signal_choice.py)."""
-    answer = cfg.answer
+    answer = judging.answer
     corpus = answer_model_corpus or {}
     excluded = {}
     if corpus.get("scope") == "corpus" and not corpus.get("enough"):
         excluded["answer_support"] = corpus.get("why") or "its model did not learn enough of this corpus"
     return {
-        **cfg.calibration.model_dump(),
+        **judging.calibration.model_dump(),
         "gating": answer.model_dump(include={"signal", "adjacent", "strong", "strong_signal", "below"}),
         "candidates": list(answer.candidates),
         "excluded": excluded,
@@ -84,7 +98,7 @@ def answer_model_saw(retriever, items: list[dict]) -> list[str]:
 
 def calibrate_records(
     records: list[dict],
-    cfg,
+    judging: Judging,
     check: list[dict] = (),
     repeats=(),
     answer_model_corpus: dict | None = None,
@@ -93,15 +107,15 @@ def calibrate_records(
     threshold the rule picks on the fit set (sourcegate/evals/signal_choice.py), recorded with every candidate's row."""
     if not records:
         return {"signals": {}, "error": "no questions", "answer_model_corpus": answer_model_corpus}
-    config, choice = resolve(records, calibration_config(cfg, answer_model_corpus))
-    calibration = calibrate(records, config, check, cfg.evals.check_set, repeats)
+    config, choice = resolve(records, calibration_config(judging, answer_model_corpus))
+    calibration = calibrate(records, config, check, judging.evals.check_set, repeats)
     return {**calibration, "signal_choice": choice, "answer_model_corpus": answer_model_corpus}
 
 
 def evaluate(
     retriever,
     chunks_parquet: Path,
-    cfg,
+    judging: Judging,
     out_dir: Path,
     *,
     calibration_set: str | None = None,
@@ -126,9 +140,9 @@ def evaluate(
     errors: list[str] = []
     sets = {}
     for name, path in (
-        ("calibration", calibration_set or cfg.evals.calibration_set),
-        ("check", cfg.evals.check_set),
-        ("precision", precision_set or cfg.evals.precision_set),
+        ("calibration", calibration_set or judging.evals.calibration_set),
+        ("check", judging.evals.check_set),
+        ("precision", precision_set or judging.evals.precision_set),
     ):
         if path is None:  # no check set configured: the gate says so
             sets[name] = []
@@ -148,7 +162,7 @@ def evaluate(
     c_records = run_questions(retriever, sets["check"], progress=progress)
     # a check question asking a fit question again placed the threshold in its other wording: not unseen
     repeats = copies(sets["check"], sets["calibration"], getattr(retriever, "text_vectors", None))
-    calibration = calibrate_records(records, cfg, c_records, repeats, answer_model_corpus)
+    calibration = calibrate_records(records, judging, c_records, repeats, answer_model_corpus)
     choice = calibration.get("signal_choice")
     if before_sweep:
         calibration["combiner"] = combiner
@@ -161,7 +175,7 @@ def evaluate(
     sets_seen = ((calibration, records, qrels["calibration"]), (calibration.get("check"), c_records, qrels["check"]))
     for part, recs, rels in sets_seen:
         if part:
-            part["shortlist_recall"] = shortlist_recall(recs, by_id, cfg.retrieval.rerank_depth)
+            part["shortlist_recall"] = shortlist_recall(recs, by_id, judging.rerank_depth)
             if part.get("shipped"):
                 part["shipped"]["wrongly_declined"] = with_source_rank(part["shipped"]["wrongly_declined"], recs, rels)
     write_json(calibration, out_dir / rf.CALIBRATION)
@@ -173,14 +187,14 @@ def evaluate(
             {r["id"]: r["fused"] for r in p_records},
             {r["id"]: r["ranked"] for r in p_records},
             qrels_for(sets["precision"], chunks),
-            ks=tuple(cfg.evals.ks),
+            ks=tuple(judging.evals.ks),
         )
         if p_records
         else {"error": "no questions"}
     )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
     write_json(precision, out_dir / rf.PRECISION)
-    answer = resolved_answer(cfg.answer, choice)
+    answer = resolved_answer(judging.answer, choice)
     rows = question_rows("calibration", records, qrels["calibration"], answer)
     rows += question_rows("check", c_records, qrels["check"], answer)
     rows += question_rows("precision", p_records, qrels_for(sets["precision"], chunks), answer)
@@ -248,32 +262,34 @@ def diff_with(folder: Path, live_folder: Path | None) -> dict | None:
     return diff
 
 
-def check_scoring(cfg, run: str, calibration: dict, evaluated: dict | None) -> dict | None:
+def check_scoring(
+    judging: Judging, log: list[dict], run: str, calibration: dict, evaluated: dict | None
+) -> dict | None:
     """This night's look at the check set: its content hash, the design that looked (the decision and the models
     behind its scores) and how many distinct designs have looked at that content (sourcegate/evals/check_log.py)."""
     shipped = (calibration.get("check") or {}).get("shipped")
-    check_sha = ((evaluated or {}).get("eval_sets") or {}).get(str(cfg.evals.check_set))
+    check_sha = ((evaluated or {}).get("eval_sets") or {}).get(str(judging.evals.check_set))
     if not shipped or not check_sha:
         return None
     design = {
         "signal": shipped["signal"],
         "threshold": shipped["threshold"],
         "strong": (calibration.get("shipped") or {}).get("strong_threshold"),
-        "strong_signal": cfg.answer.strong_signal,
-        "answer_passages": cfg.answerability.answer_passages,
+        "strong_signal": judging.answer.strong_signal,
+        "answer_passages": judging.answer_passages,
         **{k: evaluated.get(k) for k in ("embedder_fingerprint", "reranker_fingerprint", "answer_model_fingerprint")},
         "combiner": evaluated.get("combiner"),
     }
     digest = check_log.design_hash(design)
-    log = check_log.read(Path(cfg.artifacts) / check_log.LOG)
     designs = check_log.designs_scored([r for r in log if r.get("run") != run], check_sha, digest)
     return {"check_sha256": check_sha, "design_sha256": digest, "design": design, "designs_scored": len(designs)}
 
 
 def gate_for_dir(
-    cfg,
+    judging: Judging,
     folder: Path,
     run_info: dict,
+    check_scorings: Path,
     evaluated: dict | None = None,
     live_folder: Path | None = None,
     decision: dict | None = None,
@@ -283,33 +299,34 @@ def gate_for_dir(
     `evaluated` is what the evaluation judged, already bound to the baseline it is compared against
     (`sourcegate.pipelines.release.verdict.binding`), stored in gate.json as is; `decision` what a pass proves about
     answering (`sourcegate.pipelines.release.decision.proven`), stored as is; `live_folder` is the live version's run
-    folder, for the per-question diff since it. NotAVerdict when the precision eval ran without the configured
+    folder, for the per-question diff since it; `check_scorings` the artifacts folder's log of check-set scorings
+    (check_log.LOG), read and appended to. NotAVerdict when the precision eval ran without the configured
     reranker: nothing is written.
     """
     calibration = read_json(folder / rf.CALIBRATION)
     precision = read_json(folder / rf.PRECISION)
-    check_reranker_ran(cfg, precision)
+    check_reranker_ran(judging.reranker, precision)
     errors = read_json(folder / rf.EVAL_ERRORS)["errors"]
-    baseline_path = Path(cfg.evals.baseline) if cfg.evals.baseline else None  # None: none accepted yet
+    baseline_path = Path(judging.evals.baseline) if judging.evals.baseline else None  # None: none accepted yet
     baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path else {}
     chosen = (calibration.get("signal_choice") or {}).get("signal")  # answer.signal: auto
-    scoring = check_scoring(cfg, folder.name, calibration, evaluated)
+    scoring = check_scoring(judging, check_log.read(check_scorings), folder.name, calibration, evaluated)
     if scoring and calibration.get("coverage"):  # the check figure pays for every design that looked at the set
         calibration["coverage"] = check_log.account(calibration["coverage"], scoring["designs_scored"])
     gate = evaluate_gate(
         calibration,
         precision,
         baseline,
-        gating_signal=chosen or cfg.answer.signal,
-        regression=cfg.evals.regression.model_dump(),
+        gating_signal=chosen or judging.answer.signal,
+        regression=judging.evals.regression.model_dump(),
         eval_errors=errors,
     )
     if evaluated is not None:
         gate["evaluated"] = evaluated
     if scoring:
         held = next(c["passed"] for c in gate["checks"] if c["name"] == "check_set")
-        record = {"run": folder.name, "check_set": cfg.evals.check_set, "passed": held, **scoring}
-        check_log.append(Path(cfg.artifacts) / check_log.LOG, record)
+        record = {"run": folder.name, "check_set": judging.evals.check_set, "passed": held, **scoring}
+        check_log.append(check_scorings, record)
         gate["check_scoring"] = scoring
     if decision is not None:
         gate["decision"] = decision

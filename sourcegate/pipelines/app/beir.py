@@ -91,9 +91,9 @@ def index_dataset(cfg: PipelineConfig, dataset: Path, out: Path, progress: bool)
     if present:  # from a load that did not finish (or an older cache): build it again
         store.drop(run_id)
     if "validate" in run.info().get("timings_s", {}):
-        indexed = steps.load_step(bcfg, run_id)  # built before, for the other backend
+        indexed = steps.load_step(run, bcfg)  # built before, for the other backend
     else:
-        indexed = build(bcfg, run_id, progress=progress)["indexed"]
+        indexed = build(run, bcfg, progress=progress)["indexed"]
     write_json({"version": run_id, "indexed": indexed}, marker)
     return bcfg, run_id
 
@@ -201,7 +201,7 @@ def calibrate_beir(cfg: PipelineConfig, retriever, queries: dict[str, str], decl
         for qid, text in queries.items()
     ]
     items += [{**it, "label": "decline"} for it in load_evalset(decline)]
-    calibration = calibrate_records(run_questions(retriever, items), cfg)
+    calibration = calibrate_records(run_questions(retriever, items), factories.judging(cfg))
     # the accepted combiner, applied as is (fitted on the demo's questions: never refitted here)
     calibration["combiner"] = describe(retriever.combiner, cfg.answerability.combiner, refit=False)
     return write_json(calibration, out / rf.CALIBRATION)

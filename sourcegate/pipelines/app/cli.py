@@ -120,9 +120,10 @@ def version_searcher(cfg: PipelineConfig, index: Path):
 
 
 def cmd_calibrate(args) -> int:
+    from sourcegate.evals import check_log
     from sourcegate.evals.gate import gating_signal_text
     from sourcegate.evals.harness import evaluate, gate_for_dir
-    from sourcegate.pipelines.app.factories import retriever_for
+    from sourcegate.pipelines.app.factories import judging, retriever_for
     from sourcegate.pipelines.app.steps import answer_model_corpus
 
     cfg = load_config(args)
@@ -134,7 +135,7 @@ def cmd_calibrate(args) -> int:
     evaluated = evaluate(
         retriever,
         index / rf.CHUNKS,
-        cfg,
+        judging(cfg),
         out,
         calibration_set=args.questions,
         precision_set=args.questions,
@@ -145,7 +146,8 @@ def cmd_calibrate(args) -> int:
     )
     reused = ", ".join(f"{name} {part['reused']}" for name, part in evaluated["kept"].items())
     print(f"reused from {index}: {reused or 'nothing'}")
-    gate = gate_for_dir(cfg, out, run_info={"index": str(index), "questions": args.questions})
+    scorings = Path(cfg.artifacts) / check_log.LOG  # a calibration's look at the check set counts too
+    gate = gate_for_dir(judging(cfg), out, {"index": str(index), "questions": args.questions}, scorings)
     print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")
     print(f"  {gating_signal_text(gate)}")
     for reason in gate["reasons"]:
@@ -189,13 +191,13 @@ def cmd_accept(args) -> int:
     config_path = Path(args.config) if args.config else Path(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).exists() else None
     reads = staging.reading((rf.PRECISION, rf.CALIBRATION), args.run) if remote else staging.Reads()
     with staging.locked_staged(cfg, f"sourcegate accept {args.run}", None, reads) as local:
-        run = RunFolder(local.artifacts, args.run).path if remote else Path(args.run)
+        run = RunFolder(local, args.run).path if remote else Path(args.run)
         source = args.run if remote else str(run)
         if not (args.out or cfg.evals.baseline):
             raise ValueError("evals.baseline is null (none accepted yet): say where to write it with --out PATH")
         out = Path(args.out or cfg.evals.baseline)
         fitted = accepted_combiner(cfg, read_json(run / rf.CALIBRATION))
-        with writer_lock(local, f"sourcegate accept {source}"):
+        with writer_lock(cfg, f"sourcegate accept {source}", root=local):
             accepted = accept_run(cfg, run, source, out, config_path, Path.cwd())
             if fitted is not None:
                 combiner.write(fitted, cfg.answerability.combiner)
@@ -248,9 +250,10 @@ def cmd_runs(args) -> int:
     from sourcegate.pipelines.app.factories import open_store
     from sourcegate.pipelines.app.run_table import format_table, list_runs
 
-    with staging.staged(load_config(args), reads=staging.Reads(), publish_after=False) as local:  # records only
-        promoted = {r["version"] for r in open_store(local).promotions()}  # the log, not run.json (it can lag)
-        rows = list_runs(local.artifacts, promoted)
+    cfg = load_config(args)
+    with staging.staged(cfg, reads=staging.Reads(), publish_after=False) as local:  # records only
+        promoted = {r["version"] for r in open_store(cfg, local).promotions()}  # the log, not run.json (it can lag)
+        rows = list_runs(local, promoted)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 0
 
@@ -268,8 +271,8 @@ def cmd_verify(args) -> int:
     cfg = load_config(args)
     command = f"sourcegate verify {args.version}"
     reads = staging.reading((staging.INDEX_FILES,), args.version)
-    with staging.locked_staged(cfg, command, None, reads) as local, writer_lock(local, command):
-        store = open_store(local)
+    with staging.locked_staged(cfg, command, None, reads) as local, writer_lock(cfg, command, root=local):
+        store = open_store(cfg, local)
         try:
             manifest = store.verify(args.version)
         except IntegrityError as exc:
@@ -277,7 +280,7 @@ def cmd_verify(args) -> int:
             for problem in exc.problems:
                 print(f"  - {problem}", file=sys.stderr)
             return 2
-        if repair_promoted(store, RunFolder(local.artifacts, args.version)):
+        if repair_promoted(store, RunFolder(local, args.version)):
             print(f"{args.version}: run.json's missing `promoted` written from the promotions log")
     checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count, ids and every document"
     print(
@@ -296,7 +299,7 @@ def cmd_promote(args) -> int:
     cfg = load_config(args)
     reads = staging.STEP_READS["promote"]
     with staging.locked_staged(cfg, f"sourcegate promote {args.run}", args.run, reads) as local:
-        version = promote_step(local, args.run, actor=args.actor)
+        version = promote_step(RunFolder(local, args.run), cfg, actor=args.actor)
     print(f"live index: {version}")
     return 0
 
@@ -312,7 +315,7 @@ def cmd_rollback(args) -> int:
         version = version or default_rollback_target(cfg)
         reads = staging.reading(("index/",), version) if version else reads
     with staging.locked_staged(cfg, f"sourcegate rollback {version or ''}".strip(), None, reads) as local:
-        record = rollback_step(local, version, force=args.force, actor=args.actor)
+        record = rollback_step(local, cfg, version, force=args.force, actor=args.actor)
     print(f"rolled back: live index {record['previous']} -> {record['version']} (logged as a rollback)")
     return 0
 
@@ -338,7 +341,7 @@ def cmd_diff(args) -> int:
     else:
         reads = staging.reading((rf.QUESTIONS,), args.run_a, args.run_b)
         with staging.staged(cfg, reads=reads, publish_after=False) as local:
-            a, b = RunFolder(local.artifacts, args.run_a), RunFolder(local.artifacts, args.run_b)
+            a, b = RunFolder(local, args.run_a), RunFolder(local, args.run_b)
             diff = diff_runs(a.path, b.path)
             diff |= {"a": a.published(), "b": b.published()}
     print(json.dumps(diff, indent=2, sort_keys=True) if args.json else format_diff(diff))
@@ -448,8 +451,9 @@ def cmd_retrain(args) -> int:
         cfg = config_mod.replace(load_config(args), {"artifacts": str(out.parent / f"{out.name}_work" / "artifacts")})
         run_id = new_run_id()
         print(f"{index} is not here: building the version from {cfg.corpus.path} (run {run_id})")
-        build(cfg, run_id)
-        index = RunFolder(cfg.artifacts, run_id).path
+        run = RunFolder(cfg.artifacts, run_id)
+        build(run, cfg)
+        index = run.path
     share = retrain.same_content(model, loadable_chunks(index))
     print(f"{index} holds exactly what {model} learned ({share['n_sections']} sections)")
     argv, _ = retrain.retrain_argv(model, out, index)

@@ -12,9 +12,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from sourcegate.artifact_io import run_folder as rf
+from sourcegate.evals.harness import Judging
 from sourcegate.pipelines.build import embed_backends
 from sourcegate.pipelines.build.embed import Embedder
-from sourcegate.pipelines.config import PipelineConfig
+from sourcegate.pipelines.config import Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision as decisions
 from sourcegate.pipelines.versions import manifest as mf
 from sourcegate.pipelines.versions.object_store import ObjectStore, is_remote
@@ -55,23 +56,34 @@ def answer_scorer_for(model_path: str | None, required: bool = False):
     return _one_per_process(key, lambda: load_answer_model(model_path, required=required))
 
 
-def get_embedder(cfg: PipelineConfig) -> Embedder:
-    e = cfg.embedding
+def get_embedder(embedding: Embedding) -> Embedder:
+    """The bi-encoder the config's `embedding` section names."""
+    e = embedding
     return embedder_for(e.model_id, e.model_path, e.batch_size, e.backend)
 
 
-def open_store(cfg: PipelineConfig):
+def judging(cfg: PipelineConfig) -> Judging:
+    """The sections of `cfg` an evaluation and its gate read (sourcegate/evals/harness.py)."""
+    r = cfg.retrieval
+    return Judging(
+        cfg.evals, cfg.calibration, cfg.answer, cfg.reranker, r.rerank_depth, cfg.answerability.answer_passages
+    )
+
+
+def open_store(cfg: PipelineConfig, root: str | Path | None = None):
+    """The config's index store. `root`: the local artifacts folder the steps work in, when it is not
+    `cfg.artifacts` (a scratch folder staged from an object store: sourcegate/pipelines/app/staging.py)."""
     if cfg.backend.kind == "opensearch":
         from sourcegate.pipelines.search.opensearch import OpenSearchStore
 
         return OpenSearchStore.from_config(cfg)
     from sourcegate.pipelines.search.embedded import EmbeddedStore
 
-    if is_remote(cfg.artifacts):  # serving from an object store: versions cached locally, verified
+    if root is None and is_remote(cfg.artifacts):  # serving from an object store: versions cached locally, verified
         from sourcegate.pipelines.app.version_cache import CachedStore
 
         return CachedStore(cfg.artifacts)
-    root = Path(cfg.artifacts)
+    root = Path(root if root is not None else cfg.artifacts)
     return EmbeddedStore(root / rf.RUNS, root / "LIVE")
 
 
@@ -82,7 +94,7 @@ def retriever_for(cfg: PipelineConfig, searcher, required: bool = True):
     failure. Serving (`serving_for`) passes False: there the reranker is a preference."""
     from sourcegate.pipelines.retrieval.retriever import Retriever
 
-    embedder = get_embedder(cfg)
+    embedder = get_embedder(cfg.embedding)
     mf.check_model(getattr(searcher, "manifest", None), embedder.fingerprint)  # a verified version records it
     scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path, required=required)
     section = cfg.answerability

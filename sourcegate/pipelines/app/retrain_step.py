@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sourcegate.artifact_io import read_json, write_json
-from sourcegate.artifact_io.run_folder import RunFolder, loadable_chunks
+from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.evals.check_set import threshold_of
 from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines.app.accepting import accept_run, file_value
@@ -44,10 +44,6 @@ def candidate_run(recal_run: str) -> str:
     return f"{recal_run}-retrained"
 
 
-def run_dir(cfg: PipelineConfig, run_id: str) -> Path:
-    return RunFolder(cfg.artifacts, run_id).path
-
-
 def needed(cfg: PipelineConfig, version: str) -> dict[str, Any]:
     """Whether the configured answer model must be retrained on `version` (the live one), and why (or why not)."""
     below = cfg.answerability.retrain_below_share
@@ -58,7 +54,7 @@ def needed(cfg: PipelineConfig, version: str) -> dict[str, Any]:
             "retrain": False,
             "why": "retraining on s3:// artifacts is not supported yet (a model is a local folder)",
         }
-    corpus = answer_model_corpus(cfg, loadable_chunks(run_dir(cfg, version)))
+    corpus = answer_model_corpus(cfg, RunFolder(cfg.artifacts, version).loadable_chunks())
     if corpus is None or corpus["scope"] != "corpus":
         what = "answer_support is off" if corpus is None else f"the answer model {corpus['path']} is generic"
         return {"retrain": False, "why": f"{what}: nothing learned this corpus", "corpus": corpus}
@@ -78,12 +74,12 @@ def train_candidate(cfg: PipelineConfig, recal_run: str, version: str, model: st
     scratch folder, removed). RuntimeError when the training command fails (its log names the cause)."""
     from sourcegate.pipelines.app.cli import build_parser, train_in_domain
 
-    folder = run_dir(cfg, candidate_run(recal_run))
+    folder = RunFolder(cfg.artifacts, candidate_run(recal_run)).path
     out = folder / MODEL
     if out.exists():  # a retried task: the earlier try's model is partial or was not judged
         shutil.rmtree(out)
     folder.mkdir(parents=True, exist_ok=True)
-    argv, resolved = retrain.retrain_argv(Path(model), out, run_dir(cfg, version))
+    argv, resolved = retrain.retrain_argv(Path(model), out, RunFolder(cfg.artifacts, version).path)
     args = build_parser().parse_args(argv)  # the window it names is applied to the config below
     trained_cfg = config_mod.replace(cfg, {"answerability.answer_passages": resolved["window"]})
     with tempfile.TemporaryDirectory(prefix="sourcegate-retrain-") as work:
@@ -121,15 +117,15 @@ def verdict(gate: dict) -> dict[str, Any]:
 
 def judge(cfg: PipelineConfig, recal_run: str, version: str) -> dict[str, Any]:
     """Evaluate and gate the candidate on `version` in its run folder; the verdict recorded in retrain.json."""
-    run = candidate_run(recal_run)
-    folder = run_dir(cfg, run)
+    run = RunFolder(cfg.artifacts, candidate_run(recal_run))
+    folder = run.path
     judged = judged_config(cfg, folder / MODEL, read_json(folder / RECORD)["trained"]["window"])
-    evaluate_step(judged, run, version=version)
-    gate = gate_step(judged, run)
+    evaluate_step(run, judged, version=version)
+    gate = gate_step(run, judged)
     decided = verdict(gate)
     threshold = threshold_of(read_json(folder / "calibration.json"))
     write_json({**read_json(folder / RECORD), "judged": {**decided, "threshold": threshold}}, folder / RECORD)
-    return {**decided, "threshold": threshold, "run": run}
+    return {**decided, "threshold": threshold, "run": run.run_id}
 
 
 def ship(cfg: PipelineConfig, recal_run: str, config_path: Path, root: Path) -> dict[str, Any]:
@@ -138,7 +134,7 @@ def ship(cfg: PipelineConfig, recal_run: str, config_path: Path, root: Path) -> 
     threshold; under `answer.signal: auto` the model only, the rule keeps choosing); the check set that judged it
     retired. One that did not pass: nothing changes, and the record says why."""
     run = candidate_run(recal_run)
-    folder = run_dir(cfg, run)
+    folder = RunFolder(cfg.artifacts, run).path
     record = read_json(folder / RECORD)
     judged = record.get("judged") or {}
     if not judged.get("ship"):

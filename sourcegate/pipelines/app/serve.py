@@ -120,7 +120,7 @@ class LiveServing:
 
     def warm(self) -> None:
         """Load the models the config names (kept for the process's life) and the live version."""
-        get_embedder(self.cfg)
+        get_embedder(self.cfg.embedding)
         scorer_for(self.cfg.reranker.kind, self.cfg.reranker.model_path)
         if self.cfg.answerability.answer_support:
             answer_scorer_for(self.cfg.answerability.answer_model_path)

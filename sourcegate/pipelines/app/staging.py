@@ -38,7 +38,6 @@ from pathlib import Path
 from sourcegate.artifact_io import run_folder as rf
 from sourcegate.artifact_io.run_folder import ANSWER_PAIRS, PUBLISHED_AS, RERANK_PAIRS, TEXT_VECTORS
 from sourcegate.evals import check_log
-from sourcegate.pipelines import config
 from sourcegate.pipelines.batches import shard_range
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.release.decision import PUBLISHED as PUBLISHED_DECISION
@@ -282,11 +281,12 @@ def store_errors(store: ObjectStore, doing: str, live_changed: bool) -> Iterator
 @contextmanager
 def staged(
     cfg: PipelineConfig, run_id: str | None = None, reads: Reads = NIGHT, publish_after: bool = True
-) -> Iterator[PipelineConfig]:
-    """`cfg` as is for a local artifacts folder; else a copy over a staged scratch folder, published on success
-    (a read-only command: `publish_after=False`)."""
+) -> Iterator[Path]:
+    """The local artifacts folder the steps work in: `cfg.artifacts` itself when it is a folder; for an s3:// prefix
+    a scratch folder staged from it, published on success (a read-only command: `publish_after=False`). The config
+    is never rewritten: it names where runs are published, the folder where they are worked on."""
     if not is_remote(cfg.artifacts):
-        yield cfg
+        yield Path(cfg.artifacts)
         return
     store = ObjectStore.from_uri(cfg.artifacts)
     scratch = Path(tempfile.mkdtemp(prefix="sourcegate-stage-"))
@@ -294,7 +294,7 @@ def staged(
     try:
         with store_errors(store, "staging", live_changed=False):
             snap = stage(store, scratch, run_id, reads)
-        yield config.replace(cfg, {"artifacts": str(scratch)})
+        yield scratch
         if publish_after:
             publish(store, scratch, snap, fence(cfg))
     finally:
@@ -304,11 +304,11 @@ def staged(
 @contextmanager
 def locked_staged(
     cfg: PipelineConfig, command: str, run_id: str | None, reads: Reads, shared: bool = False
-) -> Iterator[PipelineConfig]:
+) -> Iterator[Path]:
     """A writer on an s3:// artifacts prefix: under the lock object, `reads` staged into its own scratch folder,
-    published after it returns, the scratch removed. A local artifacts folder: `cfg` as is (the steps lock it)."""
+    published after it returns, the scratch removed. A local artifacts folder: that folder (the steps lock it)."""
     if not is_remote(cfg.artifacts):
-        yield cfg
+        yield Path(cfg.artifacts)
         return
     with writer_lock(cfg, command, shared=shared), staged(cfg, run_id, reads) as local:
         yield local
@@ -316,7 +316,7 @@ def locked_staged(
 
 def task_staged(
     cfg: PipelineConfig, step: str, run_id: str, shard: tuple[int, int] | None = None
-) -> ContextManager[PipelineConfig]:
+) -> ContextManager[Path]:
     """One DAG task: only what `step` reads (STEP_READS); an embed `shard` (shard, shards) only its slice of
     chunks.text.parquet. Embed shards share the lock: each publishes only its own shard file. A READ_ONLY step
     takes no lock and publishes nothing."""
@@ -326,9 +326,3 @@ def task_staged(
     if step in READ_ONLY:
         return staged(cfg, run_id, reads, publish_after=False)
     return locked_staged(cfg, f"{command_line()} [{step}]", run_id, reads, shared=step == "embed")
-
-
-def as_published(cfg: PipelineConfig) -> PipelineConfig:
-    """`cfg` with `artifacts` as recorded (run.json): the s3:// URI for a staged scratch folder, else as is."""
-    marker = Path(cfg.artifacts) / PUBLISHED_AS
-    return config.replace(cfg, {"artifacts": marker.read_text(encoding="utf-8")}) if marker.is_file() else cfg

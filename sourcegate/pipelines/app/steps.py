@@ -1,6 +1,12 @@
 """The nightly job as small steps over a run folder. The CLI calls them in a row; the
 Airflow DAG wraps each in a task. Each step reads what earlier steps wrote to disk and
 returns only small values (counts, paths), so it runs the same with or without Airflow.
+
+Every step takes where it works first: the run (a RunFolder, whose `root` is the local artifacts folder: the
+configured one, or a scratch folder staged from an object store), or for a step over the whole store that folder.
+Then what it reads of the config: chunk, embed and merge a section; ingest (it records the whole config in
+run.json), load (the index's config hash), evaluate and gate (the retriever, the sweep, the binding) and promote,
+rollback and cleanup (the verdict's binding, the store) the whole config.
 """
 
 from __future__ import annotations
@@ -17,17 +23,17 @@ import pyarrow.parquet as pq
 from sourcegate.artifact_io import read_json
 from sourcegate.artifact_io import run_folder as rf
 from sourcegate.artifact_io.run_folder import RUN_ID, RunFolder
+from sourcegate.evals import check_log
 from sourcegate.evals.harness import evaluate, gate_for_dir
 from sourcegate.evals.preflight import preflight
 from sourcegate.pipelines import faults, models
-from sourcegate.pipelines.app import staging
-from sourcegate.pipelines.app.factories import get_embedder, open_store, retriever_for
+from sourcegate.pipelines.app.factories import get_embedder, judging, open_store, retriever_for
 from sourcegate.pipelines.build import embed_backends, quarantine
 from sourcegate.pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
 from sourcegate.pipelines.build.embed import embed_shard, merge_shards
 from sourcegate.pipelines.build.ingest import ingest
 from sourcegate.pipelines.build.validate import validate_chunks
-from sourcegate.pipelines.config import PipelineConfig
+from sourcegate.pipelines.config import Chunking, Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision, runs, verdict
 from sourcegate.pipelines.release.lock import held_since, locked
 from sourcegate.pipelines.retrieval import combiner, learned_corpus
@@ -71,10 +77,9 @@ embedding_fingerprint = verdict.embedding_fingerprint  # also what ingest and lo
 
 
 @locked("ingest")
-def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt: str | None = None) -> dict:
-    run = RunFolder(cfg.artifacts, run_id)
-    folder = run.path
-    existing = open_store(cfg).manifest(run_id)
+def ingest_step(run: RunFolder, cfg: PipelineConfig, corpus: str | None = None, fmt: str | None = None) -> dict:
+    run_id, folder = run.run_id, run.path
+    existing = open_store(cfg, run.root).manifest(run_id)
     out = folder / ".rerun-ingest" if existing else folder  # a complete version's run folder is left alone
     out.mkdir(parents=True, exist_ok=True)
     if not (
@@ -95,7 +100,7 @@ def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt
         corpus_sha = corpus_hash(result.documents)
         if existing:  # a rerun of a night whose version is complete: same inputs or refuse, before any write
             inputs = {"corpus_hash": corpus_sha, "code_version": version}
-            inputs |= {"config_hash": mf.index_config_hash(cfg), "model_fingerprint": embedding_fingerprint(cfg)}
+            inputs |= {"config_hash": verdict.index_config_hash(cfg), "model_fingerprint": embedding_fingerprint(cfg)}
             refusal = mf.conflict(run_id, existing, inputs)
             if refusal:
                 raise refusal
@@ -106,9 +111,7 @@ def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt
             shutil.rmtree(out, ignore_errors=True)
     run.update_info(
         run_id=run_id,
-        config=staging.as_published(cfg).model_dump(
-            mode="json"
-        ),  # where it is published, not the scratch folder it ran in
+        config=cfg.model_dump(mode="json"),  # artifacts where it is published, not the scratch folder it ran in
         corpus=str(corpus or cfg.corpus.path),
         corpus_hash=corpus_sha,
         previous_run=prev.run_id if prev else None,
@@ -121,12 +124,12 @@ def ingest_step(cfg: PipelineConfig, run_id: str, corpus: str | None = None, fmt
 
 
 @locked("chunk")
-def chunk_step(cfg: PipelineConfig, run_id: str) -> int:
-    """Chunk the run's documents, re-using the previous run's rows for unchanged documents."""
-    run = RunFolder(cfg.artifacts, run_id)
+def chunk_step(run: RunFolder, chunking: Chunking, embedding: Embedding) -> int:
+    """Chunk the run's documents with the embedding model's tokenizer, re-using the previous run's rows for
+    unchanged documents."""
     folder = run.path
-    model_dir = str(models.embedding_model_path(cfg.embedding.model_path))
-    settings = cfg.chunking.max_tokens, cfg.chunking.overlap_tokens, cfg.chunking.max_split_pieces
+    model_dir = str(models.embedding_model_path(embedding.model_path))
+    settings = chunking.max_tokens, chunking.overlap_tokens, chunking.max_split_pieces
     key = chunker_key(Path(model_dir) / "tokenizer.json", *settings)
     prev = run.previous()
     with run.timed("chunk"):
@@ -156,8 +159,8 @@ def chunk_step(cfg: PipelineConfig, run_id: str) -> int:
 
 @locked("embed", shared=True)
 def embed_step(
-    cfg: PipelineConfig,
-    run_id: str,
+    run: RunFolder,
+    embedding: Embedding,
     shard: int = 0,
     shards: int = 1,
     embedder=None,
@@ -169,8 +172,7 @@ def embed_step(
     `use_cache=False` (a full rebuild) encodes every text instead of reusing the previous run's vectors.
     """
     start = time.perf_counter()
-    run = RunFolder(cfg.artifacts, run_id)
-    embedder = embedder or get_embedder(cfg)
+    embedder = embedder or get_embedder(embedding)
     prev = run.previous()
     stats = embed_shard(
         run / rf.CHUNKS_TEXT,
@@ -193,28 +195,26 @@ def embed_step(
 
 
 @locked("merge")
-def merge_step(cfg: PipelineConfig, run_id: str, shard_stats: list[dict]) -> int:
+def merge_step(run: RunFolder, embedding: Embedding, shard_stats: list[dict]) -> int:
     """Join the embedded shards (contiguous slices) back into chunks.parquet in chunk order, batch by batch."""
-    run = RunFolder(cfg.artifacts, run_id)
     fingerprints = {s.get("fingerprint") for s in shard_stats}
     if len(fingerprints) != 1:
         raise RuntimeError(f"the embed shards were encoded by different models: {sorted(map(str, fingerprints))}")
     shard_files = [run.shard(s["shard"]) for s in sorted(shard_stats, key=lambda s: s["shard"])]
     merge_shards(run / rf.CHUNKS_TEXT, shard_files, run / rf.CHUNKS)
     encoded = sum(s["encoded"] for s in shard_stats)
-    embedding = {"id": cfg.embedding.model_id, "dimension": shard_stats[0]["dimension"]}
-    embedding |= {"backend": cfg.embedding.backend, "cpu_bf16_kernel": embed_backends.bf16_kernel()}
+    model = {"id": embedding.model_id, "dimension": shard_stats[0]["dimension"]}
+    model |= {"backend": embedding.backend, "cpu_bf16_kernel": embed_backends.bf16_kernel()}
     run.update_info(
         counts={"embedded": encoded, "embedding_reused": sum(s["reused"] for s in shard_stats)},
-        models={"embedding": embedding | {"fingerprint": fingerprints.pop()}},
+        models={"embedding": model | {"fingerprint": fingerprints.pop()}},
         timings_s={"embed": round(sum(s.get("seconds", 0.0) for s in shard_stats), 3)},
     )
     return encoded
 
 
 @locked("validate")
-def validate_step(cfg: PipelineConfig, run_id: str) -> bool:
-    run = RunFolder(cfg.artifacts, run_id)
+def validate_step(run: RunFolder) -> bool:
     dimension = read_json(run / rf.RUN_INFO)["models"]["embedding"]["dimension"]  # the model's, not the file's
     with run.timed("validate"):
         try:
@@ -231,7 +231,7 @@ def version_inputs(cfg: PipelineConfig, run: RunFolder) -> dict:
     embedding = (info.get("models") or {}).get("embedding") or {}
     return {
         "corpus_hash": info.get("corpus_hash"),
-        "config_hash": mf.index_config_hash(cfg),
+        "config_hash": verdict.index_config_hash(cfg),
         "model_fingerprint": embedding.get("fingerprint"),
         "code_version": info.get("code_version"),
         "model_id": embedding.get("id"),
@@ -246,16 +246,16 @@ def live_chunks(run: RunFolder, store) -> Path | None:
 
 
 @locked("load")
-def load_step(cfg: PipelineConfig, run_id: str, full: bool = False) -> int:
+def load_step(run: RunFolder, cfg: PipelineConfig, full: bool = False) -> int:
     """Load this run's index version; a complete one (a rerun) is reused if built from the same inputs,
     refused otherwise, and never rebuilt (not even when it is live).
 
     On OpenSearch the version is built from the live one (clone + the night's delta) when it can,
     unless `full`; run.json's `load` records the mode, the reason and the delta's counts.
     """
-    run = RunFolder(cfg.artifacts, run_id)
+    run_id = run.run_id
     inputs = version_inputs(cfg, run)
-    store = open_store(cfg)
+    store = open_store(cfg, run.root)
     with run.timed("load"):
         existing = store.manifest(run_id)
         if existing is not None:
@@ -279,7 +279,7 @@ def load_step(cfg: PipelineConfig, run_id: str, full: bool = False) -> int:
 
 
 @locked("promote")
-def promote_step(cfg: PipelineConfig, run_id: str, actor: str = "cli", allow_older: bool = False) -> str:
+def promote_step(run: RunFolder, cfg: PipelineConfig, actor: str = "cli", allow_older: bool = False) -> str:
     """Point the live alias at this run's index, if its gate passed on exactly this version's content.
 
     The verdict in gate.json is checked against the version as it is now (manifest hash, eval sets,
@@ -287,14 +287,13 @@ def promote_step(cfg: PipelineConfig, run_id: str, actor: str = "cli", allow_old
     LIVE never moves backwards here: a version created before the live one needs the explicit
     rollback path (`allow_older=True`, `sourcegate rollback`).
     """
-    run = RunFolder(cfg.artifacts, run_id)
-    gate_path = run / rf.GATE
+    run_id, gate_path = run.run_id, run / rf.GATE
     if not gate_path.is_file():
         raise verdict.VerdictMismatch(f"refusing to promote {run_id}: no gate verdict ({gate_path})")
-    store = open_store(cfg)
+    store = open_store(cfg, run.root)
     manifest = store.verify(run_id)
     gate = read_json(gate_path)
-    verdict.check_verdict(gate, cfg, manifest, run_id)
+    verdict.check_verdict(gate, cfg, manifest, run_id, run.root)
     decision.of_verdict(gate, str(gate_path))  # what is served is what it proved: a verdict must say what that is
     previous = store.live()
     if previous == run_id:  # a retry after a crash past the swap: finish what the crash left undone
@@ -359,7 +358,7 @@ def promotion_of(log: list[dict], version: str, verdict_sha: str) -> dict | None
 
 @locked("rollback")
 def rollback_step(
-    cfg: PipelineConfig, version: str | None = None, force: bool = False, actor: str = "rollback"
+    root: Path, cfg: PipelineConfig, version: str | None = None, force: bool = False, actor: str = "rollback"
 ) -> dict:
     """Re-point the live alias to an earlier version that passed its gate and still verifies; logged.
 
@@ -367,7 +366,7 @@ def rollback_step(
     the promotions log, unless `force` (logged as forced, with its actor); its verdict's full binding is
     checked as promotion checks it.
     """
-    store = open_store(cfg)
+    store = open_store(cfg, root)
     live = store.live()
     if version is None:
         version = promotions.rollback_target(store.promotions(), live, set(store.versions()))
@@ -381,10 +380,10 @@ def rollback_step(
             f"refusing to roll back to {version}: it was never promoted (not in the promotions log); "
             "--force makes it live anyway, logged with its actor"
         )
-    gate_path = RunFolder(cfg.artifacts, version) / rf.GATE
+    gate_path = RunFolder(root, version) / rf.GATE
     gate = read_json(gate_path) if gate_path.is_file() else {}
     manifest = store.verify(version)  # IntegrityError when it no longer verifies
-    verdict.check_verdict(gate, cfg, manifest, version)  # the full binding, as promote checks it
+    verdict.check_verdict(gate, cfg, manifest, version, root)  # the full binding, as promote checks it
     decision.of_verdict(gate, str(gate_path))
     store.promote(version)
     record = promotions.promotion_record(
@@ -397,16 +396,15 @@ def rollback_step(
         forced=version not in promoted,
     )
     store.log_promotion(record)
-    decision.publish(cfg.artifacts, version, gate_path)
+    decision.publish(root, version, gate_path)
     return record
 
 
 @locked("cleanup")
-def cleanup_step(cfg: PipelineConfig) -> dict:
+def cleanup_step(root: Path, cfg: PipelineConfig) -> dict:
     """Retention over whole run folders (and their index versions) plus crashed writers' leftovers."""
-    b = cfg.backend
-    runs_dir = Path(cfg.artifacts) / rf.RUNS
-    return runs.retain_runs(runs_dir, open_store(cfg), b.retention, b.keep_failed_days, before=held_since(cfg))
+    b, store = cfg.backend, open_store(cfg, root)
+    return runs.retain_runs(Path(root) / rf.RUNS, store, b.retention, b.keep_failed_days, before=held_since(root))
 
 
 # --- evaluation and the gate -----------------------------------------------------------
@@ -429,14 +427,13 @@ def answer_model_corpus(cfg: PipelineConfig, chunks_parquet: Path) -> dict | Non
 
 
 @locked("evaluate")
-def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, progress: bool = False) -> dict:
+def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = None, progress: bool = False) -> dict:
     """Evaluate index `version` (default: this run's own) into this run's folder."""
-    run = RunFolder(cfg.artifacts, run_id)
     folder = run.mkdir()
-    target = run.sibling(version or run_id)  # the version evaluated
+    target = run.sibling(version or run.run_id)  # the version evaluated
     version = target.run_id
     check_eval_sets(cfg, target.loadable_chunks())  # before any model loads or question is scored
-    searcher = open_store(cfg).open(version)  # verified: a corrupt or incomplete version is never evaluated
+    searcher = open_store(cfg, run.root).open(version)  # verified: a corrupt or incomplete version is never evaluated
     retriever, scorer = retriever_for(cfg, searcher)
     facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))
     chunks = target.loadable_chunks()
@@ -446,7 +443,7 @@ def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, 
         out = evaluate(
             retriever,
             chunks,
-            cfg,
+            judging(cfg),
             folder,
             progress=progress,
             before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
@@ -478,16 +475,18 @@ def evaluate_step(cfg: PipelineConfig, run_id: str, version: str | None = None, 
 
 
 @locked("gate")
-def gate_step(cfg: PipelineConfig, run_id: str) -> dict:
+def gate_step(run: RunFolder, cfg: PipelineConfig) -> dict:
     """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
-    run = RunFolder(cfg.artifacts, run_id)
     info = run.info()
-    live = open_store(cfg).live()
+    live = open_store(cfg, run.root).live()
     evaluated = info.get("evaluated")  # what evaluate_step judged, bound to the baseline the gate compares against
     bound = verdict.binding(evaluated, cfg.evals.baseline) if evaluated is not None else None
     calibration = run / rf.CALIBRATION
     proven = decision.proven(cfg, read_json(calibration) if calibration.is_file() else None, bound)
     live_folder = run.sibling(live).path if live else None
-    gate = gate_for_dir(cfg, run.path, info, evaluated=bound, live_folder=live_folder, decision=proven)
+    scorings = run.root / check_log.LOG
+    gate = gate_for_dir(
+        judging(cfg), run.path, info, scorings, evaluated=bound, live_folder=live_folder, decision=proven
+    )
     run.update_info(gate={"passed": gate["passed"], "reasons": gate["reasons"]})
     return gate

@@ -278,8 +278,8 @@ def release_beside(release: Callable[[], None], key: str, original: BaseExceptio
         log.warning("could not release the lock %s (%s: %s) after: %s", key, type(exc).__name__, exc, original)
 
 
-def lock_key(cfg: PipelineConfig) -> str:
-    artifacts = str(cfg.artifacts)
+def lock_key(artifacts: str | Path) -> str:
+    artifacts = str(artifacts)
     return artifacts.rstrip("/") if is_remote(artifacts) else str(Path(artifacts).resolve())
 
 
@@ -288,11 +288,14 @@ def acquire_remote(uri: str, command: str, timeout_s: float, lease_s: float, sha
 
 
 @contextmanager
-def writer_lock(cfg: PipelineConfig, command: str | None = None, *, shared: bool = False) -> Iterator[None]:
-    """Hold the artifacts folder lock (and, on the OpenSearch backend, the alias lock)."""
+def writer_lock(
+    cfg: PipelineConfig, command: str | None = None, *, shared: bool = False, root: str | Path | None = None
+) -> Iterator[None]:
+    """Hold the artifacts folder lock (and, on the OpenSearch backend, the alias lock). `root`: the local folder the
+    steps work in when it is not `cfg.artifacts` (a scratch folder staged from an object store)."""
     command = command or command_line()
     timeout = timeout_of(cfg)
-    artifacts = lock_key(cfg)
+    artifacts = lock_key(root if root is not None else cfg.artifacts)
     with ExitStack() as stack:
         if is_remote(artifacts):  # no shared disk: a fenced lease; shared holders (embed shards) write only their part
             lease_s = float(cfg.lock.lease_s)
@@ -315,15 +318,15 @@ def writer_lock(cfg: PipelineConfig, command: str | None = None, *, shared: bool
 def fence(cfg: PipelineConfig) -> Callable[[], None]:
     """The check a publication to `cfg.artifacts` runs before it writes: raises LockLost when this thread's
     lease was superseded or lapsed, RuntimeError when it holds no lock there at all."""
-    hold = _held.get((lock_key(cfg), threading.get_ident()))
+    hold = _held.get((lock_key(cfg.artifacts), threading.get_ident()))
     if hold is None:
         raise RuntimeError(f"publishing to {cfg.artifacts} without holding its writer lock")
     return hold.fence or (lambda: None)
 
 
-def held_since(cfg: PipelineConfig) -> float | None:
-    """When this thread took the artifacts folder lock it holds (None: it holds none)."""
-    hold = _held.get((lock_key(cfg), threading.get_ident()))
+def held_since(artifacts: str | Path) -> float | None:
+    """When this thread took the lock it holds on the artifacts folder `artifacts` (None: it holds none)."""
+    hold = _held.get((lock_key(artifacts), threading.get_ident()))
     return hold.since if hold else None
 
 
@@ -343,15 +346,20 @@ def step_of(exc: BaseException) -> str | None:
 
 
 def locked(step: str, *, shared: bool = False):
-    """Decorator for a step `f(cfg, ...)`: run it under the writer lock."""
+    """Decorator for a step `f(where, settings, ...)`: run it under the writer lock of the artifacts folder it works
+    in. `where` is a run folder (its `root`) or, for a step over the whole store, that folder itself. A step given
+    the whole config (`settings`) also takes the OpenSearch alias lock and waits the configured time; a step given a
+    section writes only its run folder: the folder lock, waiting the default time."""
 
     def wrap(fn):
         @functools.wraps(fn)
-        def inner(cfg: PipelineConfig, *args, **kwargs):
+        def inner(where, *args, **kwargs):
+            cfg = args[0] if args and isinstance(args[0], PipelineConfig) else PipelineConfig()
+            root = getattr(where, "root", where)
             try:
-                with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared):
+                with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared, root=root):
                     faults.reached(f"before:{step}")
-                    out = fn(cfg, *args, **kwargs)
+                    out = fn(where, *args, **kwargs)
                     faults.reached(f"after:{step}")
                     return out
             except BaseException as exc:

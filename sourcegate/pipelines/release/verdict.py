@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sourcegate.artifact_io import run_folder as rf
-from sourcegate.pipelines import models
+from sourcegate.pipelines import config, models
 from sourcegate.pipelines.build import embed_backends
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.retrieval import answer_support
@@ -39,6 +39,26 @@ def eval_sets(cfg: PipelineConfig) -> list[str]:
     """The eval sets an evaluation reads (their content is part of what a verdict judged)."""
     check = cfg.evals.check_set
     return [cfg.evals.calibration_set, *([check] if check else []), cfg.evals.precision_set]
+
+
+# The config that decides an index's content (the corpus's own content is `corpus_hash`; the
+# model's weights are `model_fingerprint`). Thresholds, evals, retrieval settings are not here:
+# re-gating a night with new thresholds may reuse its index.
+INDEX_CONFIG_KEYS = (
+    "corpus.format",
+    "corpus.max_doc_bytes",
+    "chunking.max_tokens",
+    "chunking.overlap_tokens",
+    "chunking.max_split_pieces",
+    "embedding.model_id",
+    "embedding.batch_size",
+)
+
+
+def index_config_hash(cfg: PipelineConfig) -> str:
+    """Hash of the config values that decide an index version's content (INDEX_CONFIG_KEYS): a manifest's
+    `config_hash`."""
+    return sha256_json({k: config.get(cfg, k) for k in INDEX_CONFIG_KEYS})
 
 
 def embedding_fingerprint(cfg: PipelineConfig) -> str:
@@ -183,22 +203,23 @@ def binding(evaluated_facts: Mapping, baseline_path: str | Path | None) -> dict:
     return {**evaluated_facts, "baseline": baseline}
 
 
-def reused_now(cfg: PipelineConfig, recorded: Mapping | None) -> dict:
-    """The recorded reused files as they are now in the artifacts folder. One no longer there (retention deleted
+def reused_now(root: str | Path, recorded: Mapping | None) -> dict:
+    """The recorded reused files as they are now in the artifacts folder `root`. One no longer there (retention deleted
     its run) or an empty placeholder (a step staged from an object store did not download it) stands as recorded:
     the values it lent are in the verdict's own calibration.json."""
     now = {}
     for name, fact in (recorded or {}).items():
-        path = Path(cfg.artifacts) / rf.RUNS / str(fact.get("from_run")) / name
+        path = Path(root) / rf.RUNS / str(fact.get("from_run")) / name
         present = path.is_file() and path.stat().st_size > 0
         now[name] = {**fact, "sha256": sha256_file(path) if present else fact.get("sha256")}
     return now
 
 
-def current_binding(cfg: PipelineConfig, manifest: Mapping, recorded: Mapping) -> dict:
-    """The same facts recomputed now, for the version about to be promoted (eval sets as recorded)."""
+def current_binding(cfg: PipelineConfig, manifest: Mapping, recorded: Mapping, root: str | Path) -> dict:
+    """The same facts recomputed now, for the version about to be promoted (eval sets as recorded; the reused
+    files as they are in the artifacts folder `root`)."""
     sets = list(recorded.get("eval_sets") or {}) or eval_sets(cfg)
-    facts = {**evaluated(cfg, manifest, sets), "reused": reused_now(cfg, recorded.get("reused"))}
+    facts = {**evaluated(cfg, manifest, sets), "reused": reused_now(root, recorded.get("reused"))}
     return {**binding(facts, cfg.evals.baseline), "legacy_config_sha256": legacy_config_hash(cfg)}
 
 
@@ -290,12 +311,13 @@ BOUND_MODELS_AND_CODE = {
 }
 
 
-def check_verdict(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version: str) -> None:
-    """Refuse (VerdictMismatch) a verdict that failed or that was computed on other content than `manifest`."""
+def check_verdict(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version: str, root: str | Path) -> None:
+    """Refuse (VerdictMismatch) a verdict that failed or that was computed on other content than `manifest`
+    (`root`: the artifacts folder the version's run lives in)."""
     if not gate.get("passed"):
         raise VerdictMismatch(f"refusing to promote {version}: its gate failed")
     recorded = gate.get("evaluated")
-    problems = mismatches(recorded, current_binding(cfg, manifest, recorded or {}))
+    problems = mismatches(recorded, current_binding(cfg, manifest, recorded or {}, root))
     if problems:
         raise VerdictMismatch(
             f"refusing to promote {version}: its gate verdict does not match what is being promoted: "

@@ -16,25 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sourcegate.pipelines import config
 from sourcegate.pipelines.versions import stamp
 
 MANIFEST_FILE = "manifest.json"  # inside the embedded version folder (runs/<version>/index/)
 FORMAT = 1
 # What a version was built from: a rerun with the same run id reuses the version when all match.
 INPUT_KEYS = ("corpus_hash", "config_hash", "model_fingerprint", "code_version")
-# The config that decides an index's content (the corpus's own content is `corpus_hash`; the
-# model's weights are `model_fingerprint`). Thresholds, evals, retrieval settings are not here:
-# re-gating a night with new thresholds may reuse its index.
-INDEX_CONFIG_KEYS = (
-    "corpus.format",
-    "corpus.max_doc_bytes",
-    "chunking.max_tokens",
-    "chunking.overlap_tokens",
-    "chunking.max_split_pieces",
-    "embedding.model_id",
-    "embedding.batch_size",
-)
 _CHUNK = 1 << 20
 
 
@@ -62,11 +49,6 @@ def sha256_json(obj: Any) -> str:
     """Hash of a JSON value in canonical form (sorted keys, no whitespace)."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def index_config_hash(cfg: config.PipelineConfig) -> str:
-    """Hash of the config values that decide an index version's content (INDEX_CONFIG_KEYS)."""
-    return sha256_json({k: config.get(cfg, k) for k in INDEX_CONFIG_KEYS})
 
 
 def file_entries(folder: str | Path, names: Iterable[str]) -> dict[str, dict]:
