@@ -114,16 +114,19 @@ class Chunking(Section):
 
 class Retrieval(Section):
     bm25_top_n: int = Field(
-        100, description="BM25 list depth; 100 beat 18 on demo, SciFact and NFCorpus (docs/benchmarks.md §16)"
+        100, description="BM25 list depth; 100 beat 18 on demo, SciFact and NFCorpus (docs/benchmarks/16-fusion.md)"
     )
     knn_top_n: int = Field(100, description="kNN list depth; same procedure as bm25_top_n")
-    rrf_k: int = Field(5, description="reciprocal rank fusion k: the best worst case over the three datasets (§16)")
+    rrf_k: int = Field(
+        5,
+        description="reciprocal rank fusion k: the best worst case over the three datasets (docs/benchmarks/16-fusion.md)",
+    )
     rerank_depth: int = Field(
         12, description="fused candidates the cross-encoder scores; the only depth measured on all three"
     )
     rerank_weight: Number = number(
         0.8,
-        "cross-encoder's share of the final order (1: all); 0.8: worst dataset at 0.981 of its best (§16)",
+        "cross-encoder's share of the final order (1: all); 0.8: worst dataset at 0.981 of its best (docs/benchmarks/16-fusion.md)",
         ge=0,
         le=1,
     )
