@@ -116,11 +116,11 @@ def test_a_write_block_on_a_real_index_is_a_clear_line_naming_the_step(os_client
     cfg = config.load(None, {"artifacts": str(tmp_path)})
 
     @locked("load")
-    def write(_cfg):
+    def write(_run, _cfg):
         os_client.index(index=index, id="c1", body={"text": "x"})
 
     try:
-        args = argparse.Namespace(func=lambda _a: write(cfg), command="run", verbose=False)
+        args = argparse.Namespace(func=lambda _a: write(RunFolder(tmp_path, "r1"), cfg), command="run", verbose=False)
         code = cli.run_command(args)
     finally:
         os_client.indices.put_settings(index=index, body={"index": {"blocks": {"read_only": None}}})
@@ -136,11 +136,12 @@ def test_a_missing_index_is_a_clear_line(os_client, tmp_path, capsys):
     index = f"sg-exit-{uuid.uuid4().hex[:8]}-gone"
 
     @locked("evaluate")
-    def search(_cfg):
+    def search(_run, _cfg):
         os_client.search(index=index, body={"query": {"match_all": {}}})
 
     cfg = config.load(None, {"artifacts": str(tmp_path)})
-    code = cli.run_command(argparse.Namespace(func=lambda _a: search(cfg), command="run", verbose=False))
+    run = RunFolder(tmp_path, "r1")
+    code = cli.run_command(argparse.Namespace(func=lambda _a: search(run, cfg), command="run", verbose=False))
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("sourcegate: OpenSearch has no such index or alias during evaluate: no such index")

@@ -154,10 +154,10 @@ def test_a_writer_whose_lease_lapsed_cannot_publish_over_a_newer_holders_promoti
         os.kill(a.pid, signal.SIGSTOP)  # A freezes: no renewal, no progress (a GC pause, a suspended VM)
         # B waits for A's lease to lapse, breaks it, promotes v2 and publishes (B's own lease need not be short)
         with staging.locked_staged(cfg_for(uri, timeout=30, lease=30), "writer B", None, staging.Reads()) as b:
-            (Path(b.artifacts) / "LIVE").write_text("v2\n")
+            (Path(b) / "LIVE").write_text("v2\n")
             promotions.append_record(
                 promotions.promotion_record("v2", "v0", "b" * 64, "writer B"),
-                Path(b.artifacts) / promotions.PROMOTIONS_LOG,
+                Path(b) / promotions.PROMOTIONS_LOG,
             )
         assert store.get(staging.LIVE) == b"v2\n"
     finally:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sourcegate.artifact_io import write_json
+from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines import faults
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.release.object_lock import Lease, acquire_object
@@ -355,7 +356,7 @@ def locked(step: str, *, shared: bool = False):
         @functools.wraps(fn)
         def inner(where, *args, **kwargs):
             cfg = args[0] if args and isinstance(args[0], PipelineConfig) else PipelineConfig()
-            root = getattr(where, "root", where)
+            root = where.root if isinstance(where, RunFolder) else Path(where)  # TypeError for anything else
             try:
                 with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared, root=root):
                     faults.reached(f"before:{step}")
