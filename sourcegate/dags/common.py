@@ -220,7 +220,8 @@ def cfg() -> config_mod.PipelineConfig:
 
 
 def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | None = None):
-    """A task's step call `call(run_folder)` on run `run` (default: the night's run_id()): with `artifacts: s3://…`
+    """A task's step call `call(run_folder, config)` on run `run` (default: the night's run_id()) under the run's
+    config (read once per task): with `artifacts: s3://…`
     the folder is in a scratch folder of this task holding only what the step reads (an embed `shard`, (shard,
     shards): only its slice), published after it (sourcegate/pipelines/app/staging.py), the store reached through the
     Airflow connection (store_connection); a local artifacts folder as is."""
@@ -229,7 +230,7 @@ def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | N
 
     config, run = cfg(), run or run_id()
     with store_connection(config), task_staged(config, step, run, shard) as root:
-        return call(RunFolder(root, run))
+        return call(RunFolder(root, run), config)
 
 
 def params() -> dict:
@@ -269,11 +270,11 @@ def shard_list(chunk_count: int) -> list[int]:
     return list(range(max(1, min(int(params()["shards"]), chunk_count))))
 
 
-def live_version(run) -> str:
+def live_version(run, config: config_mod.PipelineConfig) -> str:
     """The live version, as the store staged for the task of run folder `run` holds it."""
     from sourcegate.pipelines.app.factories import open_store
 
-    version = open_store(cfg(), run.root).live()
+    version = open_store(config, run.root).live()
     if not version:
         raise AirflowFailException("no live index to recalibrate: run sourcegate_nightly first")
     return version

@@ -22,7 +22,6 @@ from sourcegate.dags.common import (
     NIGHTLY_SCHEDULE,
     RETRY_ARGS,
     START_DATE,
-    cfg,
     dag_actor,
     enforce_gate,
     in_store,
@@ -59,14 +58,13 @@ def nightly_tasks() -> None:
     def ingest() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return in_store("ingest", lambda run: steps.ingest_step(run, cfg()))
+        return in_store("ingest", steps.ingest_step)
 
     @task
     def chunk() -> list[int]:
         from sourcegate.pipelines.app import steps
 
-        config = cfg()
-        return shard_list(in_store("chunk", lambda run: steps.chunk_step(run, config.chunking, config.embedding)))
+        return shard_list(in_store("chunk", lambda run, c: steps.chunk_step(run, c.chunking, c.embedding)))
 
     @task
     def embed(shard: int, shards: list[int]) -> dict:
@@ -74,50 +72,50 @@ def nightly_tasks() -> None:
 
         cache = not params()["full_rebuild"]
         part = (shard, len(shards))
-        return in_store("embed", lambda run: steps.embed_step(run, cfg().embedding, *part, use_cache=cache), shard=part)
+        return in_store("embed", lambda run, c: steps.embed_step(run, c.embedding, *part, use_cache=cache), shard=part)
 
     @task
     def merge(shard_stats) -> int:
         from sourcegate.pipelines.app import steps
 
-        return in_store("merge", lambda run: steps.merge_step(run, cfg().embedding, list(shard_stats)))
+        return in_store("merge", lambda run, c: steps.merge_step(run, c.embedding, list(shard_stats)))
 
     @task
     def validate() -> bool:
         from sourcegate.pipelines.app import steps
 
-        return in_store("validate", steps.validate_step)
+        return in_store("validate", lambda run, _: steps.validate_step(run))
 
     @task(**RETRY_ARGS)
     def load() -> int:
         from sourcegate.pipelines.app import steps
 
         full = params()["full_rebuild"]
-        return in_store("load", lambda run: steps.load_step(run, cfg(), full=full))
+        return in_store("load", lambda run, c: steps.load_step(run, c, full=full))
 
     @task
     def evaluate() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return in_store("evaluate", lambda run: steps.evaluate_step(run, cfg()))
+        return in_store("evaluate", steps.evaluate_step)
 
     @task
     def gate() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return enforce_gate(in_store("gate", lambda run: steps.gate_step(run, cfg())))
+        return enforce_gate(in_store("gate", steps.gate_step))
 
     @task(outlets=[LIVE_INDEX], **RETRY_ARGS)
     def promote() -> str:
         from sourcegate.pipelines.app import steps
 
-        return in_store("promote", lambda run: steps.promote_step(run, cfg(), actor=dag_actor()))
+        return in_store("promote", lambda run, c: steps.promote_step(run, c, actor=dag_actor()))
 
     @task
     def cleanup() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return in_store("cleanup", lambda run: steps.cleanup_step(run.root, cfg()))
+        return in_store("cleanup", lambda run, c: steps.cleanup_step(run.root, c))
 
     shards = chunk()
     ingest() >> shards

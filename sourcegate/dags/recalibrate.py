@@ -78,10 +78,10 @@ def recalibrate_tasks() -> None:
     def evaluate(version: str) -> dict:
         from sourcegate.pipelines.app import steps
 
-        def evaluate_live(run) -> dict:
-            if live_version(run) != version:  # promoted meanwhile: its files are not the ones staged
+        def evaluate_live(run, config) -> dict:
+            if live_version(run, config) != version:  # promoted meanwhile: its files are not the ones staged
                 raise AirflowFailException(f"the live version moved from {version} since live_version: run again")
-            return steps.evaluate_step(run, cfg(), version=version)
+            return steps.evaluate_step(run, config, version=version)
 
         return in_store("evaluate_live", evaluate_live, run=recal_run_id())
 
@@ -89,7 +89,7 @@ def recalibrate_tasks() -> None:
     def gate() -> dict:
         from sourcegate.pipelines.app import steps
 
-        return enforce_gate(in_store("gate", lambda run: steps.gate_step(run, cfg()), run=recal_run_id()))
+        return enforce_gate(in_store("gate", steps.gate_step, run=recal_run_id()))
 
     @task.short_circuit(task_id="corpus_share")
     def corpus_share(version: str) -> dict | bool:

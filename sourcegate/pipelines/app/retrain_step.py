@@ -40,8 +40,9 @@ MODEL = "answer_model"  # the candidate model, inside its run folder
 SHIP_CHECKS = ("threshold_gap", "check_set", "answer_model_unseen")  # the gate checks a retrained model must pass
 
 
-def candidate_run(recal_run: str) -> str:
-    return f"{recal_run}-retrained"
+def candidate(cfg: PipelineConfig, recal_run: str) -> RunFolder:
+    """The run folder the recalibration `recal_run` retrains and judges its candidate model in."""
+    return RunFolder(cfg.artifacts, f"{recal_run}-retrained")
 
 
 def needed(cfg: PipelineConfig, version: str) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def train_candidate(cfg: PipelineConfig, recal_run: str, version: str, model: st
     scratch folder, removed). RuntimeError when the training command fails (its log names the cause)."""
     from sourcegate.pipelines.app.cli import build_parser, train_in_domain
 
-    folder = RunFolder(cfg.artifacts, candidate_run(recal_run)).path
+    folder = candidate(cfg, recal_run).path
     out = folder / MODEL
     if out.exists():  # a retried task: the earlier try's model is partial or was not judged
         shutil.rmtree(out)
@@ -117,7 +118,7 @@ def verdict(gate: dict) -> dict[str, Any]:
 
 def judge(cfg: PipelineConfig, recal_run: str, version: str) -> dict[str, Any]:
     """Evaluate and gate the candidate on `version` in its run folder; the verdict recorded in retrain.json."""
-    run = RunFolder(cfg.artifacts, candidate_run(recal_run))
+    run = candidate(cfg, recal_run)
     folder = run.path
     judged = judged_config(cfg, folder / MODEL, read_json(folder / RECORD)["trained"]["window"])
     evaluate_step(run, judged, version=version)
@@ -133,8 +134,8 @@ def ship(cfg: PipelineConfig, recal_run: str, config_path: Path, root: Path) -> 
     candidate run's name), the config file switched to it and to the decision judged (`answer_support` at its
     threshold; under `answer.signal: auto` the model only, the rule keeps choosing); the check set that judged it
     retired. One that did not pass: nothing changes, and the record says why."""
-    run = candidate_run(recal_run)
-    folder = RunFolder(cfg.artifacts, run).path
+    retrained = candidate(cfg, recal_run)
+    run, folder = retrained.run_id, retrained.path
     record = read_json(folder / RECORD)
     judged = record.get("judged") or {}
     if not judged.get("ship"):
