@@ -87,6 +87,56 @@ def test_bf16_pads_each_text_to_the_first_fixed_length_that_holds_it(onnx_embedd
 
 
 @pytest.mark.models
+def test_bf16_loads_a_plain_model_without_sentence_transformers_and_gets_the_same_vectors(onnx_embedders, monkeypatch):
+    bf16 = onnx_embedders["torch-bf16"]
+    assert embed_backends.plain_transformer(bf16.path) is not None  # the packaged model is a plain one
+    monkeypatch.setattr(embed_backends, "plain_transformer", lambda path: None)  # the sentence-transformers way
+    through_st = load_embedder(MODEL, None, 32, "torch-bf16")
+    assert (through_st.dimension, through_st.max_tokens) == (bf16.dimension, bf16.max_tokens) == (384, 256)
+    assert through_st.fingerprint == bf16.fingerprint
+    texts = TEXTS + ["", "a"]
+    np.testing.assert_array_equal(through_st.encode(texts), bf16.encode(texts))
+
+
+def plain_folder(tmp_path, modules=("Transformer", "Pooling", "Normalize"), root="", lower=False, mode="mean_tokens"):
+    """A sentence-transformers folder's descriptors (no weights): what `plain_transformer` reads to decide."""
+    entries = [
+        {
+            "idx": i,
+            "name": str(i),
+            "path": root if kind == "Transformer" else f"{i}_{kind}",
+            "type": f"sentence_transformers.models.{kind}",
+        }
+        for i, kind in enumerate(modules)
+    ]
+    (tmp_path / "modules.json").write_text(json.dumps(entries))
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": lower}))
+    pooling = {f"pooling_mode_{m}": m == mode for m in ("cls_token", "mean_tokens", "max_tokens")}
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384} | pooling))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "folder",
+    [
+        {"modules": ("Transformer", "Pooling", "Dense", "Normalize")},  # a projection after pooling
+        {"modules": ("Transformer", "Pooling")},  # not normalised
+        {"root": "0_Transformer"},  # the transformer in a subfolder
+        {"lower": True},  # lower-cases before tokenising
+        {"mode": "cls_token"},  # another pooling
+    ],
+)
+def test_a_model_that_is_not_plain_goes_through_sentence_transformers(tmp_path, folder):
+    # A TypeError or a transformers import here would mean the check loaded a model it should have refused.
+    assert embed_backends.plain_transformer(plain_folder(tmp_path, **folder)) is None
+
+
+def test_a_folder_without_sentence_transformers_files_is_not_plain(tmp_path):
+    assert embed_backends.plain_transformer(tmp_path) is None
+
+
+@pytest.mark.models
 def test_the_export_is_made_once_and_reused(onnx_embedders):
     onnx = onnx_embedders["onnx-int8"]
     made = onnx.onnx_path.stat().st_mtime_ns

@@ -202,23 +202,28 @@ class _Variant:
 
 
 class Bf16Embedder(_Variant):
-    """sentence-transformers' weights under bf16 autocast in fixed shapes; same interface as `Embedder`."""
+    """sentence-transformers' weights under bf16 autocast in fixed shapes; same interface as `Embedder`. A plain
+    model folder is loaded by `transformers` alone (`plain_transformer`), any other through sentence-transformers."""
 
     def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32):
-        from sourcegate.pipelines.build.embed import Embedder
-
         if not native_bf16():
             log.warning(
                 "embedding.backend torch-bf16: this CPU has no native bf16 (AMX / AVX512-BF16); it will be slow"
             )
-        self._fp32 = Embedder(model_id, model_path, batch_size)
-        self.model_id, self.path, self.batch_size = model_id, self._fp32.path, batch_size
+        self.model_id, self.path, self.batch_size = model_id, models.embedding_model_path(model_path), batch_size
         self.backend = "torch-bf16"
-        self.max_tokens = self._fp32.max_tokens
+        plain = plain_transformer(self.path)
+        if plain:
+            (self._model, self._tok), self.max_tokens = plain, _max_seq_length(self.path)
+            self.dimension = int(self._model.config.hidden_size)  # mean pooling keeps the width
+        else:
+            from sourcegate.pipelines.build.embed import Embedder
+
+            loaded = Embedder(model_id, model_path, batch_size)
+            transformer = loaded.model[0]
+            self._model, self._tok = transformer.auto_model.eval(), transformer.tokenizer
+            self.max_tokens, self.dimension = loaded.max_tokens, loaded.dimension
         self.lengths = [n for n in BF16["lengths"] if n < self.max_tokens] + [self.max_tokens]
-        transformer = self._fp32.model[0]
-        self._model, self._tok = transformer.auto_model.eval(), transformer.tokenizer
-        self.dimension = self._fp32.dimension
 
     def shape_lengths(self, texts: list[str]) -> list[int]:
         """The padded length of the forward pass each text goes through: the first that holds it."""
@@ -247,6 +252,28 @@ class Bf16Embedder(_Variant):
         mask = enc["attention_mask"].unsqueeze(-1).float()
         pooled = (tokens.float() * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, dim=1).numpy()
+
+
+def plain_transformer(path: Path):
+    """(model, tokenizer) loaded by `transformers` alone, when the folder is a plain sentence-transformers model: its
+    Transformer at the root, then Pooling (mean only) and Normalize, no lower-casing. Else None (load it through
+    sentence-transformers). Its import is about 2 s of a cold `query` (docs/benchmarks/26-serve.md) and adds nothing
+    here: the forward pass and the pooling are this module's, so the vectors are the same to the bit
+    (tests/test_embed_backends.py)."""
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+        settings = json.loads((path / "sentence_bert_config.json").read_text())
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if kinds != ["Transformer", "Pooling", "Normalize"] or modules[0]["path"] or settings.get("do_lower_case"):
+            return None
+        pooling = json.loads((path / modules[1]["path"] / "config.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if [k for k, on in pooling.items() if k.startswith("pooling_mode") and on] != ["pooling_mode_mean_tokens"]:
+        return None
+    from transformers import AutoModel, AutoTokenizer
+
+    return AutoModel.from_pretrained(str(path)).eval(), AutoTokenizer.from_pretrained(str(path))
 
 
 class OnnxEmbedder(_Variant):
