@@ -10,15 +10,18 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sourcegate.artifact_io import run_folder as rf
-from sourcegate.evals.harness import Judging
 from sourcegate.pipelines.build import embed_backends
 from sourcegate.pipelines.build.embed import Embedder
 from sourcegate.pipelines.config import Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision as decisions
 from sourcegate.pipelines.versions import manifest as mf
 from sourcegate.pipelines.versions.object_store import ObjectStore, is_remote
+
+if TYPE_CHECKING:  # the harness imports the statistics (scipy): a query, which judges nothing, never loads them
+    from sourcegate.evals.harness import Judging
 
 
 @lru_cache(maxsize=2)
@@ -64,6 +67,8 @@ def get_embedder(embedding: Embedding) -> Embedder:
 
 def judging(cfg: PipelineConfig) -> Judging:
     """The sections of `cfg` an evaluation and its gate read (sourcegate/evals/harness.py)."""
+    from sourcegate.evals.harness import Judging
+
     r = cfg.retrieval
     return Judging(
         cfg.evals, cfg.calibration, cfg.answer, cfg.reranker, r.rerank_depth, cfg.answerability.answer_passages
