@@ -9,7 +9,7 @@ no check set), in file order. The latency is what a client waits (request sent t
 
 Cold: `sourcegate query` as a new process, the wall time of the command, `--cold-reps` times per source tree,
 the trees interleaved (before and after a change, side by side on the same load); plus the wall time of importing
-the bi-encoder's library alone (`import sentence_transformers`) in a new process.
+the bi-encoder's libraries alone (`from transformers import AutoModel`, torch with it) in a new process.
 
     python -m benchmarks.serve_load --artifacts /tmp/serve-art --requests 32 \\
         --cold-tree after=. --cold-tree before=/tmp/main-s --cold-reps 3
@@ -111,7 +111,7 @@ def lap(name):
     global t
     now = time.perf_counter(); laps[name] = round(now - t, 3); t = now
 from sourcegate.pipelines.app import cli; lap("import_cli")
-import sentence_transformers; lap("import_sentence_transformers")
+from transformers import AutoModel; lap("import_torch_transformers")
 from sourcegate.pipelines.app.factories import answer_scorer_for, get_embedder, scorer_for, serving_for; lap("import_factories")
 cfg = cli.config_mod.load(cli.DEFAULT_CONFIG, {"artifacts": sys.argv[1]})
 get_embedder(cfg.embedding); lap("load_bi_encoder")
@@ -136,7 +136,7 @@ def cold_phases(artifacts: str, reps: int) -> list[dict]:
 
 
 def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) -> dict:
-    """`sourcegate query` as a new process per tree, interleaved; and `import sentence_transformers` alone."""
+    """`sourcegate query` as a new process per tree, interleaved; and the bi-encoder's libraries' import alone."""
     out = {name: [] for name in trees}
     for _ in range(reps):
         for name, tree in trees.items():
@@ -148,12 +148,12 @@ def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) 
     imports = []
     for _ in range(reps):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import sentence_transformers"], check=True, env=env_for(ROOT))
+        subprocess.run([sys.executable, "-c", "from transformers import AutoModel"], check=True, env=env_for(ROOT))
         imports.append(time.perf_counter() - t)
     return {
         "question": COLD_QUESTION,
         "query_wall": {name: stats_ms(seconds) for name, seconds in out.items()},
-        "import_sentence_transformers": stats_ms(imports),
+        "import_torch_transformers": stats_ms(imports),
     }
 
 
