@@ -16,7 +16,8 @@ FAST_TIER := not models and not opensearch and not airflow and not browser and n
 
 venv: $(STAMP)
 
-# pip's wheel cache (~/.cache/pip) is kept on purpose: a fresh clone reinstalls without downloading.
+# pip's wheel cache (~/.cache/pip), where pip keeps one, lets a fresh clone reinstall without downloading
+# (pip on the project's CI machine keeps none: docs/benchmarks/29-fresh-clone.md).
 # requirements.lock pins every package, transitive ones included, so a fresh venv is the one tested.
 $(STAMP): requirements.txt requirements-dev.txt requirements.lock requirements-models.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
