@@ -214,7 +214,8 @@ class Bf16Embedder(_Variant):
         self.backend = "torch-bf16"
         plain = plain_transformer(self.path)
         if plain:
-            (self._model, self._tok), self.max_tokens = plain, _max_seq_length(self.path)
+            self._model, self._tok = plain
+            self.max_tokens = _max_seq_length(self.path)
             self.dimension = int(self._model.config.hidden_size)  # mean pooling keeps the width
         else:
             from sourcegate.pipelines.build.embed import Embedder
@@ -257,9 +258,9 @@ class Bf16Embedder(_Variant):
 def plain_transformer(path: Path):
     """(model, tokenizer) loaded by `transformers` alone, when the folder is a plain sentence-transformers model: its
     Transformer at the root, then Pooling (mean only) and Normalize, no lower-casing. Else None (load it through
-    sentence-transformers). Its import is about 2 s of a cold `query` (docs/benchmarks/26-serve.md) and adds nothing
-    here: the forward pass and the pooling are this module's, so the vectors are the same to the bit
-    (tests/test_embed_backends.py)."""
+    sentence-transformers). Its import is time a cold `query` pays for nothing here (with the harness's, about 1 s:
+    docs/benchmarks/26-serve.md): the forward pass and the pooling are this module's, so the vectors are the same to
+    the bit (tests/test_embed_backends.py)."""
     try:
         modules = json.loads((path / "modules.json").read_text())
         settings = json.loads((path / "sentence_bert_config.json").read_text())
