@@ -53,7 +53,14 @@ lint:
 fast:
 	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -m "$(FAST_TIER)" $(PYTEST_ARGS)
 
+# The suite writes a few GB of run folders under the temp folder (tmp_path) while it runs: a full disk fails
+# hundreds of tests at once with errors far from the cause, so say it first. TEST_DISK_GB: the room it needs.
+TEST_DISK_GB ?= 6
 test: venv system-deps moto
+	@tmp="$${TMPDIR:-/tmp}"; free=$$(df -Pk "$$tmp" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  echo "make test: $$free GB free under $$tmp"; \
+	  [ "$$free" -ge $(TEST_DISK_GB) ] || { echo "make test: needs $(TEST_DISK_GB) GB free under $$tmp for the run \
+	folders the tests write; free some space (or set TMPDIR to a roomier folder)" >&2; exit 1; }
 	scripts/opensearch start
 	$(PY) -m pytest -ra --durations=25 $(PYTEST_ARGS); rc=$$?; scripts/opensearch stop; exit $$rc
 
