@@ -21,6 +21,9 @@ task logs), the lost shard's retry ran on the other worker, the night passed and
 promotions log, LIVE on it), the lost shard's claim on the store's lock was broken by the other worker once its
 lease lapsed and no claim is left, and no artifact was written anywhere on local disk but inside the workers' own
 scratch (the killed worker's leftovers stay in its own, as a lost machine's).
+
+The same pool runs a second night on the OpenSearch backend (the real node, reached only through the Airflow
+connection opensearch_default): its tasks too run on both workers, and the node's alias moves to the version.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ import json
 import signal
 import time
 import urllib.request
+import uuid
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from sourcegate.pipelines.config import OpenSearch
 from sourcegate.pipelines.release.object_lock import CLAIMS, LOCK_KEY
+from sourcegate.pipelines.search.opensearch import OpenSearchStore
 from tests.celery_pool import RedisBroker, Worker
 from tests.test_dag_runs import ARTIFACT_FILES, ROOT, tree, write_config
 from tests.test_scheduler_night import Scheduler, cluster_env, prepare_home, published_store, run_night, tiny_evals
@@ -45,6 +51,8 @@ NIGHT = "2025-01-09T02:00:00+00:00"
 RUN_ID = "20250109-020000"
 DAG_RUN_ID = "celery-night"
 PAUSE_POINT = "embed:encoded"  # vectors computed, the shard not yet written
+OPENSEARCH_NIGHT = "2025-01-10T02:00:00+00:00"
+OPENSEARCH_RUN_ID = "20250110-020000"
 WORKERS = ("sg-worker-1", "sg-worker-2")
 HEARTBEAT_TIMEOUT_S = 30  # a lost task is failed after this; not so short that a busy machine's late beat counts
 # The store lock's lease, no longer than the heartbeat timeout, as in a deployment (120 s against 300 s by default):
@@ -124,8 +132,8 @@ class KillAtPause:
     """Called at every poll: kills the first worker seen with a task stopped at the pause point (recording which
     task instance it ran), lets every other stopped task go on, and fails when a live worker died."""
 
-    def __init__(self, cluster: Scheduler, workers: list[Worker]):
-        self.cluster, self.workers = cluster, workers
+    def __init__(self, cluster: Scheduler, workers: list[Worker], dag_run_id: str):
+        self.cluster, self.workers, self.dag_run_id = cluster, workers, dag_run_id
         self.killed: Worker | None = None
         self.lost: list[tuple] = []  # (task_id, map_index, try_number) running on the killed worker
         self.resumed = 0
@@ -140,7 +148,7 @@ class KillAtPause:
                 self.lost = self.cluster.query(
                     "SELECT task_id, map_index, try_number FROM task_instance"
                     " WHERE run_id = ? AND state = 'running' AND hostname = ?",
-                    DAG_RUN_ID,
+                    self.dag_run_id,
                     worker.name,
                 )
                 worker.kill()
@@ -151,52 +159,58 @@ class KillAtPause:
                 self.resumed += 1
 
 
-@pytest.fixture(scope="module")
-def night(s3_server, redis_broker, tmp_path_factory):
+def pool_night(s3_server, broker, tmp, logical_date: str, dag_run_id: str, *, backend=None, env=None, kill=False):
+    """The nightly DAG on a pool of two fresh workers, artifacts on the moto server under a bucket of `tmp`'s name,
+    `backend` (a config section; the embedded one when None) and `env` added to every process's environment.
+    `kill`: both workers stop an embed shard at PAUSE_POINT and the first worker seen holding one is killed
+    (KillAtPause). Returns what the tests read: the night's state, every try with its host, the store."""
     from tests.s3_server import free_port
 
-    tmp = tmp_path_factory.mktemp("celery-night")
     places = prepare_home(tmp)
-    uri = s3_server.bucket("celery-nights") + "/sourcegate"
+    uri = s3_server.bucket(tmp.name.lower().replace("_", "-")) + "/sourcegate"
     # the config file names a local artifacts folder (SOURCEGATE_ARTIFACTS overrides it) and the tiny eval sets
-    config = write_config(tmp / "night.yaml", places["local_artifacts"], lock={"lease_s": LEASE_S}, **tiny_evals(tmp))
-    env = celery_env(cluster_env(places, s3_server, uri, free_port()), redis_broker)
-    cluster = Scheduler(places["home"], env)
+    sections = {"lock": {"lease_s": LEASE_S}, **({"backend": backend} if backend else {}), **tiny_evals(tmp)}
+    config = write_config(tmp / "night.yaml", places["local_artifacts"], **sections)
+    cluster_environment = celery_env(cluster_env(places, s3_server, uri, free_port()), broker) | (env or {})
+    cluster = Scheduler(places["home"], cluster_environment)
     workers = [Worker(name, tmp / name) for name in WORKERS]
     project_artifacts = tree(ROOT / "artifacts")
     cluster.cli("db", "migrate")
     started = time.monotonic()
-    watch = KillAtPause(cluster, workers)
+    watch = KillAtPause(cluster, workers, dag_run_id) if kill else None
     try:
         for worker in workers:
-            worker.start(env | {"SOURCEGATE_STOP_AT": PAUSE_POINT})
+            worker.start(cluster_environment | ({"SOURCEGATE_STOP_AT": PAUSE_POINT} if kill else {}))
 
         def trigger(*args):  # once both workers consume: a night queued earlier would start on the first one up
             for worker in workers:
                 cluster.wait_for(f"celery worker {worker.name} to be ready", worker.ready, timeout_s=300, every_s=2)
             api_trigger(*args)
 
-        conf = {"config": config, "corpus": "corpus/demo", "backend": "embedded", "shards": 2}
-        state = run_night(cluster, conf, NIGHT, DAG_RUN_ID, trigger=trigger, watch=watch)
+        kind = (backend or {}).get("kind", "embedded")
+        conf = {"config": config, "corpus": "corpus/demo", "backend": kind, "shards": 2}
+        state = run_night(cluster, conf, logical_date, dag_run_id, trigger=trigger, watch=watch or (lambda: None))
         elapsed = time.monotonic() - started
         tries = cluster.query(
             "SELECT task_id, map_index, try_number, state, hostname FROM task_instance WHERE run_id = ?"
             " UNION SELECT task_id, map_index, try_number, state, hostname FROM task_instance_history"
             " WHERE run_id = ?",
-            DAG_RUN_ID,
-            DAG_RUN_ID,
+            dag_run_id,
+            dag_run_id,
         )
     finally:
         for worker in workers:
             worker.stop()
         cluster.stop()
+    killed = watch.killed if watch else None
     return places | {
         "state": state,
+        "dag_run_id": dag_run_id,
         "tries": {(t, m, n): {"state": s, "host": h} for t, m, n, s, h in tries},
-        "killed": watch.killed,
-        "survivor": next(w for w in workers if w is not watch.killed),
-        "lost": watch.lost,
-        "resumed": watch.resumed,
+        "killed": killed,
+        "survivor": next((w for w in workers if w is not killed), None) if killed else None,
+        "lost": watch.lost if watch else [],
+        "resumed": watch.resumed if watch else 0,
         "workers": workers,
         "elapsed_s": elapsed,
         "store": published_store(s3_server, uri),
@@ -206,16 +220,22 @@ def night(s3_server, redis_broker, tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def night(s3_server, redis_broker, tmp_path_factory):
+    """The embedded backend's night, one of its embed shards lost with its worker."""
+    return pool_night(s3_server, redis_broker, tmp_path_factory.mktemp("celery-night"), NIGHT, DAG_RUN_ID, kill=True)
+
+
 def failed(night: dict) -> str:
     return f"night {night['state']}; tries: {night['tries']}; logs under {night['home'].parent}"
 
 
-def attempt_logs(worker: Worker) -> set[tuple]:
-    """(task_id, map_index, try_number) of every task log in the worker's own log folder."""
+def attempt_logs(worker: Worker, dag_run_id: str) -> set[tuple]:
+    """(task_id, map_index, try_number) of every task log of the DAG run in the worker's own log folder."""
     out = set()
     for path in worker.logs.rglob("attempt=*.log"):
         parts = dict(p.split("=", 1) for p in path.relative_to(worker.logs).parts if "=" in p)
-        if parts.get("run_id") == DAG_RUN_ID:
+        if parts.get("run_id") == dag_run_id:
             out.add((parts["task_id"], int(parts.get("map_index", -1)), int(parts["attempt"].removesuffix(".log"))))
     return out
 
@@ -226,7 +246,7 @@ def test_the_tasks_of_one_night_ran_on_both_workers(night):
     assert hosts == set(WORKERS), night["tries"]
     for worker in night["workers"]:  # each worker's own disk holds the logs of exactly the tries it ran
         ran = {key for key, t in night["tries"].items() if t["host"] == worker.name}
-        assert attempt_logs(worker) == ran, worker.name
+        assert attempt_logs(worker, night["dag_run_id"]) == ran, worker.name
 
 
 def test_a_task_lost_with_its_worker_is_retried_on_the_other_and_the_night_completes(night):
@@ -274,3 +294,47 @@ def test_no_artifact_was_written_outside_the_workers_scratch(night):
     assert not [str(p) for p in survivor.task_dirs.rglob("*") if p.is_file() or p.name == "artifacts"]
     assert not list(survivor.scratch.glob("sourcegate-stage-*"))
     assert not list(survivor.cwd.iterdir())
+
+
+# --- the OpenSearch backend on the pool ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def opensearch_night(s3_server, redis_broker, tmp_path_factory, os_client):
+    """The OpenSearch backend's night on a pool of two fresh workers, nothing killed: the node reached only through
+    the Airflow connection opensearch_default (OPENSEARCH_URL points at a closed port), a private index prefix."""
+    from sourcegate.pipelines.search.opensearch.client import config_from_env
+
+    prefix = f"sgtest-{uuid.uuid4().hex[:8]}"
+    node = urlsplit(config_from_env().url)
+    env = {
+        "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://{node.hostname}:{node.port or 9200}?timeout=120",
+        "OPENSEARCH_URL": "http://127.0.0.1:9",  # discard port: a client from the environment fails
+    }
+    backend = {"kind": "opensearch", "opensearch": {"index_prefix": prefix}}
+    tmp = tmp_path_factory.mktemp("celery-opensearch-night")
+    try:
+        night = pool_night(
+            s3_server, redis_broker, tmp, OPENSEARCH_NIGHT, "celery-opensearch", backend=backend, env=env
+        )
+        yield night | {"live": OpenSearchStore(os_client, OpenSearch(index_prefix=prefix), progress=False).live()}
+    finally:
+        os_client.indices.delete(index=f"{prefix}-*", params={"ignore_unavailable": "true"})
+
+
+@pytest.mark.opensearch
+def test_an_opensearch_night_on_the_pool_runs_on_both_workers_and_moves_the_alias(opensearch_night):
+    night = opensearch_night
+    assert night["state"] == "success", failed(night)
+    assert {t["host"] for t in night["tries"].values()} == set(WORKERS), night["tries"]
+    for worker in night["workers"]:
+        ran = {key for key, t in night["tries"].items() if t["host"] == worker.name}
+        assert attempt_logs(worker, night["dag_run_id"]) == ran, worker.name
+    store = night["store"]
+    assert json.loads(store.get(f"runs/{OPENSEARCH_RUN_ID}/gate.json"))["passed"] is True
+    assert json.loads(store.get(f"runs/{OPENSEARCH_RUN_ID}/run.json"))["backend"] == "opensearch"
+    assert night["live"] == OPENSEARCH_RUN_ID  # the alias <prefix> -> <prefix>-<version>
+    assert store.get("LIVE") is None  # the embedded pointer is not the OpenSearch alias
+    assert not store.listing(CLAIMS)  # the lock is not held
+    assert not night["local_artifacts"].exists()
+    assert tree(ROOT / "artifacts") == night["project_artifacts"]
