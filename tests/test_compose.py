@@ -140,8 +140,34 @@ def test_artifacts_live_on_the_s3_service_reached_through_an_airflow_connection(
             conn["login"] == _env(store)["MINIO_ROOT_USER"] and conn["password"] == _env(store)["MINIO_ROOT_PASSWORD"]
         )
         assert services[w]["depends_on"]["s3-init"]["condition"] == "service_completed_successfully"
-    for name in ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor"):
+    for name in ("airflow-scheduler", "airflow-dag-processor"):
         assert "AIRFLOW_CONN_AWS_DEFAULT" not in _env(services[name]), f"{name} needs no store credentials"
+
+
+@pytest.mark.system  # docker-compose
+def test_the_runs_page_reads_the_bucket_with_a_key_that_can_only_read_it(compose):
+    """The api-server serves the runs page from the bucket (plugins/, through aws_default): its connection is the
+    reader s3-init makes, a user whose one policy lists the bucket and gets its objects; never the workers' key."""
+    services = compose["services"]
+    init = _env(services["s3-init"])
+    bucket = init["S3_BUCKET"]
+    conn = json.loads(_env(services["airflow-apiserver"])["AIRFLOW_CONN_AWS_DEFAULT"])
+    assert conn["conn_type"] == "aws" and conn["extra"]["endpoint_url"] == "http://minio:9000"
+    assert (conn["login"], conn["password"]) == (init["S3_READ_KEY"], init["S3_READ_SECRET"])
+    assert conn["login"] != _env(services["minio"])["MINIO_ROOT_USER"]
+    assert services["airflow-apiserver"]["depends_on"]["s3-init"]["condition"] == "service_completed_successfully"
+    policy = json.loads(init["READ_POLICY"])
+    granted = {
+        (a, r) for st in policy["Statement"] if st["Effect"] == "Allow" for a in st["Action"] for r in st["Resource"]
+    }
+    assert granted == {("s3:ListBucket", f"arn:aws:s3:::{bucket}"), ("s3:GetObject", f"arn:aws:s3:::{bucket}/*")}
+    script = " ".join(services["s3-init"]["command"])
+    for step in (
+        "mc admin policy create store sourcegate-read",
+        'mc admin user add store "$$S3_READ_KEY"',
+        'mc admin policy attach store sourcegate-read --user "$$S3_READ_KEY"',
+    ):
+        assert step in script, step
 
 
 def _mounts(svc: dict) -> list[tuple[str, str, bool]]:
@@ -187,14 +213,25 @@ def test_no_credential_is_hard_coded(compose):
     for var in ("SOURCEGATE_S3_ACCESS_KEY", "SOURCEGATE_S3_SECRET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY"):
         assert f"${{{var}:-" in raw, f"{var} is not substituted"
     assert re.findall(r"\$\{SOURCEGATE_S3_SECRET_KEY:-([^}]*)\}", raw) == ["sourcegate-local-only-s3-secret"] * 3
-    secret = "deploy-secret-5b1f"
-    deployed = compose_config({"SOURCEGATE_S3_ACCESS_KEY": "deploy-key", "SOURCEGATE_S3_SECRET_KEY": secret})
+    assert re.findall(r"\$\{SOURCEGATE_S3_READ_SECRET:-([^}]*)\}", raw) == ["sourcegate-local-only-read-secret"] * 2
+    secret, read_secret = "deploy-secret-5b1f", "deploy-read-secret-07c2"
+    deployed = compose_config(
+        {
+            "SOURCEGATE_S3_ACCESS_KEY": "deploy-key",
+            "SOURCEGATE_S3_SECRET_KEY": secret,
+            "SOURCEGATE_S3_READ_KEY": "deploy-reader",
+            "SOURCEGATE_S3_READ_SECRET": read_secret,
+        }
+    )
     services = deployed["services"]
     assert _env(services["minio"])["MINIO_ROOT_PASSWORD"] == secret
     for w in WORKERS:
         conn = json.loads(_env(services[w])["AIRFLOW_CONN_AWS_DEFAULT"])
         assert (conn["login"], conn["password"]) == ("deploy-key", secret)
+    conn = json.loads(_env(services["airflow-apiserver"])["AIRFLOW_CONN_AWS_DEFAULT"])
+    assert (conn["login"], conn["password"]) == ("deploy-reader", read_secret)
     assert "local-only-s3-secret" not in yaml.safe_dump(deployed)
+    assert "local-only-read-secret" not in yaml.safe_dump(deployed)
 
 
 def test_airflow_image_matches_the_pinned_airflow():
