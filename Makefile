@@ -53,8 +53,9 @@ lint:
 fast:
 	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -m "$(FAST_TIER)" $(PYTEST_ARGS)
 
-# The suite writes a few GB of run folders under the temp folder (tmp_path) while it runs: a full disk fails
-# hundreds of tests at once with errors far from the cause, so say it first. TEST_DISK_GB: the room it needs.
+# The suite writes run folders, the node's data and Airflow homes while it runs (about 3 GB at its peak besides the
+# venv, measured by a fresh clone's .ci/run on 2026-12-06): a full disk fails hundreds of tests at once with errors
+# far from the cause, so say it first. TEST_DISK_GB: the room it asks for, twice that.
 TEST_DISK_GB ?= 6
 test: venv system-deps moto
 	@tmp="$${TMPDIR:-/tmp}"; free=$$(df -Pk "$$tmp" | awk 'NR==2 {print int($$4 / 1048576)}'); \
