@@ -42,7 +42,7 @@ from sourcegate.pipelines.config import OpenSearch
 from sourcegate.pipelines.release.object_lock import CLAIMS, LOCK_KEY
 from sourcegate.pipelines.search.opensearch import OpenSearchStore
 from tests.celery_pool import RedisBroker, Worker
-from tests.test_dag_runs import ARTIFACT_FILES, ROOT, tree, write_config
+from tests.test_dag_runs import ARTIFACT_FILES, ROOT, opensearch_hook_only_env, tree, write_config
 from tests.test_scheduler_night import Scheduler, cluster_env, prepare_home, published_store, run_night, tiny_evals
 
 pytestmark = [pytest.mark.airflow, pytest.mark.models, pytest.mark.s3, pytest.mark.system, pytest.mark.celery]
@@ -163,11 +163,11 @@ def pool_night(s3_server, broker, tmp, logical_date: str, dag_run_id: str, *, ba
     """The nightly DAG on a pool of two fresh workers, artifacts on the moto server under a bucket of `tmp`'s name,
     `backend` (a config section; the embedded one when None) and `env` added to every process's environment.
     `kill`: both workers stop an embed shard at PAUSE_POINT and the first worker seen holding one is killed
-    (KillAtPause). Returns what the tests read: the night's state, every try with its host, the store."""
+    (KillAtPause; without it nothing stops, so nothing is killed, and a worker that dies still fails the night). Returns what the tests read: the night's state, every try with its host, the store."""
     from tests.s3_server import free_port
 
     places = prepare_home(tmp)
-    uri = s3_server.bucket(tmp.name.lower().replace("_", "-")) + "/sourcegate"
+    uri = s3_server.bucket(tmp.name) + "/sourcegate"
     # the config file names a local artifacts folder (SOURCEGATE_ARTIFACTS overrides it) and the tiny eval sets
     sections = {"lock": {"lease_s": LEASE_S}, **({"backend": backend} if backend else {}), **tiny_evals(tmp)}
     config = write_config(tmp / "night.yaml", places["local_artifacts"], **sections)
@@ -177,7 +177,7 @@ def pool_night(s3_server, broker, tmp, logical_date: str, dag_run_id: str, *, ba
     project_artifacts = tree(ROOT / "artifacts")
     cluster.cli("db", "migrate")
     started = time.monotonic()
-    watch = KillAtPause(cluster, workers, dag_run_id) if kill else None
+    watch = KillAtPause(cluster, workers, dag_run_id)
     try:
         for worker in workers:
             worker.start(cluster_environment | ({"SOURCEGATE_STOP_AT": PAUSE_POINT} if kill else {}))
@@ -189,7 +189,7 @@ def pool_night(s3_server, broker, tmp, logical_date: str, dag_run_id: str, *, ba
 
         kind = (backend or {}).get("kind", "embedded")
         conf = {"config": config, "corpus": "corpus/demo", "backend": kind, "shards": 2}
-        state = run_night(cluster, conf, logical_date, dag_run_id, trigger=trigger, watch=watch or (lambda: None))
+        state = run_night(cluster, conf, logical_date, dag_run_id, trigger=trigger, watch=watch)
         elapsed = time.monotonic() - started
         tries = cluster.query(
             "SELECT task_id, map_index, try_number, state, hostname FROM task_instance WHERE run_id = ?"
@@ -202,15 +202,14 @@ def pool_night(s3_server, broker, tmp, logical_date: str, dag_run_id: str, *, ba
         for worker in workers:
             worker.stop()
         cluster.stop()
-    killed = watch.killed if watch else None
     return places | {
         "state": state,
         "dag_run_id": dag_run_id,
         "tries": {(t, m, n): {"state": s, "host": h} for t, m, n, s, h in tries},
-        "killed": killed,
-        "survivor": next((w for w in workers if w is not killed), None) if killed else None,
-        "lost": watch.lost if watch else [],
-        "resumed": watch.resumed if watch else 0,
+        "killed": watch.killed,
+        "survivor": next(w for w in workers if w is not watch.killed) if watch.killed else None,
+        "lost": watch.lost,
+        "resumed": watch.resumed,
         "workers": workers,
         "elapsed_s": elapsed,
         "store": published_store(s3_server, uri),
@@ -240,13 +239,17 @@ def attempt_logs(worker: Worker, dag_run_id: str) -> set[tuple]:
     return out
 
 
-def test_the_tasks_of_one_night_ran_on_both_workers(night):
-    assert night["state"] == "success", failed(night)
-    hosts = {t["host"] for t in night["tries"].values()}
-    assert hosts == set(WORKERS), night["tries"]
-    for worker in night["workers"]:  # each worker's own disk holds the logs of exactly the tries it ran
+def assert_ran_on_both_workers(night: dict) -> None:
+    """The night's tries ran on both workers, and each worker's own disk holds the logs of exactly the tries it ran."""
+    assert {t["host"] for t in night["tries"].values()} == set(WORKERS), night["tries"]
+    for worker in night["workers"]:
         ran = {key for key, t in night["tries"].items() if t["host"] == worker.name}
         assert attempt_logs(worker, night["dag_run_id"]) == ran, worker.name
+
+
+def test_the_tasks_of_one_night_ran_on_both_workers(night):
+    assert night["state"] == "success", failed(night)
+    assert_ran_on_both_workers(night)
 
 
 def test_a_task_lost_with_its_worker_is_retried_on_the_other_and_the_night_completes(night):
@@ -303,14 +306,8 @@ def test_no_artifact_was_written_outside_the_workers_scratch(night):
 def opensearch_night(s3_server, redis_broker, tmp_path_factory, os_client):
     """The OpenSearch backend's night on a pool of two fresh workers, nothing killed: the node reached only through
     the Airflow connection opensearch_default (OPENSEARCH_URL points at a closed port), a private index prefix."""
-    from sourcegate.pipelines.search.opensearch.client import config_from_env
-
     prefix = f"sgtest-{uuid.uuid4().hex[:8]}"
-    node = urlsplit(config_from_env().url)
-    env = {
-        "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://{node.hostname}:{node.port or 9200}?timeout=120",
-        "OPENSEARCH_URL": "http://127.0.0.1:9",  # discard port: a client from the environment fails
-    }
+    env = opensearch_hook_only_env()
     backend = {"kind": "opensearch", "opensearch": {"index_prefix": prefix}}
     tmp = tmp_path_factory.mktemp("celery-opensearch-night")
     try:
@@ -326,10 +323,7 @@ def opensearch_night(s3_server, redis_broker, tmp_path_factory, os_client):
 def test_an_opensearch_night_on_the_pool_runs_on_both_workers_and_moves_the_alias(opensearch_night):
     night = opensearch_night
     assert night["state"] == "success", failed(night)
-    assert {t["host"] for t in night["tries"].values()} == set(WORKERS), night["tries"]
-    for worker in night["workers"]:
-        ran = {key for key, t in night["tries"].items() if t["host"] == worker.name}
-        assert attempt_logs(worker, night["dag_run_id"]) == ran, worker.name
+    assert_ran_on_both_workers(night)
     store = night["store"]
     assert json.loads(store.get(f"runs/{OPENSEARCH_RUN_ID}/gate.json"))["passed"] is True
     assert json.loads(store.get(f"runs/{OPENSEARCH_RUN_ID}/run.json"))["backend"] == "opensearch"

@@ -380,6 +380,18 @@ def test_rerunning_a_night_reuses_its_run_folder(airflow, workspace, first_night
 # --- the OpenSearch backend -----------------------------------------------------------------------------
 
 
+def opensearch_hook_only_env() -> dict:
+    """The node (OPENSEARCH_URL) as the Airflow connection opensearch_default, and OPENSEARCH_URL itself on a closed
+    port: a task that built its client from the environment instead of the hook fails."""
+    from sourcegate.pipelines.search.opensearch.client import config_from_env
+
+    node = urlsplit(config_from_env().url)
+    return {
+        "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://{node.hostname}:{node.port or 9200}?timeout=120",
+        "OPENSEARCH_URL": "http://127.0.0.1:9",  # discard port
+    }
+
+
 @pytest.mark.opensearch
 def test_nightly_run_on_opensearch(airflow, tmp_path):
     """backend=opensearch against the real node (OPENSEARCH_URL, default http://127.0.0.1:9200;
@@ -402,12 +414,7 @@ def test_nightly_run_on_opensearch(airflow, tmp_path):
             f"OpenSearch at {redact_url(config_from_env().url)} is not reachable ({exc}); run scripts/opensearch start"
         )
     try:
-        node = urlsplit(config_from_env().url)
-        hook_only = {
-            "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://{node.hostname}:{node.port or 9200}?timeout=120",
-            "OPENSEARCH_URL": "http://127.0.0.1:9",  # discard port: a client from the environment fails
-        }
-        night = airflow.test_dag("sourcegate_nightly", OPENSEARCH_NIGHT, conf, env=hook_only)
+        night = airflow.test_dag("sourcegate_nightly", OPENSEARCH_NIGHT, conf, env=opensearch_hook_only_env())
         assert night["state"] == "success", failed_tasks(night)
         assert all(state == "success" for state in night["tasks"].values()), failed_tasks(night)
         run_id = "20250105-020000"
