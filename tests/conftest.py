@@ -141,6 +141,13 @@ def demo_index(tmp_path_factory, embedder):
     return cfg, run_id, EmbeddedSearcher(RunFolder(cfg.artifacts, run_id).path / "index")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _segment_cache(tmp_path_factory):
+    """The session's worker cache of store segments (versions/object_cache.py) in its own folder, not the user's;
+    the processes the tests start (DAG tasks, Celery workers) inherit it."""
+    os.environ["SOURCEGATE_SEGMENT_CACHE"] = str(tmp_path_factory.mktemp("segment-cache"))
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """moto's S3 server (tests/s3_server.py), started once per session, stopped at the end."""

@@ -42,7 +42,7 @@ from sourcegate.pipelines.batches import shard_range
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.release.decision import PUBLISHED as PUBLISHED_DECISION
 from sourcegate.pipelines.release.lock import command_line, fence, writer_lock
-from sourcegate.pipelines.versions import promotions
+from sourcegate.pipelines.versions import promotions, segments
 from sourcegate.pipelines.versions.object_store import ObjectStore, StoreUnavailable, is_remote, local_path, sha256_path
 
 RECORDS = (rf.RUN_INFO, rf.GATE, rf.INDEX_MANIFEST)  # every run's: listing, ordering, retention
@@ -228,13 +228,14 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
         complete = {run_of(k) for k in remote if k.endswith("/index/manifest.json")}
         changed = [k for k in local_files(scratch) if snap.sha256.get(k) != sha256_path(scratch / k)]
         manifests = [k for k in changed if k.endswith("/index/manifest.json")]
+        shared = SharedRows(store, remote, snap.live)
         for key in [k for k in changed if k not in manifests] + manifests:
             if manifests and key == manifests[0]:
                 check()  # a version becomes complete only under a lease that still holds
             if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
-                store.upload_once(scratch / key, key)  # G1: a complete version's files never change
+                store.upload_once(scratch / key, key, shared.upload)  # G1: a complete version's files never change
             else:
-                store.upload(scratch / key, key)
+                shared.upload(scratch / key, key)
         check()
         if moves_live:
             live_unmoved(store, snap, live)
@@ -255,6 +256,35 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
             check()
         for run in dropped:
             store.delete_prefix(f"runs/{run}/")
+        if dropped:
+            segments.collect(store)  # the rows only the dropped runs held
+
+
+class SharedRows:
+    """Publishes a run's large tables and arrays as pointers to segments of rows (versions/segments.py), sharing
+    the rows they have in common with the run's other files and the previous and live runs' files."""
+
+    def __init__(self, store: ObjectStore, remote: dict[str, int], live: str | None):
+        self.store, self.keys, self.live = store, dict(remote), live
+        self.cache = segments.default_cache()
+        self.pointers: dict[str, segments.Pointer | None] = {}
+
+    def pointer(self, key: str) -> segments.Pointer | None:
+        if key not in self.pointers:
+            small = self.keys.get(key, 0) <= segments.POINTER_LIMIT
+            self.pointers[key] = segments.read_pointer(self.store, key) if small else None
+        return self.pointers[key]
+
+    def related(self, key: str) -> list[segments.Pointer]:
+        run = run_of(key)
+        runs = {run, previous_of(self.keys, run), self.live} - {None}
+        keys = sorted(k for k in self.keys if run_of(k) in runs and segments.kind_of(k))
+        return [p for k in keys if (p := self.pointer(k))]
+
+    def upload(self, path: Path, key: str) -> None:
+        pointer = segments.upload(self.store, path, key, self.related(key), self.cache)
+        self.keys[key] = len(pointer.to_bytes()) if pointer else path.stat().st_size
+        self.pointers[key] = pointer
 
 
 def live_unmoved(store: ObjectStore, snap: Snapshot, live: str) -> None:

@@ -1,0 +1,97 @@
+"""A worker's local cache of content-addressed store objects: what makes a night's reads follow the change.
+
+Every object it holds is named by its content (a segment `<sha256>.parquet`, its `<sha256>.digests`, or a
+whole rebuilt file `file-<sha256>`), and such an object never changes on the store, so a hit needs no
+request and can never be stale. A worker that published a table or ran the task before keeps what it
+wrote or rebuilt; a task that lands on a fresh worker downloads what it reads once. Nothing else shares it:
+the store stays the only thing tasks share, and an empty or missing cache changes what is read, not
+what is computed (every rebuilt file is checked against its sha256).
+
+SOURCEGATE_SEGMENT_CACHE names the folder (default ~/.cache/sourcegate/segments; `off` keeps nothing),
+SOURCEGATE_SEGMENT_CACHE_GB bounds it (default 4): past it, the least recently used entries go.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+CACHE_ENV = "SOURCEGATE_SEGMENT_CACHE"
+LIMIT_ENV = "SOURCEGATE_SEGMENT_CACHE_GB"
+DEFAULT_GB = 4.0
+
+
+class ObjectCache:
+    """Content-addressed files under `root` (None: a cache that keeps nothing)."""
+
+    def __init__(self, root: Path | None, limit_bytes: int):
+        self.root, self.limit_bytes = root, limit_bytes
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> ObjectCache:
+        where = env.get(CACHE_ENV) or str(Path.home() / ".cache" / "sourcegate" / "segments")
+        limit = int(float(env.get(LIMIT_ENV) or DEFAULT_GB) * 1e9)
+        return cls(None if where == "off" else Path(where), limit)
+
+    def get(self, name: str) -> Path | None:
+        """The cached file called `name`, marked as used; None when absent."""
+        if self.root is None:
+            return None
+        path = self.root / name
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return None
+        return path
+
+    def put(self, src: Path, name: str) -> Path | None:
+        """Keep a copy of `src` as `name` (a copy, not a link: whoever owns `src` may rewrite it in place); the
+        cached path, or None when nothing is kept."""
+        if self.root is None:
+            return None
+        path = self.root / name
+        if path.exists():
+            os.utime(path)
+            return path
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, path)  # another process's copy of the same content may land first: same bytes
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        self.trim()
+        return path
+
+    def put_bytes(self, data: bytes, name: str) -> None:
+        if self.root is None or (self.root / name).exists():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, self.root / name)
+
+    def copy_to(self, name: str, dest: Path) -> bool:
+        """Copy the cached `name` to `dest` (a copy: the caller may change its file); False when absent."""
+        path = self.get(name)
+        if path is None:
+            return False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.part")
+        shutil.copyfile(path, tmp)
+        tmp.replace(dest)
+        return True
+
+    def trim(self) -> None:
+        """Drop the least recently used entries until the cache fits its limit."""
+        entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.iterdir() if not p.name.startswith(".")]
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries, key=lambda e: e[0]):
+            if total <= self.limit_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size

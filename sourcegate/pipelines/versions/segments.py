@@ -1,0 +1,340 @@
+"""Large run files on the object store as pointers to shared segments of rows: a night writes what changed.
+
+A night that edits 1% of a 100k-chunk corpus changes 1% of the rows of its tables and of its index's vectors,
+but each run folder holds every row (docs/benchmarks/10-s3-night.md: 701 MB written for ~2 MB of change).
+On an s3:// artifacts prefix, a Parquet table or `.npy` array of at least MIN_BYTES is therefore published as a
+*pointer* at its usual key (listings, placeholders and retention see the run folder as before) and its rows as
+content-addressed *segments*, written once and shared by every file that holds those rows:
+
+    runs/<run>/chunks.parquet   MAGIC, then JSON: the file's sha256, size and schema, how it was written (row
+                                groups), its segments and which of their rows, in order (runs of positions)
+    segments/<sha256>.parquet   rows of that schema (`.npy` for an array), never changed once written
+    segments/<sha256>.digests   the 16-byte digest of each of those rows (blake2b of the row's values)
+
+Publishing a file looks its rows up, by digest, in the segments of related pointers (staging names them: the
+run's own other files, the previous and the live run's); only rows found nowhere go into a new segment. When
+too few of the named rows are still used, or the list grows past MAX_SEGMENTS, the file is written whole as
+one segment (compaction), so reading a file never costs much more than the file. Downloading a pointer
+rebuilds the file byte for byte: the writer's row groups and defaults are reproduced, checked before a
+pointer is written (a file this module cannot reproduce is uploaded whole) and again after every rebuild.
+`collect` drops the segments no pointer names (after retention removed run folders).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sourcegate.pipelines.versions.object_cache import ObjectCache
+from sourcegate.pipelines.versions.object_store import ObjectStore, sha256_bytes, sha256_path
+
+MAGIC = b"SOURCEGATE-SEGMENTS/1\n"
+PREFIX = "segments/"
+MIN_BYTES = 256 << 10  # smaller files are uploaded whole: a pointer and a lookup would cost more than they save
+MAX_SEGMENTS = 8  # a file spread over more is compacted
+MIN_USED_SHARE = 0.5  # ... as is one that would use less than this share of the rows its segments hold
+KINDS = {".parquet": "parquet", ".npy": "npy"}
+POINTER_LIMIT = 16 << 20  # a larger object is a whole file: no need to look at its first bytes
+
+
+class RebuildMismatch(RuntimeError):
+    """A file rebuilt from its segments does not have the sha256 its pointer records."""
+
+
+@dataclass
+class Pointer:
+    kind: str  # "parquet" or "npy"
+    sha256: str  # of the whole file
+    size: int
+    schema: str  # Parquet: the Arrow schema it was written with (base64, as in the footer); npy: ""
+    rows: str  # what a row is (columns and types; dtype and shape): files with the same share rows
+    layout: list[int]  # Parquet: rows per row group; npy: []
+    segments: list[dict]  # {"sha256", "rows"}, in order
+    take: list[list[int]]  # [start, count] runs of positions in the segments' rows laid end to end
+
+    def to_bytes(self) -> bytes:
+        return MAGIC + json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Pointer:
+        return cls(**json.loads(data[len(MAGIC) :]))
+
+
+def kind_of(key: str) -> str | None:
+    return next((kind for suffix, kind in KINDS.items() if key.endswith(suffix)), None)
+
+
+def segment_key(sha: str, kind: str) -> str:
+    return f"{PREFIX}{sha}.{kind}"
+
+
+def digests_key(sha: str) -> str:
+    return f"{PREFIX}{sha}.digests"
+
+
+# --- rows, their digests, and the bytes of a file ------------------------------------------------------------
+
+
+def read_rows(source, kind: str, schema: str = ""):
+    """A file's rows: a pyarrow Table (Parquet) or a numpy array (npy). `source`: a path or bytes; `schema` (Parquet):
+    the Arrow schema to read them as (arrow_schema's), else the one the file stores."""
+    if kind == "npy":
+        return np.load(io.BytesIO(source) if isinstance(source, bytes) else source, allow_pickle=False)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = pa.BufferReader(source) if isinstance(source, bytes) else source
+    table = pq.read_table(source)
+    return table.cast(decode_schema(schema or arrow_schema(source)))
+
+
+def arrow_schema(source) -> str:
+    """The Arrow schema a Parquet file was written with (base64, as the file stores it): reading names a list's
+    values `element` where the writer may have said `item`, and the writer stores the schema it was given."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.ParquetFile(source).metadata.metadata or {}
+    if b"ARROW:schema" not in metadata:
+        raise ValueError("no Arrow schema in the Parquet footer")
+    return metadata[b"ARROW:schema"].decode()
+
+
+def decode_schema(encoded: str):
+    import base64
+
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded)))
+
+
+def layout_of(path: Path, kind: str) -> list[int]:
+    if kind != "parquet":
+        return []
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def row_type(path: Path, rows, kind: str) -> str:
+    """What a file's rows are: Parquet, its columns and their types as read back (a list's values are `element`
+    whatever the writer named them; no metadata); npy, dtype and row shape. Equal rows of files of one row type
+    have equal digests."""
+    if kind == "npy":
+        return f"{rows.dtype.str}{list(rows.shape[1:])}"
+    import pyarrow.parquet as pq
+
+    return hashlib.sha256(pq.read_schema(path).remove_metadata().to_string().encode()).hexdigest()
+
+
+def file_bytes(rows, kind: str, layout: list[int]) -> bytes:
+    """The file holding `rows` as the pipeline writes it: Parquet with pyarrow's defaults, one row group per
+    `layout` entry (batches.write_batches); npy as np.save (the index's embeddings.npy)."""
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table, sink, start = rows.combine_chunks(), pa.BufferOutputStream(), 0
+        with pq.ParquetWriter(sink, table.schema) as writer:
+            for count in layout:
+                writer.write_table(table.slice(start, count), row_group_size=count)
+                start += count
+        return sink.getvalue().to_pybytes()
+    out = io.BytesIO()
+    np.save(out, rows, allow_pickle=False)
+    return out.getvalue()
+
+
+def row_digests(rows, kind: str) -> list[bytes]:
+    """One 16-byte digest per row: equal rows (same schema) have equal digests."""
+    if kind == "npy":
+        flat = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8).reshape(len(rows), -1)
+        return [hashlib.blake2b(r.tobytes(), digest_size=16).digest() for r in flat]
+    columns = [column_values(rows.column(i).combine_chunks()) for i in range(rows.num_columns)]
+    out = []
+    for values in zip(*columns, strict=True) if columns else [() for _ in range(rows.num_rows)]:
+        digest = hashlib.blake2b(digest_size=16)
+        for value in values:
+            digest.update(len(value).to_bytes(8, "little"))
+            digest.update(value)
+        out.append(digest.digest())
+    return out
+
+
+def column_values(array) -> list[bytes]:
+    """Each row's value in one column as bytes: numbers and vectors by their bytes, anything else by its repr."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = array.type
+    if array.null_count == 0 and (pa.types.is_list(t) or pa.types.is_fixed_size_list(t)) and len(array):
+        values = array.flatten()
+        lengths = pc.list_value_length(array).to_numpy()
+        numeric = pa.types.is_floating(values.type) or pa.types.is_integer(values.type)
+        if numeric and values.null_count == 0 and (lengths == lengths[0]).all():
+            matrix = np.ascontiguousarray(values.to_numpy()).reshape(len(array), -1)
+            return [r.tobytes() for r in matrix]
+    if array.null_count == 0 and (pa.types.is_floating(t) or pa.types.is_integer(t)):
+        numbers = np.ascontiguousarray(array.to_numpy())
+        return [r.tobytes() for r in numbers.view(np.uint8).reshape(len(array), -1)]
+    return [repr(v).encode() for v in array.to_pylist()]
+
+
+def runs_of(positions: list[int]) -> list[list[int]]:
+    """[start, count] runs of consecutive positions."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1])
+    return runs
+
+
+def assemble(parts: list, take: list[list[int]], kind: str):
+    """The rows `take` names, from `parts` (the segments' rows) laid end to end."""
+    if kind == "parquet":
+        import pyarrow as pa
+
+        whole = pa.concat_tables(parts)
+        return pa.concat_tables([whole.slice(s, c) for s, c in take] or [whole.slice(0, 0)])
+    whole = np.concatenate(parts)
+    return np.concatenate([whole[s : s + c] for s, c in take]) if take else whole[:0]
+
+
+def default_cache() -> ObjectCache:
+    return ObjectCache.from_env()
+
+
+# --- the store -----------------------------------------------------------------------------------------------
+
+
+def read_pointer(store: ObjectStore, key: str) -> Pointer | None:
+    """The pointer at `key`; None when the object is a whole file or absent (only its first bytes are read)."""
+    try:
+        with store.fs.open_input_file(store.path(key)) as f:
+            if f.size() < len(MAGIC) or f.read_at(len(MAGIC), 0) != MAGIC:
+                return None
+            return Pointer.from_bytes(f.read_at(f.size(), 0))
+    except FileNotFoundError:
+        return None
+
+
+def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache) -> tuple[bytes, int]:
+    """An immutable object's bytes from the cache, else from the store (then kept); and the bytes downloaded."""
+    path = cache.get(name)
+    if path is not None:
+        return path.read_bytes(), 0
+    data = store.get(key)
+    if data is None:
+        raise FileNotFoundError(f"{store.url(key)} is missing: a pointer names it")
+    cache.put_bytes(data, name)
+    return data, len(data)
+
+
+def segment_digests(store: ObjectStore, sha: str, cache: ObjectCache) -> list[bytes]:
+    data, _ = fetch(store, digests_key(sha), f"{sha}.digests", cache)
+    return [data[i : i + 16] for i in range(0, len(data), 16)]
+
+
+def rebuild(store: ObjectStore, pointer: Pointer, dest: Path, cache: ObjectCache) -> int:
+    """Write the file `pointer` describes to `dest`, checked against its sha256; the bytes downloaded."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if cache.copy_to(f"file-{pointer.sha256}", dest):
+        return 0
+    parts, downloaded = [], 0
+    for segment in pointer.segments:
+        sha = segment["sha256"]
+        data, got = fetch(store, segment_key(sha, pointer.kind), f"{sha}.{pointer.kind}", cache)
+        parts.append(read_rows(data, pointer.kind, pointer.schema))
+        downloaded += got
+    data = file_bytes(assemble(parts, pointer.take, pointer.kind), pointer.kind, pointer.layout)
+    if sha256_bytes(data) != pointer.sha256:
+        raise RebuildMismatch(
+            f"{dest.name} rebuilt from its segments has sha256 {sha256_bytes(data)}, not {pointer.sha256}"
+        )
+    tmp = dest.with_name(f".{dest.name}.part")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+    cache.put_bytes(data, f"file-{pointer.sha256}")
+    return downloaded
+
+
+def put_segment(store: ObjectStore, rows, kind: str, digests: list[bytes], cache: ObjectCache) -> dict:
+    data = file_bytes(rows, kind, [len(digests)] if kind == "parquet" else [])
+    sha = sha256_bytes(data)
+    if not store.exists(digests_key(sha)):  # written last: a segment with its digests is complete
+        store.put(segment_key(sha, kind), data)
+        store.put(digests_key(sha), b"".join(digests))
+    cache.put_bytes(data, f"{sha}.{kind}")
+    cache.put_bytes(b"".join(digests), f"{sha}.digests")
+    return {"sha256": sha, "rows": len(digests)}
+
+
+def upload(
+    store: ObjectStore, src: Path, key: str, related, cache: ObjectCache, min_bytes: int | None = None
+) -> Pointer | None:
+    """Publish `src` at `key`: as a pointer to segments (shared with the `related` pointers' segments where the
+    rows are the same) when it is a table or array of at least `min_bytes` this module can rebuild byte for byte,
+    else whole. The pointer, or None when uploaded whole."""
+    kind = kind_of(key)
+    if kind is None or src.stat().st_size < (MIN_BYTES if min_bytes is None else min_bytes):
+        store.upload(src, key)
+        return None
+    try:
+        rows, layout, sha = read_rows(src, kind), layout_of(src, kind), sha256_path(src)
+        rebuilt = sha256_bytes(file_bytes(rows, kind, layout)) == sha
+    except (ValueError, OSError):  # not a table or array this module reads
+        rebuilt = False
+    if not rebuilt:  # written some other way: no pointer could rebuild it
+        store.upload(src, key)
+        return None
+    schema = arrow_schema(src) if kind == "parquet" else ""
+    shape, digests = row_type(src, rows, kind), row_digests(rows, kind)
+    known: dict[bytes, tuple[str, int]] = {}
+    sizes: dict[str, int] = {}
+    for other in (p for p in related if p.kind == kind and p.rows == shape):
+        for segment in other.segments:
+            if segment["sha256"] not in sizes:
+                sizes[segment["sha256"]] = segment["rows"]
+                for i, d in enumerate(segment_digests(store, segment["sha256"], cache)):
+                    known.setdefault(d, (segment["sha256"], i))
+    found = [known.get(d) for d in digests]
+    new = [i for i, f in enumerate(found) if f is None]
+    used = list(dict.fromkeys(f[0] for f in found if f))  # segments in order of first use
+    held = sum(sizes[s] for s in used) + len(new)
+    whole = len(used) + bool(new) > MAX_SEGMENTS or len(digests) < MIN_USED_SHARE * held
+    if whole:
+        segments, positions = [put_segment(store, rows, kind, digests, cache)], list(range(len(digests)))
+    else:
+        offset, start = {}, 0
+        for s in used:
+            offset[s], start = start, start + sizes[s]
+        segments = [{"sha256": s, "rows": sizes[s]} for s in used]
+        positions = [offset[f[0]] + f[1] if f else -1 for f in found]
+        if new:
+            delta = rows.take(new) if kind == "parquet" else rows[new]
+            segments.append(put_segment(store, delta, kind, [digests[i] for i in new], cache))
+            for j, i in enumerate(new):
+                positions[i] = start + j
+    pointer = Pointer(kind, sha, src.stat().st_size, schema, shape, layout, segments, runs_of(positions))
+    store.put(key, pointer.to_bytes())
+    cache.put(src, f"file-{sha}")
+    return pointer
+
+
+def collect(store: ObjectStore) -> int:
+    """Delete the segments no pointer under runs/ names (run under the writer's exclusive lock); how many."""
+    named = set()
+    for key in store.listing("runs/"):
+        if kind_of(key) and (pointer := read_pointer(store, key)):
+            named |= {s["sha256"] for s in pointer.segments}
+    dropped = [k for k in store.listing(PREFIX) if k[len(PREFIX) :].split(".", 1)[0] not in named]
+    for key in dropped:
+        store.delete(key)
+    return len(dropped)

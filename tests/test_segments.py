@@ -1,0 +1,191 @@
+"""Large run files as pointers to shared segments of rows (sourcegate/pipelines/versions/segments.py): a night on
+object storage writes the rows that changed, and every file reads back byte for byte.
+
+The rules run on pyarrow's local filesystem (no server: fast tier); tests/test_object_store.py and the DAG
+nights run the same code against the real S3 server.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sourcegate.artifact_io import run_folder as rf
+from sourcegate.pipelines.app import staging
+from sourcegate.pipelines.batches import write_batches
+from sourcegate.pipelines.versions import segments
+from sourcegate.pipelines.versions.object_cache import ObjectCache
+from sourcegate.pipelines.versions.object_store import sha256_path
+from tests.test_object_store import local_store
+
+SCHEMA = pa.schema(
+    [("chunk_id", pa.string()), ("n", pa.int64()), ("score", pa.float64()), ("embedding", pa.list_(pa.float32(), 8))]
+)
+
+
+def table(ids, salt: str = "", edited=lambda i: i % 97 == 0) -> pa.Table:
+    vectors = np.array([np.sin(np.arange(8) * (i + 1)) for i in ids], dtype=np.float32).reshape(-1, 8)
+    return pa.table(
+        {
+            "chunk_id": [f"c{i}{salt if edited(i) else ''}" for i in ids],
+            "n": list(ids),
+            "score": [None if i % 13 == 0 else i / 3 for i in ids],
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 8),
+        },
+        schema=SCHEMA,
+    )
+
+
+def write(path, t: pa.Table, rows: int = 1000):
+    write_batches((t.slice(i, rows) for i in range(0, t.num_rows, rows)), path, SCHEMA)
+    return path
+
+
+def written(store) -> int:
+    """Bytes of the segment objects on the store."""
+    return sum(store.listing(segments.PREFIX).values())
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return ObjectCache(None, 0)  # nothing kept: every read goes to the store
+
+
+def test_a_changed_table_writes_only_its_changed_rows_and_reads_back_byte_for_byte(tmp_path, cache):
+    store = local_store(tmp_path)
+    base = write(tmp_path / "base.parquet", table(range(5000)))
+    first = segments.upload(store, base, "runs/r1/chunks.parquet", [], cache, min_bytes=0)
+    assert first is not None and len(first.segments) == 1 and first.segments[0]["rows"] == 5000
+    full = written(store)
+
+    # 1 row in 97 changed, 10 deleted, 20 added
+    night = write(tmp_path / "night.parquet", table([*range(10, 5000), *range(9000, 9020)], salt="-edited"))
+    second = segments.upload(store, night, "runs/r2/chunks.parquet", [first], cache, min_bytes=0)
+    changed = sum(1 for i in range(10, 5000) if i % 97 == 0) + 20
+    assert [s["rows"] for s in second.segments] == [5000, changed]
+    assert written(store) - full < 0.05 * full
+
+    for key, src in (("runs/r1/chunks.parquet", base), ("runs/r2/chunks.parquet", night)):
+        store.download(key, tmp_path / "back.parquet")
+        assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
+        assert (
+            pq.ParquetFile(tmp_path / "back.parquet").metadata.num_row_groups
+            == pq.ParquetFile(src).metadata.num_row_groups
+        )
+
+
+def test_an_array_shares_its_unchanged_rows(tmp_path, cache):
+    store = local_store(tmp_path)
+    vectors = np.random.default_rng(1).random((4000, 16), dtype=np.float32)
+    np.save(tmp_path / "a.npy", vectors)
+    first = segments.upload(store, tmp_path / "a.npy", "runs/r1/index/embeddings.npy", [], cache, min_bytes=0)
+    vectors[::100] += 1.0
+    np.save(tmp_path / "b.npy", vectors)
+    second = segments.upload(store, tmp_path / "b.npy", "runs/r2/index/embeddings.npy", [first], cache, min_bytes=0)
+    assert [s["rows"] for s in second.segments] == [4000, 40]
+    store.download("runs/r2/index/embeddings.npy", tmp_path / "back.npy")
+    assert sha256_path(tmp_path / "back.npy") == sha256_path(tmp_path / "b.npy")
+
+
+def test_files_it_cannot_rebuild_or_too_small_are_uploaded_whole(tmp_path, cache):
+    store = local_store(tmp_path)
+    pq.write_table(table(range(3000)), tmp_path / "gzip.parquet", compression="gzip")  # not how the steps write
+    assert segments.upload(store, tmp_path / "gzip.parquet", "runs/r1/x.parquet", [], cache, min_bytes=0) is None
+    small = write(tmp_path / "small.parquet", table(range(10)))
+    assert segments.upload(store, small, "runs/r1/small.parquet", [], cache) is None  # under MIN_BYTES
+    (tmp_path / "notes.json").write_text("{}")
+    assert segments.upload(store, tmp_path / "notes.json", "runs/r1/notes.json", [], cache, min_bytes=0) is None
+    assert written(store) == 0
+    for name, src in (("x.parquet", tmp_path / "gzip.parquet"), ("small.parquet", small)):
+        store.download(f"runs/r1/{name}", tmp_path / "back")
+        assert (tmp_path / "back").read_bytes() == src.read_bytes()
+
+
+def test_a_file_spread_over_too_many_segments_is_compacted(tmp_path, cache):
+    store = local_store(tmp_path)
+    pointers = []
+    for night in range(segments.MAX_SEGMENTS + 2):
+        edited = lambda i, night=night: i % 20 <= night  # noqa: E731  (each night edits more rows)
+        src = write(tmp_path / f"n{night}.parquet", table(range(2000), salt="-e", edited=edited))
+        pointers.append(
+            segments.upload(store, src, f"runs/r{night:02d}/chunks.parquet", pointers[-1:], cache, min_bytes=0)
+        )
+        assert len(pointers[-1].segments) <= segments.MAX_SEGMENTS
+    assert any(len(p.segments) == 1 for p in pointers[1:])  # rewritten whole once the list was full
+    store.download(f"runs/r{night:02d}/chunks.parquet", tmp_path / "back.parquet")
+    assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
+
+
+def test_collect_drops_only_the_segments_no_pointer_names(tmp_path, cache):
+    store = local_store(tmp_path)
+    first = segments.upload(
+        store, write(tmp_path / "a.parquet", table(range(3000))), "runs/r1/chunks.parquet", [], cache, min_bytes=0
+    )
+    night = write(tmp_path / "b.parquet", table(range(3000), salt="-b"))
+    segments.upload(store, night, "runs/r2/chunks.parquet", [first], cache, min_bytes=0)
+    assert segments.collect(store) == 0
+    orphan = segments.upload(
+        store, write(tmp_path / "c.parquet", table(range(100, 200))), "runs/r3/chunks.parquet", [], cache, min_bytes=0
+    )
+    store.delete_prefix("runs/r1/")
+    store.delete_prefix("runs/r3/")
+    assert segments.collect(store) == 2  # r3's segment and its digests; r1's rows are r2's too
+    assert not store.exists(segments.segment_key(orphan.segments[0]["sha256"], "parquet"))
+    store.download("runs/r2/chunks.parquet", tmp_path / "back.parquet")
+    assert sha256_path(tmp_path / "back.parquet") == sha256_path(night)
+
+
+def test_a_damaged_segment_is_an_error_not_a_different_file(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("SOURCEGATE_SEGMENT_CACHE", "off")  # a cached copy is the true file: read the store
+    store = local_store(tmp_path)
+    first = segments.upload(
+        store, write(tmp_path / "a.parquet", table(range(3000))), "runs/r1/chunks.parquet", [], cache, min_bytes=0
+    )
+    key = segments.segment_key(first.segments[0]["sha256"], "parquet")
+    store.put(key, segments.file_bytes(table(range(1, 3001)), "parquet", [3000]))
+    with pytest.raises(segments.RebuildMismatch, match="back.parquet rebuilt from its segments has sha256"):
+        store.download("runs/r1/chunks.parquet", tmp_path / "back.parquet")
+    assert not (tmp_path / "back.parquet").exists()
+
+
+def test_a_warm_cache_reads_nothing_from_the_store(tmp_path):
+    store, cache = local_store(tmp_path), ObjectCache(tmp_path / "cache", 10**9)
+    src = write(tmp_path / "a.parquet", table(range(3000)))
+    pointer = segments.upload(store, src, "runs/r1/chunks.parquet", [], cache, min_bytes=0)
+    assert segments.rebuild(store, pointer, tmp_path / "w.parquet", cache) == 0  # the publisher kept the file
+    cold = ObjectCache(tmp_path / "cold", 10**9)
+    assert segments.rebuild(store, pointer, tmp_path / "c.parquet", cold) > 0
+    assert segments.rebuild(store, pointer, tmp_path / "c2.parquet", cold) == 0
+    assert sha256_path(tmp_path / "c2.parquet") == sha256_path(src)
+    tiny = ObjectCache(tmp_path / "tiny", 1)  # past its limit: the least recently used entries go
+    tiny.put(src, "file-x")
+    assert list((tmp_path / "tiny").iterdir()) == []
+
+
+def test_staging_publishes_a_night_as_its_changed_rows(tmp_path, monkeypatch):
+    """Two runs through staging.publish: the second run's tables and arrays point at the first run's rows."""
+    monkeypatch.setattr(segments, "MIN_BYTES", 0)
+    monkeypatch.setenv("SOURCEGATE_SEGMENT_CACHE", "off")
+    store = local_store(tmp_path / "store")
+    for run, salt in (("r1", ""), ("r2", "-edited")):
+        scratch = tmp_path / run
+        folder = rf.RunFolder(scratch, run).mkdir()
+        write(folder / rf.CHUNKS, table(range(4000), salt=salt))
+        shard = table(range(4000), salt=salt).cast(pq.read_schema(folder / rf.CHUNKS))  # as merge reads it: "element"
+        write_batches([shard], folder / "embed" / "shard-0000.parquet", shard.schema)
+        np.save(folder / "embeddings.npy", np.arange(4000 * 8, dtype=np.float32).reshape(4000, 8) + (run == "r2"))
+        before = written(store)
+        staging.publish(store, scratch, staging.Snapshot())
+    r1, r2 = (segments.read_pointer(store, f"runs/{r}/{rf.CHUNKS}") for r in ("r1", "r2"))
+    assert r2.segments[0] == r1.segments[0] and r2.segments[1]["rows"] == sum(1 for i in range(4000) if i % 97 == 0)
+    shard = segments.read_pointer(store, "runs/r2/embed/shard-0000.parquet")
+    assert shard.schema != r2.schema and shard.rows == r2.rows  # written under other names, rows of one type
+    assert sorted(shard.segments, key=str) == sorted(r2.segments, key=str)  # the same rows: nothing new written
+    assert written(store) - before < 0.6 * before  # the arrays changed whole (every row +1); the tables by 1/97
+    staged = tmp_path / "staged"
+    staging.stage(store, staged, "r2", staging.Reads(own=(staging.ANY,), previous=(staging.ANY,)))
+    for run in ("r1", "r2"):
+        for name in (rf.CHUNKS, "embeddings.npy"):
+            assert sha256_path(staged / "runs" / run / name) == sha256_path(tmp_path / run / "runs" / run / name)
