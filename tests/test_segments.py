@@ -68,7 +68,7 @@ def test_a_changed_table_writes_only_its_changed_rows_and_reads_back_byte_for_by
     assert written(store) - full < 0.05 * full
 
     for key, src in (("runs/r1/chunks.parquet", base), ("runs/r2/chunks.parquet", night)):
-        store.download(key, tmp_path / "back.parquet")
+        segments.download(store, key, tmp_path / "back.parquet")
         assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
         assert (
             pq.ParquetFile(tmp_path / "back.parquet").metadata.num_row_groups
@@ -85,7 +85,7 @@ def test_an_array_shares_its_unchanged_rows(tmp_path, cache):
     np.save(tmp_path / "b.npy", vectors)
     second = segments.upload(store, tmp_path / "b.npy", "runs/r2/index/embeddings.npy", [first], cache, min_bytes=0)
     assert [s["rows"] for s in second.segments] == [4000, 40]
-    store.download("runs/r2/index/embeddings.npy", tmp_path / "back.npy")
+    segments.download(store, "runs/r2/index/embeddings.npy", tmp_path / "back.npy")
     assert sha256_path(tmp_path / "back.npy") == sha256_path(tmp_path / "b.npy")
 
 
@@ -99,7 +99,7 @@ def test_files_it_cannot_rebuild_or_too_small_are_uploaded_whole(tmp_path, cache
     assert segments.upload(store, tmp_path / "notes.json", "runs/r1/notes.json", [], cache, min_bytes=0) is None
     assert written(store) == 0
     for name, src in (("x.parquet", tmp_path / "gzip.parquet"), ("small.parquet", small)):
-        store.download(f"runs/r1/{name}", tmp_path / "back")
+        segments.download(store, f"runs/r1/{name}", tmp_path / "back")
         assert (tmp_path / "back").read_bytes() == src.read_bytes()
 
 
@@ -114,7 +114,7 @@ def test_a_file_spread_over_too_many_segments_is_compacted(tmp_path, cache):
         )
         assert len(pointers[-1].segments) <= segments.MAX_SEGMENTS
     assert any(len(p.segments) == 1 for p in pointers[1:])  # rewritten whole once the list was full
-    store.download(f"runs/r{night:02d}/chunks.parquet", tmp_path / "back.parquet")
+    segments.download(store, f"runs/r{night:02d}/chunks.parquet", tmp_path / "back.parquet")
     assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
 
 
@@ -133,7 +133,7 @@ def test_collect_drops_only_the_segments_no_pointer_names(tmp_path, cache):
     store.delete_prefix("runs/r3/")
     assert segments.collect(store) == 2  # r3's segment and its digests; r1's rows are r2's too
     assert not store.exists(segments.segment_key(orphan.segments[0]["sha256"], "parquet"))
-    store.download("runs/r2/chunks.parquet", tmp_path / "back.parquet")
+    segments.download(store, "runs/r2/chunks.parquet", tmp_path / "back.parquet")
     assert sha256_path(tmp_path / "back.parquet") == sha256_path(night)
 
 
@@ -146,7 +146,7 @@ def test_a_damaged_segment_is_an_error_not_a_different_file(tmp_path, cache, mon
     key = segments.segment_key(first.segments[0]["sha256"], "parquet")
     store.put(key, segments.file_bytes(table(range(1, 3001)), "parquet", [3000]))
     with pytest.raises(segments.RebuildMismatch, match="back.parquet rebuilt from its segments has sha256"):
-        store.download("runs/r1/chunks.parquet", tmp_path / "back.parquet")
+        segments.download(store, "runs/r1/chunks.parquet", tmp_path / "back.parquet")
     assert not (tmp_path / "back.parquet").exists()
 
 

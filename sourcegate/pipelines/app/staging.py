@@ -177,11 +177,13 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     roles = roles_of(reads, run_id, previous_of(keys, run_id), snap.live, earlier_evaluation_of(keys, run_id))
     snap.runs = {r for k in keys if (r := run_of(k))}
     paths = {key: local_path(scratch, key) for key in sorted(keys)}  # every key checked before any is written
+    cache = segments.default_cache()
     for key, path in paths.items():
         if reads.shard and key == f"runs/{run_id}/{reads.shard[0]}":
-            store.download_rows(key, path, functools.partial(shard_range, shard=reads.shard[1], shards=reads.shard[2]))
+            span = functools.partial(shard_range, shard=reads.shard[1], shards=reads.shard[2])
+            segments.download_rows(store, key, path, span)
         elif wanted(key, reads, roles):
-            store.download(key, path)
+            segments.download(store, key, path, cache)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"")
@@ -233,7 +235,8 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
             if manifests and key == manifests[0]:
                 check()  # a version becomes complete only under a lease that still holds
             if key.split("/", 2)[2].startswith(INDEX_FILES) and run_of(key) in complete:
-                store.upload_once(scratch / key, key, shared.upload)  # G1: a complete version's files never change
+                # G1: a complete version's files never change
+                store.upload_once(scratch / key, key, shared.upload, functools.partial(segments.file_sha256, store))
             else:
                 shared.upload(scratch / key, key)
         check()

@@ -26,6 +26,7 @@ from pathlib import Path
 from sourcegate.artifact_io import run_folder as rf
 from sourcegate.pipelines.search.embedded import EmbeddedSearcher, EmbeddedStore
 from sourcegate.pipelines.versions import manifest as mf
+from sourcegate.pipelines.versions import segments
 from sourcegate.pipelines.versions.object_store import ObjectStore, local_path
 
 CACHE_ENV = "SOURCEGATE_CACHE"
@@ -84,7 +85,7 @@ def fill(store: ObjectStore, entry: Path, prefix: str) -> None:
     try:
         paths = {key: local_path(tmp, key) for key in store.listing(prefix)}  # all checked before any download
         for key, path in paths.items():
-            store.download(key, path)
+            segments.download(store, key, path)
         try:
             tmp.rename(entry)  # atomic; fails when `entry` exists (a non-empty folder)
         except OSError as exc:

@@ -206,36 +206,17 @@ class ObjectStore:
             return None
 
     def download(self, key: str, dest: Path) -> int:
-        """The object as the file `dest`; a pointer to segments (versions/segments.py) is rebuilt into the file it
-        names. Returns the bytes downloaded."""
-        from sourcegate.pipelines.versions import segments
-
+        """The object's bytes as the file `dest` (a pointer to segments as it is: versions/segments.py rebuilds the
+        file it names); the bytes downloaded."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.part")
+        got = 0
         with self.fs.open_input_stream(self.path(key)) as src, open(tmp, "wb") as out:
-            head = src.read(len(segments.MAGIC))
-            if head == segments.MAGIC:
-                pointer = segments.Pointer.from_bytes(head + src.read())
-                out.close()
-                tmp.unlink()
-                return segments.rebuild(self, pointer, dest, segments.default_cache())
-            out.write(head)
-            got = len(head)
             while block := src.read(CHUNK):
                 out.write(block)
                 got += len(block)
         tmp.replace(dest)
         return got
-
-    def sha256(self, key: str) -> str | None:
-        """The sha256 of the file the object is (a pointer's: the file it names); None when absent."""
-        from sourcegate.pipelines.versions import segments
-
-        pointer = segments.read_pointer(self, key)
-        if pointer is not None:
-            return pointer.sha256
-        data = self.get(key)
-        return None if data is None else sha256_bytes(data)
 
     def download_rows(self, key: str, dest: Path, span) -> int:
         """A Parquet object's rows [start, stop) = `span(its row count)` only: a local file of the object's size holding its header,
@@ -244,10 +225,6 @@ class ObjectStore:
         Returns the bytes downloaded."""
         import pyarrow.parquet as pq
 
-        from sourcegate.pipelines.versions import segments
-
-        if segments.read_pointer(self, key) is not None:  # rows shared with other files: the whole file, rebuilt
-            return self.download(key, dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.part")
         with self.fs.open_input_file(self.path(key)) as src, open(tmp, "wb") as out:
@@ -280,11 +257,12 @@ class ObjectStore:
             while block := fh.read(CHUNK):
                 out.write(block)
 
-    def upload_once(self, src: Path, key: str, write=None) -> bool:
+    def upload_once(self, src: Path, key: str, write=None, sha256=None) -> bool:
         """Write an immutable object (with `write(src, key)`, default `upload`): refuse if one exists with other
-        bytes; True when it was written."""
+        content (`sha256(key)`: of the file the object holds, default its bytes'); True when it was written."""
         if self.exists(key):
-            if self.sha256(key) != sha256_path(src):
+            current = sha256(key) if sha256 else sha256_bytes(self.get(key))
+            if current != sha256_path(src):
                 raise WriteOnceViolation(f"refusing to overwrite {self.url(key)}: it exists with other content")
             return False
         (write or self.upload)(src, key)

@@ -225,6 +225,31 @@ def read_pointer(store: ObjectStore, key: str) -> Pointer | None:
         return None
 
 
+def download(store: ObjectStore, key: str, dest: Path, cache: ObjectCache | None = None) -> int:
+    """The file at `key` as `dest`: a pointer's file rebuilt from its segments, any other object as it is; the
+    bytes downloaded."""
+    pointer = read_pointer(store, key)
+    if pointer is None:
+        return store.download(key, dest)
+    return rebuild(store, pointer, dest, cache or default_cache())
+
+
+def download_rows(store: ObjectStore, key: str, dest: Path, span) -> int:
+    """ObjectStore.download_rows for a whole file; a pointer's file is rebuilt whole (its rows come from segments)."""
+    if read_pointer(store, key) is not None:
+        return download(store, key, dest)
+    return store.download_rows(key, dest, span)
+
+
+def file_sha256(store: ObjectStore, key: str) -> str | None:
+    """The sha256 of the file at `key` (a pointer's: the file it names); None when absent."""
+    pointer = read_pointer(store, key)
+    if pointer is not None:
+        return pointer.sha256
+    data = store.get(key)
+    return None if data is None else sha256_bytes(data)
+
+
 def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache) -> tuple[bytes, int]:
     """An immutable object's bytes from the cache, else from the store (then kept); and the bytes downloaded."""
     path = cache.get(name)
