@@ -112,35 +112,21 @@ class AnonPeak:
 
 
 def synthetic_embed(cfg: dict, run_id: str) -> dict:
-    """The base's chunks.parquet: chunks.text + seeded random unit vectors under the real model's id and fingerprint."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """The base's chunks.parquet: chunks.text + seeded random unit vectors under the real model's id and fingerprint,
+    written as the embed step writes it (its schema, batches.write_batches)."""
     from sourcegate import api as steps
-    from sourcegate.artifact_io import atomic_write
+    from sourcegate.pipelines.batches import iter_batches, write_batches
+    from sourcegate.pipelines.build.embed import chunks_schema, with_vectors
 
     run = RunFolder(cfg.artifacts, run_id)
-    folder = run.path
     model_id, fingerprint, dim = cfg.embedding.model_id, steps.embedding_fingerprint(cfg), 384
-    source = pq.ParquetFile(folder / "chunks.text.parquet")
-    rows = 0
 
-    def write(tmp: str) -> None:
-        nonlocal rows
-        writer = None
-        for i, batch in enumerate(source.iter_batches(batch_size=65_536)):
-            v = np.random.default_rng([3, i]).standard_normal((batch.num_rows, dim), dtype=np.float32)
-            v /= np.linalg.norm(v, axis=1, keepdims=True)
-            n = batch.num_rows
-            table = pa.Table.from_batches([batch]).append_column("model_id", pa.array([model_id] * n, pa.string()))
-            table = table.append_column("model_fingerprint", pa.array([fingerprint] * n, pa.string()))
-            table = table.append_column("embedding", pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), dim))
-            writer = writer or pq.ParquetWriter(tmp, table.schema)
-            writer.write_table(table)
-            rows += n
-        writer.close()
+    def tables():
+        for i, table in enumerate(iter_batches(run / "chunks.text.parquet", rows=65_536)):
+            v = np.random.default_rng([3, i]).standard_normal((table.num_rows, dim), dtype=np.float32)
+            yield with_vectors(table, v / np.linalg.norm(v, axis=1, keepdims=True), model_id, fingerprint)
 
-    atomic_write(folder / "chunks.parquet", write)
+    rows = write_batches(tables(), run / "chunks.parquet", chunks_schema(dim))
     run.update_info(models={"embedding": {"id": model_id, "dimension": dim, "fingerprint": fingerprint}}, counts={})
     return {"rows": rows, "synthetic": True}
 

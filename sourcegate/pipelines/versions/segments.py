@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ import numpy as np
 from sourcegate.pipelines.versions.object_cache import ObjectCache
 from sourcegate.pipelines.versions.object_store import ObjectStore, sha256_bytes, sha256_path
 
+SWITCH_ENV = "SOURCEGATE_SEGMENTS"  # "off": publish every file whole (as before segments; benchmark 10 compares)
 MAGIC = b"SOURCEGATE-SEGMENTS/1\n"
 PREFIX = "segments/"
 MIN_BYTES = 256 << 10  # smaller files are uploaded whole: a pointer and a lookup would cost more than they save
@@ -308,7 +310,8 @@ def upload(
     rows are the same) when it is a table or array of at least `min_bytes` this module can rebuild byte for byte,
     else whole. The pointer, or None when uploaded whole."""
     kind = kind_of(key)
-    if kind is None or src.stat().st_size < (MIN_BYTES if min_bytes is None else min_bytes):
+    small = src.stat().st_size < (MIN_BYTES if min_bytes is None else min_bytes)
+    if kind is None or small or os.environ.get(SWITCH_ENV) == "off":
         store.upload(src, key)
         return None
     try:
