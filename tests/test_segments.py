@@ -7,6 +7,8 @@ nights run the same code against the real S3 server.
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -189,3 +191,13 @@ def test_staging_publishes_a_night_as_its_changed_rows(tmp_path, monkeypatch):
     for run in ("r1", "r2"):
         for name in (rf.CHUNKS, "embeddings.npy"):
             assert sha256_path(staged / "runs" / run / name) == sha256_path(tmp_path / run / "runs" / run / name)
+
+    # retention drops r1 (its folder gone from the staged scratch): the rows only r1 held go with it
+    snap = staging.stage(store, tmp_path / "retention", "r2", staging.Reads())
+    shutil.rmtree(tmp_path / "retention" / "runs" / "r1")
+    r1_vectors = segments.read_pointer(store, "runs/r1/embeddings.npy").segments[0]["sha256"]
+    staging.publish(store, tmp_path / "retention", snap)
+    assert not store.listing("runs/r1/") and not store.exists(segments.segment_key(r1_vectors, "npy"))
+    assert store.exists(segments.segment_key(r1.segments[0]["sha256"], "parquet"))  # r2 still uses r1's rows
+    segments.download(store, "runs/r2/chunks.parquet", tmp_path / "again.parquet")
+    assert sha256_path(tmp_path / "again.parquet") == r2.sha256
