@@ -1,4 +1,4 @@
-"""Benchmark: a night with artifacts on the local S3 server (moto) vs on local disk, side by side (issue 23 item 7).
+"""Benchmark: a night with artifacts on the local S3 server (moto) vs on local disk, side by side (issues 23, 49).
 
 Each night runs the nightly DAG's tasks in order, **each task in its own process** (the share-nothing case:
 a Celery or Kubernetes worker per task). On the S3 side every task goes through `staging.task_staged`,
@@ -15,12 +15,18 @@ a second local folder and published to the bucket, neither counted).
   validate, load. Evaluation and the gate are skipped, as in benchmark 14 (the demo's eval sets label
   nothing in this corpus).
 
+Beside the local night, three nights on S3 (S3_SIDES): `whole`, every file published whole as before segments
+(SOURCEGATE_SEGMENTS=off: a full night's traffic); and with segments (sourcegate/pipelines/versions/segments.py:
+large tables and arrays as pointers to shared rows) `cold`, every task with an empty worker cache of store
+objects (a fresh worker per task), and `warm`, every task with the cache the base's publication left (the
+worker that ran the night before). Each S3 night starts from the base published under its own side's settings.
+
 moto_server runs on loopback (tests/s3_server.py) behind a counting TCP relay in this process: the bytes the
 tasks send to the store (PUT bodies, requests) and receive from it (GET bodies, listings, responses) are
 counted on the wire, HTTP headers included, per night; the server's request log gives requests by method.
-The relay adds a hop to every S3 request (counted against S3). Repetitions alternate which side goes first.
+The relay adds a hop to every S3 request (counted against S3). Rounds reverse the order of the sides.
 
-    nice -n 10 .venv/bin/python -m benchmarks.s3_night [--nights demo,100k] [--repeats 2]
+    nice -n 10 .venv/bin/python -m benchmarks.s3_night [--nights demo,100k] [--repeats 2] [--sides whole,cold,warm]
 """
 
 from __future__ import annotations

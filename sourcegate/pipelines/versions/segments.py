@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -152,39 +153,46 @@ def file_bytes(rows, kind: str, layout: list[int]) -> bytes:
     return out.getvalue()
 
 
+DIGEST_ROWS = 65_536  # rows digested at a time: memory bounded by a batch (batches.BATCH_ROWS)
+KEYS = (b"sourcegate-row-a", b"sourcegate-row-b")  # two SipHash keys: 128 bits per value (pandas.util.hash_array)
+
+
 def row_digests(rows, kind: str) -> list[bytes]:
-    """One 16-byte digest per row: equal rows (same schema) have equal digests."""
-    if kind == "npy":
-        flat = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8).reshape(len(rows), -1)
-        return [hashlib.blake2b(r.tobytes(), digest_size=16).digest() for r in flat]
-    columns = [column_values(rows.column(i).combine_chunks()) for i in range(rows.num_columns)]
-    out = []
-    for values in zip(*columns, strict=True) if columns else [() for _ in range(rows.num_rows)]:
-        digest = hashlib.blake2b(digest_size=16)
-        for value in values:
-            digest.update(len(value).to_bytes(8, "little"))
-            digest.update(value)
-        out.append(digest.digest())
+    """One 16-byte digest per row (blake2b of the row's values, each column at a fixed width): equal rows of one row
+    type have equal digests. In batches, each column turned into bytes by numpy or pandas, not row by row."""
+    out: list[bytes] = []
+    for start in range(0, len(rows), DIGEST_ROWS):
+        if kind == "npy":
+            part = np.ascontiguousarray(rows[start : start + DIGEST_ROWS])
+            matrix = part.reshape(len(part), -1).view(np.uint8).reshape(len(part), -1)
+        else:
+            part = rows.slice(start, DIGEST_ROWS)
+            matrix = np.hstack([column_bytes(part.column(i).combine_chunks()) for i in range(part.num_columns)])
+        out += [hashlib.blake2b(row, digest_size=16).digest() for row in np.ascontiguousarray(matrix)]
     return out
 
 
-def column_values(array) -> list[bytes]:
-    """Each row's value in one column as bytes: numbers and vectors by their bytes, anything else by its repr."""
+def column_bytes(array) -> np.ndarray:
+    """A column as one row of bytes per value, every row the same width: numbers and vectors of numbers by their
+    bytes; anything else (text, nulls) by two keyed 64-bit hashes of its text and a null flag."""
     import pyarrow as pa
     import pyarrow.compute as pc
+    from pandas.util import hash_array
 
-    t = array.type
-    if array.null_count == 0 and (pa.types.is_list(t) or pa.types.is_fixed_size_list(t)) and len(array):
+    t, n = array.type, len(array)
+    if array.null_count == 0 and (pa.types.is_list(t) or pa.types.is_fixed_size_list(t)) and n:
         values = array.flatten()
         lengths = pc.list_value_length(array).to_numpy()
         numeric = pa.types.is_floating(values.type) or pa.types.is_integer(values.type)
         if numeric and values.null_count == 0 and (lengths == lengths[0]).all():
-            matrix = np.ascontiguousarray(values.to_numpy()).reshape(len(array), -1)
-            return [r.tobytes() for r in matrix]
+            return np.ascontiguousarray(values.to_numpy()).view(np.uint8).reshape(n, -1)
     if array.null_count == 0 and (pa.types.is_floating(t) or pa.types.is_integer(t)):
-        numbers = np.ascontiguousarray(array.to_numpy())
-        return [r.tobytes() for r in numbers.view(np.uint8).reshape(len(array), -1)]
-    return [repr(v).encode() for v in array.to_pylist()]
+        return np.ascontiguousarray(array.to_numpy()).view(np.uint8).reshape(n, -1)
+    text = pa.types.is_string(t) or pa.types.is_large_string(t)
+    values = np.array(["" if v is None else v if text else repr(v) for v in array.to_pylist()], dtype=object)
+    hashes = [hash_array(values, hash_key=k.decode(), categorize=False).view(np.uint8).reshape(n, 8) for k in KEYS]
+    nulls = array.is_null().to_numpy(zero_copy_only=False).astype(np.uint8).reshape(n, 1)
+    return np.hstack([*hashes, nulls])
 
 
 def runs_of(positions: list[int]) -> list[list[int]]:
@@ -316,14 +324,17 @@ def upload(
         return None
     try:
         rows, layout, sha = read_rows(src, kind), layout_of(src, kind), sha256_path(src)
-        rebuilt = sha256_bytes(file_bytes(rows, kind, layout)) == sha
     except (ValueError, OSError):  # not a table or array this module reads
-        rebuilt = False
-    if not rebuilt:  # written some other way: no pointer could rebuild it
+        rows = None
+    if rows is not None:
+        with ThreadPoolExecutor(1) as pool:  # Arrow writes and hashes without the GIL: beside the digests
+            rebuilt = pool.submit(lambda: sha256_bytes(file_bytes(rows, kind, layout)) == sha)
+            digests = row_digests(rows, kind)
+    if rows is None or not rebuilt.result():  # written some other way: no pointer could rebuild it
         store.upload(src, key)
         return None
     schema = arrow_schema(src) if kind == "parquet" else ""
-    shape, digests = row_type(src, rows, kind), row_digests(rows, kind)
+    shape = row_type(src, rows, kind)
     known: dict[bytes, tuple[str, int]] = {}
     sizes: dict[str, int] = {}
     for other in (p for p in related if p.kind == kind and p.rows == shape):
