@@ -240,9 +240,11 @@ def merge_shards(chunks_text: str | Path, shard_files: list[Path], out: str | Pa
         if done != len(order):
             _raise_unmerged(order, shard_files)
 
-    schema = pq.read_schema(shard_files[0]) if shard_files else None
-    if schema is None:
+    if not shard_files:
         _raise_unmerged(order, shard_files)
+    # the schema the shards were written with (read back, a list's values are renamed): one shard's merge is
+    # then the shard byte for byte, and shares its stored copy on an object store (versions/segments.py)
+    schema = chunks_schema(pq.read_schema(shard_files[0]).field("embedding").type.list_size)
     return write_batches(tables(), out, schema)
 
 

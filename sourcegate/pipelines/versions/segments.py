@@ -235,20 +235,24 @@ def read_pointer(store: ObjectStore, key: str) -> Pointer | None:
         return None
 
 
-def download(store: ObjectStore, key: str, dest: Path, cache: ObjectCache | None = None) -> int:
-    """The file at `key` as `dest`: a pointer's file rebuilt from its segments, any other object as it is; the
-    bytes downloaded."""
+def download(store: ObjectStore, key: str, dest: Path, cache: ObjectCache | None = None) -> str | None:
+    """The file at `key` as `dest`: a pointer's file rebuilt from its segments (its sha256 returned: checked), any
+    other object as it is (None)."""
     pointer = read_pointer(store, key)
     if pointer is None:
-        return store.download(key, dest)
-    return rebuild(store, pointer, dest, cache or default_cache())
+        store.download(key, dest)
+        return None
+    rebuild(store, pointer, dest, cache or default_cache())
+    return pointer.sha256
 
 
-def download_rows(store: ObjectStore, key: str, dest: Path, span) -> int:
-    """ObjectStore.download_rows for a whole file; a pointer's file is rebuilt whole (its rows come from segments)."""
+def download_rows(store: ObjectStore, key: str, dest: Path, span) -> str | None:
+    """ObjectStore.download_rows for a whole file (None); a pointer's file is rebuilt whole (its rows come from
+    segments) and its sha256 returned."""
     if read_pointer(store, key) is not None:
         return download(store, key, dest)
-    return store.download_rows(key, dest, span)
+    store.download_rows(key, dest, span)
+    return None
 
 
 def file_sha256(store: ObjectStore, key: str) -> str | None:
@@ -322,8 +326,13 @@ def upload(
     if kind is None or small or os.environ.get(SWITCH_ENV) == "off":
         store.upload(src, key)
         return None
+    sha = sha256_path(src)
+    same = next((p for p in related if p.kind == kind and p.sha256 == sha), None)
+    if same is not None:  # the same file as a related one (a night that changed nothing; one shard's merge)
+        store.put(key, same.to_bytes())
+        return same
     try:
-        rows, layout, sha = read_rows(src, kind), layout_of(src, kind), sha256_path(src)
+        rows, layout = read_rows(src, kind), layout_of(src, kind)
     except (ValueError, OSError):  # not a table or array this module reads
         rows = None
     if rows is not None:
