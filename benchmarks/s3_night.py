@@ -18,15 +18,16 @@ a second local folder and published to the bucket, neither counted).
 Beside the local night, three nights on S3 (S3_SIDES): `whole`, every file published whole as before segments
 (SOURCEGATE_SEGMENTS=off: a full night's traffic); and with segments (sourcegate/pipelines/versions/segments.py:
 large tables and arrays as pointers to shared rows) `cold`, every task with an empty worker cache of store
-objects (a fresh worker per task), and `warm`, every task with the cache the base's publication left (the
-worker that ran the night before). Each S3 night starts from the base published under its own side's settings.
+objects (a fresh worker per task), `pool`, every task with the segments the base's publication kept but none of
+its whole files (a pool's worker: yesterday's rows, tonight's files made elsewhere), and `warm`, every task with
+the cache the base's publication left (the worker that ran the night before). Each S3 night starts from the base published under its own side's settings.
 
 moto_server runs on loopback (tests/s3_server.py) behind a counting TCP relay in this process: the bytes the
 tasks send to the store (PUT bodies, requests) and receive from it (GET bodies, listings, responses) are
 counted on the wire, HTTP headers included, per night; the server's request log gives requests by method.
 The relay adds a hop to every S3 request (counted against S3). Rounds reverse the order of the sides.
 
-    nice -n 10 .venv/bin/python -m benchmarks.s3_night [--nights demo,100k] [--repeats 2] [--sides whole,cold,warm]
+    nice -n 10 .venv/bin/python -m benchmarks.s3_night [--nights demo,100k] [--repeats 2] [--sides whole,cold,pool,warm]
 """
 
 from __future__ import annotations
@@ -168,19 +169,29 @@ def folder_bytes(path: Path) -> int:
 
 # The S3 sides. "whole": every file published whole (SOURCEGATE_SEGMENTS=off, as before segments): a full
 # night's traffic. With segments (sourcegate/pipelines/versions/segments.py), the worker cache of store objects
-# "cold": every task on a fresh worker (its own empty cache: the share-nothing worst case); "warm": every task on
-# the worker that published the base the night before (the cache as that publication left it).
-S3_SIDES = ("whole", "cold", "warm")
+# "cold": every task on a fresh worker (its own empty cache: the share-nothing worst case); "pool": every task on a
+# worker that holds the earlier nights' segments but none of tonight's files; "warm": every task on the worker
+# that published the base the night before (the cache as that publication left it).
+S3_SIDES = ("whole", "cold", "pool", "warm")
 
 
 def cache_env(side: str, store: dict, task: str = "") -> dict:
-    """The environment of a task (or of the base's publication) on `side`."""
+    """The environment of a task (or, task "base", of the base's publication) on `side`. A "pool" task's cache:
+    the segments the base's publication kept (a worker of the pool that ran earlier nights), none of the whole
+    files (tonight's files come from other workers), so every file it stages is rebuilt from its segments."""
     cache = store["work"] / "cache"
     if side == "local":
         return {}
     if side == "whole":
         return {"SOURCEGATE_SEGMENTS": "off", "SOURCEGATE_SEGMENT_CACHE": "off"}
-    return {"SOURCEGATE_SEGMENT_CACHE": str(cache / (f"task-{task}" if side == "cold" else "warm"))}
+    if side == "pool" and task != "base":
+        worker = cache / f"task-{task}"
+        worker.mkdir(parents=True)
+        for entry in (cache / "base").iterdir():
+            if not entry.name.startswith("file-"):
+                os.link(entry, worker / entry.name)  # read only: entries are replaced, never written in place
+        return {"SOURCEGATE_SEGMENT_CACHE": str(worker)}
+    return {"SOURCEGATE_SEGMENT_CACHE": str(cache / ("base" if task == "base" or side == "warm" else f"task-{task}"))}
 
 
 def one_night(side: str, setup: dict, store: dict, relay, moto_log: Path) -> dict:
