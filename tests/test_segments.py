@@ -161,6 +161,8 @@ def test_a_warm_cache_reads_nothing_from_the_store(tmp_path):
     assert segments.rebuild(store, pointer, tmp_path / "c.parquet", cold) > 0
     assert segments.rebuild(store, pointer, tmp_path / "c2.parquet", cold) == 0
     assert sha256_path(tmp_path / "c2.parquet") == sha256_path(src)
+    linked = ObjectCache(tmp_path / "linked", 10**9).put(src, "file-y", link=True)  # a scratch file: no copy
+    assert linked.stat().st_ino == src.stat().st_ino
     tiny = ObjectCache(tmp_path / "tiny", 1)  # past its limit: the least recently used entries go
     tiny.put(src, "file-x")
     assert list((tmp_path / "tiny").iterdir()) == []

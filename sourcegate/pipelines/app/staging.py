@@ -302,7 +302,8 @@ class SharedRows:
         return [p for k in keys if (p := self.pointer(k))]
 
     def upload(self, path: Path, key: str) -> None:
-        pointer = segments.upload(self.store, path, key, self.related(key), self.cache)
+        # publish runs on a staged scratch folder, removed right after: its files can be linked into the cache
+        pointer = segments.upload(self.store, path, key, self.related(key), self.cache, link=True)
         self.keys[key] = len(pointer.to_bytes()) if pointer else path.stat().st_size
         self.pointers[key] = pointer
 

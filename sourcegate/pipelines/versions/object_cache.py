@@ -46,9 +46,10 @@ class ObjectCache:
             return None
         return path
 
-    def put(self, src: Path, name: str) -> Path | None:
-        """Keep a copy of `src` as `name` (a copy, not a link: whoever owns `src` may rewrite it in place); the
-        cached path, or None when nothing is kept."""
+    def put(self, src: Path, name: str, link: bool = False) -> Path | None:
+        """Keep `src` as `name`: a copy, or with `link` a hard link where the disk allows (only for a file nothing
+        will write again: a staged scratch folder's, published and about to be removed); the cached path, or
+        None when nothing is kept."""
         if self.root is None:
             return None
         path = self.root / name
@@ -59,7 +60,8 @@ class ObjectCache:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.", suffix=".tmp")
         os.close(fd)
         try:
-            shutil.copyfile(src, tmp)
+            if not (link and linked(src, Path(tmp))):
+                shutil.copyfile(src, tmp)
             os.replace(tmp, path)  # another process's copy of the same content may land first: same bytes
         finally:
             Path(tmp).unlink(missing_ok=True)
@@ -95,3 +97,13 @@ class ObjectCache:
                 break
             path.unlink(missing_ok=True)
             total -= size
+
+
+def linked(src: Path, dest: Path) -> bool:
+    """Hard-link `src` as `dest` (replacing it); False where the disk does not allow it (another device)."""
+    try:
+        dest.unlink(missing_ok=True)
+        os.link(src, dest)
+        return True
+    except OSError:
+        return False

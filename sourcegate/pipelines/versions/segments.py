@@ -316,11 +316,18 @@ def put_segment(store: ObjectStore, rows, kind: str, digests: list[bytes], cache
 
 
 def upload(
-    store: ObjectStore, src: Path, key: str, related, cache: ObjectCache, min_bytes: int | None = None
+    store: ObjectStore,
+    src: Path,
+    key: str,
+    related,
+    cache: ObjectCache,
+    min_bytes: int | None = None,
+    link: bool = False,
 ) -> Pointer | None:
     """Publish `src` at `key`: as a pointer to segments (shared with the `related` pointers' segments where the
     rows are the same) when it is a table or array of at least `min_bytes` this module can rebuild byte for byte,
-    else whole. The pointer, or None when uploaded whole."""
+    else whole. The pointer, or None when uploaded whole. The worker's cache keeps the file (`link`: by a hard
+    link, for a file nothing writes again)."""
     kind = kind_of(key)
     small = src.stat().st_size < (MIN_BYTES if min_bytes is None else min_bytes)
     if kind is None or small or os.environ.get(SWITCH_ENV) == "off":
@@ -372,7 +379,7 @@ def upload(
                 positions[i] = start + j
     pointer = Pointer(kind, sha, src.stat().st_size, schema, shape, layout, segments, runs_of(positions))
     store.put(key, pointer.to_bytes())
-    cache.put(src, f"file-{sha}")
+    cache.put(src, f"file-{sha}", link)
     return pointer
 
 
