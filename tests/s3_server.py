@@ -103,10 +103,11 @@ class Relay:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             self.sockets += [client, upstream]
+            pair = [client, upstream, 2]  # closed when both directions are done: no descriptor kept per request
             for a, b, up in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pipe, args=(a, b, up), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, up, pair), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool, pair: list) -> None:
         try:
             while data := src.recv(1 << 20):
                 dst.sendall(data)
@@ -121,6 +122,14 @@ class Relay:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+            with self.lock:
+                pair[2] -= 1
+                done = pair[2] == 0
+                if done:
+                    self.sockets = [s for s in self.sockets if s not in pair[:2]]
+            if done:
+                for s in pair[:2]:
+                    s.close()
 
     def counts(self) -> tuple[int, int]:
         """Bytes relayed so far: (to the store, from the store), HTTP headers included."""
