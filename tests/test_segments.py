@@ -161,6 +161,10 @@ def test_a_warm_cache_reads_nothing_from_the_store(tmp_path):
     assert segments.rebuild(store, pointer, tmp_path / "c.parquet", cold) > 0
     assert segments.rebuild(store, pointer, tmp_path / "c2.parquet", cold) == 0
     assert sha256_path(tmp_path / "c2.parquet") == sha256_path(src)
+    with open(cold.get(f"file-{pointer.sha256}"), "r+b") as damaged:  # a cached file written to in place
+        damaged.truncate(100)
+    assert segments.rebuild(store, pointer, tmp_path / "c3.parquet", cold) == 0  # dropped, rebuilt from segments
+    assert sha256_path(tmp_path / "c3.parquet") == sha256_path(src)
     linked = ObjectCache(tmp_path / "linked", 10**9).put(src, "file-y", link=True)  # a scratch file: no copy
     assert linked.stat().st_ino == src.stat().st_ino
     tiny = ObjectCache(tmp_path / "tiny", 1)  # past its limit: the least recently used entries go

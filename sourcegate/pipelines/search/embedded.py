@@ -223,6 +223,7 @@ def write_index_files(chunks_parquet: str | Path, folder: Path, rows: int | None
     stored = source.schema_arrow
     stored = pa.schema([stored.field(name) for name in STORED_FIELDS])
     bm25, vectors_written = BM25Builder(), 0
+    (folder / "embeddings.npy").unlink(missing_ok=True)  # a new file: a staged one may be a worker cache's link
     with open(folder / "embeddings.npy", "wb") as npy:
         header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False}
         np.lib.format.write_array_header_1_0(npy, header | {"shape": (total, dimension)})  # np.save's header

@@ -47,9 +47,8 @@ class ObjectCache:
         return path
 
     def put(self, src: Path, name: str, link: bool = False) -> Path | None:
-        """Keep `src` as `name`: a copy, or with `link` a hard link where the disk allows (only for a file nothing
-        will write again: a staged scratch folder's, published and about to be removed); the cached path, or
-        None when nothing is kept."""
+        """Keep `src` as `name`: a copy, or with `link` a hard link where the disk allows (a staged scratch
+        folder's file, published and about to be removed); the cached path, or None when nothing is kept."""
         if self.root is None:
             return None
         path = self.root / name
@@ -77,14 +76,19 @@ class ObjectCache:
             out.write(data)
         os.replace(tmp, self.root / name)
 
-    def copy_to(self, name: str, dest: Path) -> bool:
-        """Copy the cached `name` to `dest` (a copy: the caller may change its file); False when absent."""
+    def copy_to(self, name: str, dest: Path, size: int | None = None) -> bool:
+        """The cached `name` as `dest`: a hard link where the disk allows (the steps replace a file to change it,
+        never rewrite it in place), else a copy; False when absent or not `size` bytes long (damaged: dropped)."""
         path = self.get(name)
         if path is None:
             return False
+        if size is not None and path.stat().st_size != size:
+            path.unlink(missing_ok=True)
+            return False
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.part")
-        shutil.copyfile(path, tmp)
+        if not linked(path, tmp):
+            shutil.copyfile(path, tmp)
         tmp.replace(dest)
         return True
 

@@ -284,7 +284,7 @@ def segment_digests(store: ObjectStore, sha: str, cache: ObjectCache) -> list[by
 def rebuild(store: ObjectStore, pointer: Pointer, dest: Path, cache: ObjectCache) -> int:
     """Write the file `pointer` describes to `dest`, checked against its sha256; the bytes downloaded."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if cache.copy_to(f"file-{pointer.sha256}", dest):
+    if cache.copy_to(f"file-{pointer.sha256}", dest, pointer.size):
         return 0
     parts, downloaded = [], 0
     for segment in pointer.segments:
