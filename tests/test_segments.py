@@ -51,7 +51,7 @@ def written(store) -> int:
 
 
 @pytest.fixture
-def cache(tmp_path):
+def cache():
     return ObjectCache(None, 0)  # nothing kept: every read goes to the store
 
 

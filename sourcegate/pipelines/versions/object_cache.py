@@ -49,6 +49,13 @@ class ObjectCache:
     def put(self, src: Path, name: str, link: bool = False) -> Path | None:
         """Keep `src` as `name`: a copy, or with `link` a hard link where the disk allows (a staged scratch
         folder's file, published and about to be removed); the cached path, or None when nothing is kept."""
+        return self._place(name, lambda tmp: (link and linked(src, tmp)) or shutil.copyfile(src, tmp))
+
+    def put_bytes(self, data: bytes, name: str) -> None:
+        self._place(name, lambda tmp: tmp.write_bytes(data))
+
+    def _place(self, name: str, write) -> Path | None:
+        """`write(temp path)` in the cache folder, moved into place as `name` (kept as it is when there)."""
         if self.root is None:
             return None
         path = self.root / name
@@ -59,22 +66,12 @@ class ObjectCache:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.", suffix=".tmp")
         os.close(fd)
         try:
-            if not (link and linked(src, Path(tmp))):
-                shutil.copyfile(src, tmp)
+            write(Path(tmp))
             os.replace(tmp, path)  # another process's copy of the same content may land first: same bytes
         finally:
             Path(tmp).unlink(missing_ok=True)
         self.trim()
         return path
-
-    def put_bytes(self, data: bytes, name: str) -> None:
-        if self.root is None or (self.root / name).exists():
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, self.root / name)
 
     def copy_to(self, name: str, dest: Path, size: int | None = None) -> bool:
         """The cached `name` as `dest`: a hard link where the disk allows (the steps replace a file to change it,
