@@ -68,6 +68,36 @@ def test_an_object_deleted_between_look_up_and_read_is_absent_not_an_error(tmp_p
     assert store.get(".sourcegate.lock.json") is None
 
 
+class FailingReads(pafs.LocalFileSystem):
+    """pyarrow's local filesystem whose next `failures` reads fail as a GET racing a DELETE or PUT does on S3."""
+
+    failures = 0
+
+    def open_input_stream(self, path):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("AWS Error INTERNAL_FAILURE during GetObject operation: Failed to flush response stream")
+        return super().open_input_stream(path)
+
+
+def test_an_object_deleted_or_replaced_during_its_read_is_absent_or_read_again(tmp_path, monkeypatch):
+    # CI, 2026-12-06: a claim deleted between pyarrow's size look-up and its GET surfaced as this OSError, which
+    # is not a FileNotFoundError, and killed a writer waiting for the lock
+    store = local_store(tmp_path)
+    store.fs = FailingReads()
+    store.put("claim.json", b"{}")
+    store.fs.failures = 1
+    assert store.get("claim.json") == b"{}"  # replaced mid-read: read again
+    store.fs.failures = 1
+    looks = iter([True, False])
+    monkeypatch.setattr(store, "exists", lambda key: next(looks))  # seen, then gone by the second look
+    assert store.get("claim.json") is None
+    monkeypatch.setattr(store, "exists", lambda key: True)
+    store.fs.failures = 2
+    with pytest.raises(OSError, match="Failed to flush"):  # failing twice while it exists is the store's error
+        store.get("claim.json")
+
+
 def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path):
     store = local_store(tmp_path)
     scratch = tmp_path / "scratch"
