@@ -136,21 +136,34 @@ def row_type(path: Path, rows, kind: str) -> str:
 
 
 def file_bytes(rows, kind: str, layout: list[int]) -> bytes:
-    """The file holding `rows` as the pipeline writes it: Parquet with pyarrow's defaults, one row group per
-    `layout` entry (batches.write_batches); npy as np.save (the index's embeddings.npy)."""
+    """The bytes of the file holding `rows` (write_file's, in memory)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    write_file(rows, kind, layout, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def write_file(rows, kind: str, layout: list[int], sink) -> None:
+    """The file holding `rows` as the pipeline writes it, to `sink` (a path or a pyarrow output stream): Parquet
+    with pyarrow's defaults, one row group per `layout` entry (batches.write_batches); npy as np.save (the index's
+    embeddings.npy)."""
     if kind == "parquet":
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table, sink, start = rows.combine_chunks(), pa.BufferOutputStream(), 0
-        with pq.ParquetWriter(sink, table.schema) as writer:
+        table, start = rows.combine_chunks(), 0
+        with pq.ParquetWriter(sink if not isinstance(sink, Path) else str(sink), table.schema) as writer:
             for count in layout:
                 writer.write_table(table.slice(start, count), row_group_size=count)
                 start += count
-        return sink.getvalue().to_pybytes()
-    out = io.BytesIO()
-    np.save(out, rows, allow_pickle=False)
-    return out.getvalue()
+        return
+    if isinstance(sink, Path):
+        with open(sink, "wb") as out:
+            np.save(out, rows, allow_pickle=False)
+    else:
+        out = io.BytesIO()
+        np.save(out, rows, allow_pickle=False)
+        sink.write(out.getvalue())
 
 
 DIGEST_ROWS = 65_536  # rows digested at a time: memory bounded by a batch (batches.BATCH_ROWS)
@@ -264,11 +277,12 @@ def file_sha256(store: ObjectStore, key: str) -> str | None:
     return None if data is None else sha256_bytes(data)
 
 
-def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache) -> tuple[bytes, int]:
-    """An immutable object's bytes from the cache, else from the store (then kept); and the bytes downloaded."""
+def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache) -> tuple[Path | bytes, int]:
+    """An immutable object from the cache (its path), else from the store (its bytes, then kept); and the bytes
+    downloaded."""
     path = cache.get(name)
     if path is not None:
-        return path.read_bytes(), 0
+        return path, 0
     data = store.get(key)
     if data is None:
         raise FileNotFoundError(f"{store.url(key)} is missing: a pointer names it")
@@ -277,30 +291,31 @@ def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache) -> tuple[
 
 
 def segment_digests(store: ObjectStore, sha: str, cache: ObjectCache) -> list[bytes]:
-    data, _ = fetch(store, digests_key(sha), f"{sha}.digests", cache)
+    source, _ = fetch(store, digests_key(sha), f"{sha}.digests", cache)
+    data = source.read_bytes() if isinstance(source, Path) else source
     return [data[i : i + 16] for i in range(0, len(data), 16)]
 
 
 def rebuild(store: ObjectStore, pointer: Pointer, dest: Path, cache: ObjectCache) -> int:
-    """Write the file `pointer` describes to `dest`, checked against its sha256; the bytes downloaded."""
+    """Write the file `pointer` describes to `dest`, checked against its sha256; the bytes downloaded. The file is
+    written once, straight to disk, and kept in the worker's cache as a hard link (a staged file is replaced,
+    never rewritten in place)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     if cache.copy_to(f"file-{pointer.sha256}", dest, pointer.size):
         return 0
     parts, downloaded = [], 0
     for segment in pointer.segments:
         sha = segment["sha256"]
-        data, got = fetch(store, segment_key(sha, pointer.kind), f"{sha}.{pointer.kind}", cache)
-        parts.append(read_rows(data, pointer.kind, pointer.schema))
+        source, got = fetch(store, segment_key(sha, pointer.kind), f"{sha}.{pointer.kind}", cache)
+        parts.append(read_rows(source, pointer.kind, pointer.schema))
         downloaded += got
-    data = file_bytes(assemble(parts, pointer.take, pointer.kind), pointer.kind, pointer.layout)
-    if sha256_bytes(data) != pointer.sha256:
-        raise RebuildMismatch(
-            f"{dest.name} rebuilt from its segments has sha256 {sha256_bytes(data)}, not {pointer.sha256}"
-        )
     tmp = dest.with_name(f".{dest.name}.part")
-    tmp.write_bytes(data)
+    write_file(assemble(parts, pointer.take, pointer.kind), pointer.kind, pointer.layout, tmp)
+    if (sha := sha256_path(tmp)) != pointer.sha256:
+        tmp.unlink()
+        raise RebuildMismatch(f"{dest.name} rebuilt from its segments has sha256 {sha}, not {pointer.sha256}")
     tmp.replace(dest)
-    cache.put_bytes(data, f"file-{pointer.sha256}")
+    cache.put(dest, f"file-{pointer.sha256}", link=True)
     return downloaded
 
 
