@@ -19,15 +19,17 @@ Beside the local night, three nights on S3 (S3_SIDES): `whole`, every file publi
 (SOURCEGATE_SEGMENTS=off: a full night's traffic); and with segments (sourcegate/pipelines/versions/segments.py:
 large tables and arrays as pointers to shared rows) `cold`, every task with an empty worker cache of store
 objects (a fresh worker per task), `pool`, every task with the segments the base's publication kept but none of
-its whole files (a pool's worker: yesterday's rows, tonight's files made elsewhere), and `warm`, every task with
-the cache the base's publication left (the worker that ran the night before). Each S3 night starts from the base published under its own side's settings.
+its whole files (a pool's worker: yesterday's rows, tonight's files made elsewhere), `two`, a pool of two such
+workers taking the tasks in turn (each task on the other worker than the task before it; each worker keeps what it
+published or rebuilt earlier in the night), and `warm`, every task with the cache the base's publication left (the
+worker that ran the night before). Each S3 night starts from the base published under its own side's settings.
 
 moto_server runs on loopback (tests/s3_server.py) behind a counting TCP relay in this process: the bytes the
 tasks send to the store (PUT bodies, requests) and receive from it (GET bodies, listings, responses) are
 counted on the wire, HTTP headers included, per night; the server's request log gives requests by method.
 The relay adds a hop to every S3 request (counted against S3). Rounds reverse the order of the sides.
 
-    nice -n 10 .venv/bin/python -m benchmarks.s3_night [--nights demo,100k] [--repeats 2] [--sides whole,cold,pool,warm]
+    nice -n 10 .venv/bin/python -m benchmarks.s3_night [--nights demo,100k] [--repeats 2] [--sides whole,cold,pool,two,warm]
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from benchmarks.night_1m import spawn as base_step
 WORK = Path("/tmp/sgbench-s3")
 DEMO_STEPS = ("ingest", "chunk", "embed", "merge", "validate", "load", "evaluate", "gate", "promote", "cleanup")
 BUILD_STEPS = ("ingest", "chunk", "embed", "merge", "validate", "load")
+TASK_ORDER = DEMO_STEPS  # the nightly DAG's tasks in order (the 100k night runs its first six)
 GOAL_RATIO = 1.2  # issue 49: the night on S3 at most 1.2x the local night (was 1.3, issue 23)
 GOAL_WRITTEN = 0.10  # ... writing at most 10% of what a night of whole files writes
 
@@ -172,7 +175,7 @@ def folder_bytes(path: Path) -> int:
 # "cold": every task on a fresh worker (its own empty cache: the share-nothing worst case); "pool": every task on a
 # worker that holds the earlier nights' segments but none of tonight's files; "warm": every task on the worker
 # that published the base the night before (the cache as that publication left it).
-S3_SIDES = ("whole", "cold", "pool", "warm")
+S3_SIDES = ("whole", "cold", "pool", "two", "warm")
 
 
 def cache_env(side: str, store: dict, task: str = "") -> dict:
@@ -184,12 +187,16 @@ def cache_env(side: str, store: dict, task: str = "") -> dict:
         return {}
     if side == "whole":
         return {"SOURCEGATE_SEGMENTS": "off", "SOURCEGATE_SEGMENT_CACHE": "off"}
-    if side == "pool" and task != "base":
-        worker = cache / f"task-{task}"
-        worker.mkdir(parents=True)
-        for entry in (cache / "base").iterdir():
-            if not entry.name.startswith("file-"):
-                os.link(entry, worker / entry.name)  # read only: entries are replaced, never written in place
+    if side in ("pool", "two") and task != "base":
+        # "two": tasks alternate between two workers (ingest on the first, chunk on the second, ...), each worker's
+        # cache kept through the night; "pool": a worker of its own per task
+        name = f"worker-{TASK_ORDER.index(task) % 2}" if side == "two" else f"task-{task}"
+        worker = cache / name
+        if not worker.exists():
+            worker.mkdir(parents=True)
+            for entry in (cache / "base").iterdir():
+                if not entry.name.startswith("file-"):
+                    os.link(entry, worker / entry.name)  # read only: entries are replaced, never written in place
         return {"SOURCEGATE_SEGMENT_CACHE": str(worker)}
     return {"SOURCEGATE_SEGMENT_CACHE": str(cache / ("base" if task == "base" or side == "warm" else f"task-{task}"))}
 
