@@ -149,7 +149,7 @@ def test_a_damaged_segment_is_an_error_not_a_different_file(tmp_path, cache, mon
     store.put(key, segments.file_bytes(table(range(1, 3001)), "parquet", [3000]))
     with pytest.raises(segments.RebuildMismatch, match="back.parquet rebuilt from its segments has sha256"):
         segments.download(store, "runs/r1/chunks.parquet", tmp_path / "back.parquet")
-    assert not (tmp_path / "back.parquet").exists()
+    assert not (tmp_path / "back.parquet").exists() and not list(tmp_path.glob(".back.parquet*"))
 
 
 def test_a_warm_cache_reads_nothing_from_the_store(tmp_path):
@@ -159,6 +159,8 @@ def test_a_warm_cache_reads_nothing_from_the_store(tmp_path):
     assert segments.rebuild(store, pointer, tmp_path / "w.parquet", cache) == 0  # the publisher kept the file
     cold = ObjectCache(tmp_path / "cold", 10**9)
     assert segments.rebuild(store, pointer, tmp_path / "c.parquet", cold) > 0
+    kept = cold.get(f"file-{pointer.sha256}")
+    assert kept.stat().st_ino == (tmp_path / "c.parquet").stat().st_ino  # written once, kept as a hard link
     assert segments.rebuild(store, pointer, tmp_path / "c2.parquet", cold) == 0
     assert sha256_path(tmp_path / "c2.parquet") == sha256_path(src)
     with open(cold.get(f"file-{pointer.sha256}"), "r+b") as damaged:  # a cached file written to in place
