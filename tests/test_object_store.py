@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyarrow import fs as pafs
 
@@ -64,19 +65,26 @@ def test_an_object_deleted_between_look_up_and_read_is_absent_not_an_error(tmp_p
     store = local_store(tmp_path)
     store.put(".sourcegate.lock.json", b"{}")
     store.delete(".sourcegate.lock.json")
-    monkeypatch.setattr(store, "exists", lambda key: True)  # the look-up saw it, the read does not
+    monkeypatch.setattr(store, "size", lambda key: 2)  # the look-up saw it, the read does not
     assert store.get(".sourcegate.lock.json") is None
 
 
 class FailingReads(pafs.LocalFileSystem):
-    """pyarrow's local filesystem whose next `failures` reads fail as a GET racing a DELETE or PUT does on S3."""
+    """pyarrow's local filesystem whose next `failures` reads fail as a GET racing a DELETE or PUT does on S3, and
+    whose next `torn` reads return the first half of the object (a GET of the size looked up before a longer object
+    replaced it)."""
 
-    failures = 0
+    failures = torn = 0
 
     def open_input_stream(self, path):
         if self.failures:
             self.failures -= 1
             raise OSError("AWS Error INTERNAL_FAILURE during GetObject operation: Failed to flush response stream")
+        if self.torn:
+            self.torn -= 1
+            with super().open_input_stream(path) as whole:
+                data = whole.read()
+            return pa.BufferReader(data[: len(data) // 2])
         return super().open_input_stream(path)
 
 
@@ -85,16 +93,19 @@ def test_an_object_deleted_or_replaced_during_its_read_is_absent_or_read_again(t
     # is not a FileNotFoundError, and killed a writer waiting for the lock
     store = local_store(tmp_path)
     store.fs = FailingReads()
-    store.put("claim.json", b"{}")
+    claim = json.dumps({"holder": "writer a", "expires": 1765000000.25}).encode()
+    store.put("claim.json", claim)
     store.fs.failures = 1
-    assert store.get("claim.json") == b"{}"  # replaced mid-read: read again
+    assert store.get("claim.json") == claim  # replaced mid-read: read again
+    store.fs.torn = 1
+    assert store.get("claim.json") == claim  # a torn read is never returned as the object
     store.fs.failures = 1
-    looks = iter([True, False])
-    monkeypatch.setattr(store, "exists", lambda key: next(looks))  # seen, then gone by the second look
+    sizes = iter([len(claim), None])
+    monkeypatch.setattr(store, "size", lambda key: next(sizes))  # seen, then gone by the second look
     assert store.get("claim.json") is None
-    monkeypatch.setattr(store, "exists", lambda key: True)
-    store.fs.failures = 2
-    with pytest.raises(OSError, match="Failed to flush"):  # failing twice while it exists is the store's error
+    monkeypatch.undo()
+    store.fs.failures = 3
+    with pytest.raises(OSError, match="Failed to flush"):  # failing every time while it exists is the store's error
         store.get("claim.json")
 
 

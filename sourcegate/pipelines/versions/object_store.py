@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 
 SCHEMES = ("s3://",)
 CHUNK = 8 << 20
+READ_ATTEMPTS = 3  # reads of an object that another writer keeps replacing before the store's error is raised
 
 
 class WriteOnceViolation(RuntimeError):
@@ -190,29 +191,38 @@ class ObjectStore:
         return {i.path[start:]: i.size for i in found if i.type == pafs.FileType.File}
 
     def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes; None when it does not exist."""
         from pyarrow import fs as pafs
 
-        return self.fs.get_file_info(self.path(key)).type == pafs.FileType.File
+        info = self.fs.get_file_info(self.path(key))
+        return info.size if info.type == pafs.FileType.File else None
 
     def get(self, key: str) -> bytes | None:
         """The object's bytes, None when it does not exist (also when another process deletes it between the
-        look-up and the read: a released lock object is exactly that)."""
-        for attempt in (1, 2):
-            if not self.exists(key):
+        look-up and the read: a released lock object is exactly that). pyarrow reads as many bytes as the size it
+        looked up when it opened the object, so an object replaced by one of another size meanwhile (a renewed lock
+        claim) reads torn or fails: read again, until the size after the read is the size read."""
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            if self.size(key) is None:
                 return None
             try:
                 with self.fs.open_input_stream(self.path(key)) as stream:
                     # in blocks: one read() of a large object is ~30x slower (a 208 MB segment: 92 s vs 3.7 s on moto)
-                    return b"".join(iter(lambda: stream.read(CHUNK), b""))
+                    data = b"".join(iter(lambda: stream.read(CHUNK), b""))
             except FileNotFoundError:
                 return None
             except OSError:
                 # deleted or replaced between the size look-up and the read: the SDK reports the store's error body,
-                # larger than the buffer sized for the object, as "Failed to flush response stream" (CI, 2026-12-06).
-                # Look again: gone is None, replaced is read once more, a second failure is the store's.
-                if attempt == 2:
+                # larger than the buffer sized for the object, as "Failed to flush response stream" (CI, 2026-12-06)
+                if attempt == READ_ATTEMPTS:
                     raise
-        return None
+                continue
+            if self.size(key) == len(data):
+                return data
+        raise OSError(f"{self.url(key)} changed size while it was read, {READ_ATTEMPTS} times")
 
     def download(self, key: str, dest: Path) -> None:
         """The object's bytes as the file `dest` (a pointer to segments as it is: versions/segments.py rebuilds the
