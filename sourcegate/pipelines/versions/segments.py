@@ -145,25 +145,19 @@ def file_bytes(rows, kind: str, layout: list[int]) -> bytes:
 
 
 def write_file(rows, kind: str, layout: list[int], sink) -> None:
-    """The file holding `rows` as the pipeline writes it, to `sink` (a path or a pyarrow output stream): Parquet
-    with pyarrow's defaults, one row group per `layout` entry (batches.write_batches); npy as np.save (the index's
-    embeddings.npy)."""
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        table, start = rows.combine_chunks(), 0
-        with pq.ParquetWriter(sink if not isinstance(sink, Path) else str(sink), table.schema) as writer:
-            for count in layout:
-                writer.write_table(table.slice(start, count), row_group_size=count)
-                start += count
+    """The file holding `rows` as the pipeline writes it, to `sink` (a pyarrow output stream: in memory, or
+    `pa.OSFile` on disk): Parquet with pyarrow's defaults, one row group per `layout` entry
+    (batches.write_batches); npy as np.save (the index's embeddings.npy)."""
+    if kind == "npy":
+        np.save(sink, rows, allow_pickle=False)
         return
-    if isinstance(sink, Path):
-        with open(sink, "wb") as out:
-            np.save(out, rows, allow_pickle=False)
-    else:
-        out = io.BytesIO()
-        np.save(out, rows, allow_pickle=False)
-        sink.write(out.getvalue())
+    import pyarrow.parquet as pq
+
+    table, start = rows.combine_chunks(), 0
+    with pq.ParquetWriter(sink, table.schema) as writer:
+        for count in layout:
+            writer.write_table(table.slice(start, count), row_group_size=count)
+            start += count
 
 
 DIGEST_ROWS = 65_536  # rows digested at a time: memory bounded by a batch (batches.BATCH_ROWS)
@@ -310,7 +304,10 @@ def rebuild(store: ObjectStore, pointer: Pointer, dest: Path, cache: ObjectCache
         parts.append(read_rows(source, pointer.kind, pointer.schema))
         downloaded += got
     tmp = dest.with_name(f".{dest.name}.part")
-    write_file(assemble(parts, pointer.take, pointer.kind), pointer.kind, pointer.layout, tmp)
+    import pyarrow as pa
+
+    with pa.OSFile(str(tmp), "wb") as sink:
+        write_file(assemble(parts, pointer.take, pointer.kind), pointer.kind, pointer.layout, sink)
     if (sha := sha256_path(tmp)) != pointer.sha256:
         tmp.unlink()
         raise RebuildMismatch(f"{dest.name} rebuilt from its segments has sha256 {sha}, not {pointer.sha256}")
