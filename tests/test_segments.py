@@ -174,6 +174,36 @@ def test_a_warm_cache_reads_nothing_from_the_store(tmp_path):
     assert list((tmp_path / "tiny").iterdir()) == []
 
 
+def test_a_worker_decodes_a_segment_once_and_a_damaged_decoded_copy_costs_only_the_decoding(tmp_path, monkeypatch):
+    """A pool's worker holds yesterday's segments, not tonight's files: each rebuild reads the segments' rows, from
+    the decoded copy the worker keeps (the publisher keeps one too) instead of decoding the Parquet again."""
+    store, publisher = local_store(tmp_path), ObjectCache(tmp_path / "publisher", 10**9)
+    src = write(tmp_path / "a.parquet", table(range(3000)))
+    pointer = segments.upload(store, src, "runs/r1/chunks.parquet", [], publisher, min_bytes=0)
+    sha = pointer.segments[0]["sha256"]
+    assert publisher.get(segments.decoded_name(sha)) is not None
+    worker = ObjectCache(tmp_path / "worker", 10**9)
+    for name in (f"{sha}.parquet", f"{sha}.digests"):  # yesterday's segment, not decoded, not the file
+        worker.put(publisher.get(name), name)
+    decoded = []
+    monkeypatch.setattr(segments, "read_rows", lambda *a, _read=segments.read_rows: decoded.append(a) or _read(*a))
+
+    def rebuilt(name: str) -> str:
+        (tmp_path / "worker" / f"file-{pointer.sha256}").unlink(missing_ok=True)  # tonight's file made elsewhere
+        assert segments.rebuild(store, pointer, tmp_path / name, worker) == 0
+        return sha256_path(tmp_path / name)
+
+    assert rebuilt("first.parquet") == pointer.sha256 and len(decoded) == 1
+    assert rebuilt("second.parquet") == pointer.sha256 and len(decoded) == 1  # the decoded copy, mapped
+    with open(worker.get(segments.decoded_name(sha)), "r+b") as damaged:
+        damaged.truncate(64)
+    assert rebuilt("third.parquet") == pointer.sha256 and len(decoded) == 2  # dropped, decoded again, kept
+    assert rebuilt("fourth.parquet") == pointer.sha256 and len(decoded) == 2
+    small = ObjectCache(tmp_path / "small", 8 * pointer.size)  # a copy past its share would evict the segments
+    assert segments.rebuild(store, pointer, tmp_path / "fifth.parquet", small) > 0
+    assert small.get(f"{sha}.parquet") is not None and small.get(segments.decoded_name(sha)) is None
+
+
 def test_staging_publishes_a_night_as_its_changed_rows(tmp_path, monkeypatch):
     """Two runs through staging.publish: the second run's tables and arrays point at the first run's rows."""
     monkeypatch.setattr(segments, "MIN_BYTES", 0)

@@ -1,7 +1,7 @@
 """A worker's local cache of content-addressed store objects: what makes a night's reads follow the change.
 
-Every object it holds is named by its content (a segment `<sha256>.parquet`, its `<sha256>.digests`, or a
-whole rebuilt file `file-<sha256>`), and such an object never changes on the store, so a hit needs no
+Every object it holds is named by its content (a segment `<sha256>.parquet`, its `<sha256>.digests`, its rows
+decoded `<sha256>.arrow`, or a whole rebuilt file `file-<sha256>`), and such an object never changes on the store, so a hit needs no
 request and can never be stale. A worker that published a table or ran the task before keeps what it
 wrote or rebuilt; a task that lands on a fresh worker downloads what it reads once. Nothing else shares it:
 the store stays the only thing tasks share, and an empty or missing cache changes what is read, not
@@ -49,12 +49,12 @@ class ObjectCache:
     def put(self, src: Path, name: str, link: bool = False) -> Path | None:
         """Keep `src` as `name`: a copy, or with `link` a hard link where the disk allows (a staged scratch
         folder's file, published and about to be removed); the cached path, or None when nothing is kept."""
-        return self._place(name, lambda tmp: (link and linked(src, tmp)) or shutil.copyfile(src, tmp))
+        return self.place(name, lambda tmp: (link and linked(src, tmp)) or shutil.copyfile(src, tmp))
 
     def put_bytes(self, data: bytes, name: str) -> None:
-        self._place(name, lambda tmp: tmp.write_bytes(data))
+        self.place(name, lambda tmp: tmp.write_bytes(data))
 
-    def _place(self, name: str, write) -> Path | None:
+    def place(self, name: str, write) -> Path | None:
         """`write(temp path)` in the cache folder, moved into place as `name` (kept as it is when there)."""
         if self.root is None:
             return None
