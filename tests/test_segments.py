@@ -204,6 +204,15 @@ def test_a_worker_decodes_a_segment_once_and_a_damaged_decoded_copy_costs_only_t
     assert small.get(f"{sha}.parquet") is not None and small.get(segments.decoded_name(sha)) is None
 
 
+def test_trimming_skips_an_entry_another_worker_dropped_meanwhile(tmp_path, monkeypatch):
+    cache = ObjectCache(tmp_path / "cache", 10)
+    cache.put_bytes(b"x" * 8, "a.digests")
+    listed = type(tmp_path).iterdir
+    monkeypatch.setattr(type(tmp_path), "iterdir", lambda self: iter([*listed(self), self / "gone.parquet"]))
+    cache.put_bytes(b"y" * 8, "b.digests")  # past the limit: trims, and the vanished entry is no error
+    assert cache.get("b.digests") is not None and cache.get("a.digests") is None
+
+
 def test_staging_publishes_a_night_as_its_changed_rows(tmp_path, monkeypatch):
     """Two runs through staging.publish: the second run's tables and arrays point at the first run's rows."""
     monkeypatch.setattr(segments, "MIN_BYTES", 0)

@@ -91,7 +91,14 @@ class ObjectCache:
 
     def trim(self) -> None:
         """Drop the least recently used entries until the cache fits its limit."""
-        entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.iterdir() if not p.name.startswith(".")]
+        entries = []
+        for p in self.root.iterdir():
+            try:  # another task or staging thread may drop an entry between the listing and its stat
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            if not p.name.startswith("."):
+                entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries, key=lambda e: e[0]):
             if total <= self.limit_bytes:
