@@ -199,6 +199,12 @@ def test_a_worker_decodes_a_segment_once_and_a_damaged_decoded_copy_costs_only_t
         damaged.truncate(64)
     assert rebuilt("third.parquet") == pointer.sha256 and len(decoded) == 2  # dropped, decoded again, kept
     assert rebuilt("fourth.parquet") == pointer.sha256 and len(decoded) == 2
+    other = table(range(1, 3001))  # a decoded copy that reads, but is not the segment's rows
+    segments.drop_decoded(worker, sha)
+    segments.keep_decoded(worker, sha, other)
+    assert segments.read_decoded(worker, sha).equals(other)
+    assert rebuilt("wrong.parquet") == pointer.sha256 and len(decoded) == 3  # mismatch: dropped, decoded again
+    assert segments.read_decoded(worker, sha).equals(segments.read_rows(src, "parquet"))
     small = ObjectCache(tmp_path / "small", 8 * pointer.size)  # a copy past its share would evict the segments
     assert segments.rebuild(store, pointer, tmp_path / "fifth.parquet", small) > 0
     assert small.get(f"{sha}.parquet") is not None and small.get(segments.decoded_name(sha)) is None

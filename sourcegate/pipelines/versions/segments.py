@@ -358,6 +358,14 @@ def keep_decoded(cache: ObjectCache, sha: str, table) -> None:
     cache.place(decoded_name(sha), write)
 
 
+def drop_decoded(cache: ObjectCache, sha: str) -> bool:
+    """Remove the decoded copy of segment `sha`; whether there was one."""
+    path = cache.get(decoded_name(sha))
+    if path is not None:
+        path.unlink(missing_ok=True)
+    return path is not None
+
+
 def read_decoded(cache: ObjectCache, sha: str):
     """The decoded copy of segment `sha` (memory-mapped), or None when the worker has none or a damaged one."""
     import pyarrow as pa
@@ -385,6 +393,16 @@ def rebuild(store: ObjectStore, pointer: Pointer, dest: Path, cache: ObjectCache
     dest.parent.mkdir(parents=True, exist_ok=True)
     if cache.copy_to(f"file-{pointer.sha256}", dest, pointer.size):
         return 0
+    try:
+        return rebuild_from_segments(store, pointer, dest, cache)
+    except RebuildMismatch:
+        # a decoded copy that reads but is not its segment's rows (damaged on disk): dropped, decoded again
+        if not any([drop_decoded(cache, segment["sha256"]) for segment in pointer.segments]):  # every one dropped
+            raise
+        return rebuild_from_segments(store, pointer, dest, cache)
+
+
+def rebuild_from_segments(store: ObjectStore, pointer: Pointer, dest: Path, cache: ObjectCache) -> int:
     parts, downloaded = [], 0
     for segment in pointer.segments:
         rows, got = segment_rows(store, segment["sha256"], pointer, cache)
