@@ -200,7 +200,7 @@ def test_a_worker_decodes_a_segment_once_and_a_damaged_decoded_copy_costs_only_t
     assert rebuilt("third.parquet") == pointer.sha256 and len(decoded) == 2  # dropped, decoded again, kept
     assert rebuilt("fourth.parquet") == pointer.sha256 and len(decoded) == 2
     other = table(range(1, 3001))  # a decoded copy that reads, but is not the segment's rows
-    segments.drop_decoded(worker, sha)
+    worker.drop(segments.decoded_name(sha))
     segments.keep_decoded(worker, sha, other)
     assert segments.read_decoded(worker, sha).equals(other)
     assert rebuilt("wrong.parquet") == pointer.sha256 and len(decoded) == 3  # mismatch: dropped, decoded again

@@ -80,7 +80,7 @@ class ObjectCache:
         if path is None:
             return False
         if size is not None and path.stat().st_size != size:
-            path.unlink(missing_ok=True)
+            self.drop(name)
             return False
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.part")
@@ -88,6 +88,16 @@ class ObjectCache:
             shutil.copyfile(path, tmp)
         tmp.replace(dest)
         return True
+
+    def drop(self, name: str) -> bool:
+        """Remove `name` (damaged, or no longer wanted); whether it was there."""
+        if self.root is None:
+            return False
+        try:
+            (self.root / name).unlink()
+            return True
+        except FileNotFoundError:
+            return False
 
     def trim(self) -> None:
         """Drop the least recently used entries until the cache fits its limit."""

@@ -358,14 +358,6 @@ def keep_decoded(cache: ObjectCache, sha: str, table) -> None:
     cache.place(decoded_name(sha), write)
 
 
-def drop_decoded(cache: ObjectCache, sha: str) -> bool:
-    """Remove the decoded copy of segment `sha`; whether there was one."""
-    path = cache.get(decoded_name(sha))
-    if path is not None:
-        path.unlink(missing_ok=True)
-    return path is not None
-
-
 def read_decoded(cache: ObjectCache, sha: str):
     """The decoded copy of segment `sha` (memory-mapped), or None when the worker has none or a damaged one."""
     import pyarrow as pa
@@ -376,7 +368,7 @@ def read_decoded(cache: ObjectCache, sha: str):
     try:
         return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
     except (OSError, pa.ArrowInvalid):
-        path.unlink(missing_ok=True)
+        cache.drop(decoded_name(sha))
         return None
 
 
@@ -397,7 +389,8 @@ def rebuild(store: ObjectStore, pointer: Pointer, dest: Path, cache: ObjectCache
         return rebuild_from_segments(store, pointer, dest, cache)
     except RebuildMismatch:
         # a decoded copy that reads but is not its segment's rows (damaged on disk): dropped, decoded again
-        if not any([drop_decoded(cache, segment["sha256"]) for segment in pointer.segments]):  # every one dropped
+        dropped = [cache.drop(decoded_name(segment["sha256"])) for segment in pointer.segments]
+        if not any(dropped):
             raise
         return rebuild_from_segments(store, pointer, dest, cache)
 
