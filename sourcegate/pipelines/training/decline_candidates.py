@@ -56,8 +56,9 @@ MIN_NAME_CHARS = 3
 # verb to a name ("Ride the Night Owl")
 _NAME = re.compile(
     r"\b(?:[A-Z][A-Za-z0-9'’.-]*[A-Za-z0-9]|[A-Z]{2,})"
-    r"(?:[ \t]+(?:(?:of|and|&)[ \t]+)?(?:[A-Z][A-Za-z0-9'’.-]*[A-Za-z0-9]|[A-Z]{2,}|\d+[A-Za-z]?))*"
+    r"(?:[ \t]+(?:(?:of|and|&)[ \t]+)?(?:[A-Z][A-Za-z0-9'’.-]*[A-Za-z0-9]|[A-Z]{2,}|\d+[A-Za-z]?(?![.,]\d)))*"
 )
+# a number ends a name ("Route 40"); the whole part of a decimal does not ("95% CI 0.85-1.2" names no "CI 0")
 _SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s+|\n\s*)$")
 
 
@@ -65,20 +66,33 @@ def _clean(name: str) -> str:
     return " ".join(name.split()).strip(" .,;:-'’")
 
 
-def text_names(text: str) -> list[str]:
+def label_words(texts: list[str]) -> frozenset[str]:
+    """Upper-case words the texts also use in lower case: a structured text's labels ("DESIGN", "METHODS",
+    "RESULTS" in an abstract), not acronyms ("RRT", "HIV" are never written "rrt", "hiv")."""
+    lower, upper = set(), set()
+    for text in texts:
+        lower.update(re.findall(r"\b[a-z]{2,}\b", text))
+        upper.update(re.findall(r"\b[A-Z]{2,}\b", text))
+    return frozenset(word for word in upper if word.lower() in lower)
+
+
+def text_names(text: str, labels: frozenset[str] = frozenset()) -> list[str]:
     """Capitalised names in running text: runs of two or more capitalised words anywhere, and single
     capitalised words or acronyms that do not start a sentence (so "Buses" opening a sentence is not a name).
-    A run that opens a sentence with a common word ("The Valley Line") loses that word."""
+    A run loses the common words it opens or ends with ("The Valley Line", "OBJECTIVE To") and the `labels`
+    (`label_words`) it opens with: a label starts a sentence, as a full stop does."""
     names = []
     for m in _NAME.finditer(text):
-        name = _clean(m.group(0))
-        words = name.split()
-        while words and words[0].lower() in STOP_STARTS:
+        words = _clean(m.group(0)).split()
+        at_start = bool(_SENTENCE_START.search(text[: m.start()]))
+        while words and (words[0].lower() in STOP_STARTS or words[0] in labels):
+            at_start = at_start or words[0] in labels
             words = words[1:]
+        while words and words[-1].lower() in STOP_STARTS:
+            words = words[:-1]
         name = " ".join(words)
         if not words or len(words) > MAX_NAME_WORDS or len(name) < MIN_NAME_CHARS:
             continue
-        at_start = bool(_SENTENCE_START.search(text[: m.start()]))
         if len(words) == 1 and at_start and not words[0].isupper():
             continue
         names.append(name)
@@ -91,6 +105,7 @@ def name_counts(sections: list[dict]) -> dict[str, int]:
     per name (the commonest), counts merged across spellings. `sections`: dicts with "title", "heading" and
     "text" (a section's body)."""
     counts: Counter[str] = Counter()
+    labels = label_words([s.get("text") or "" for s in sections])
     for s in sections:
         for field in ("title", "heading"):
             words = _clean(s.get(field) or "").split()
@@ -99,7 +114,7 @@ def name_counts(sections: list[dict]) -> dict[str, int]:
             # a heading that opens with a common word is a phrase ("What to include"), not a name
             if words and len(words) <= MAX_NAME_WORDS and words[0].lower() not in STOP_STARTS:
                 counts[" ".join(words)] += 2
-        counts.update(text_names(s.get("text") or ""))
+        counts.update(text_names(s.get("text") or "", labels))
     spelling: dict[str, str] = {}
     merged: Counter[str] = Counter()
     for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
