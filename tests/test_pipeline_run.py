@@ -53,6 +53,9 @@ def test_first_night_builds_passes_the_gate_and_promotes(artifacts, capsys):
     assert answer_model["id"].startswith("sourcegate answer-support") and answer_model["path"] is None
     assert answer_model["passages"] == 3 and answer_model["fingerprint"].startswith("sha256:")
     assert (artifacts / "LIVE").read_text().strip() == "20261101-020000"
+    stages = info["evaluate_stages_s"]  # where the evaluate step's seconds went, by retrieval stage
+    assert set(stages) == {"embed", "search", "rerank", "signals", "answer"} and min(stages.values()) >= 0
+    assert stages["rerank"] > 0 and stages["answer"] > 0 and sum(stages.values()) <= info["timings_s"]["evaluate"]
     calibration = read(run / "calibration.json")
     for signal in ["cosine_top", "rerank_top", "bm25_z", "term_coverage", "margin", "bm25_top"]:
         s = calibration["signals"][signal]

@@ -3,11 +3,14 @@ signals as the one-question-at-a-time path, in any order or batch, and across ni
 
 import logging
 import math
+import time
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from sourcegate.evals.evalset import load_evalset
+from sourcegate.evals.evaluate import run_questions
 from sourcegate.pipelines.config import Retrieval
 from sourcegate.pipelines.retrieval import combiner as combiner_mod
 from sourcegate.pipelines.retrieval.answer_support import answer_support
@@ -93,6 +96,29 @@ def test_answer_support_reads_the_configured_window_of_the_fused_top(bag_index, 
     (got,) = retriever.retrieve_many(QUESTIONS[:1])
     assert scorer.read == [[c.text for c in got.fused[:window]]]
     assert got.signals["answer_support"] == max(answer_support(scorer, "", [t]) for t in scorer.read[0])
+
+
+class SlowScorer(ReadPassages):
+    """An answer scorer that takes at least PAUSE seconds a call: its time must be booked to the answer stage."""
+
+    PAUSE = 0.05
+
+    def score(self, query: str, passages: list[str]) -> list[tuple[int, float]]:
+        time.sleep(self.PAUSE)
+        return super().score(query, passages)
+
+
+def test_the_answer_models_seconds_are_a_stage_of_their_own_and_a_night_adds_them_up(bag_index):
+    searcher, encoder = bag_index
+    retriever = Retriever(searcher, encoder, None, TEN, answer_scorer=SlowScorer(), answer_passages=3)
+    items = [{"id": f"q{i}", "question": q, "context": c, "label": "answer"} for i, (q, c) in enumerate(QUESTIONS)]
+    stages = Counter()
+    records = run_questions(retriever, items, stages=stages)
+    assert len(records) == len(QUESTIONS)
+    assert set(stages) == {"embed", "search", "rerank", "signals", "answer"}
+    assert min(stages.values()) >= 0
+    # a lower bound only (sleep never returns early): the scorer's pauses are in `answer`, none is lost
+    assert stages["answer"] >= SlowScorer.PAUSE * len(QUESTIONS)
 
 
 def signals_by_question(retriever: Retriever, questions, batch: int) -> dict:

@@ -7,6 +7,7 @@ labels through the chunk table, so it serves every backend unchanged.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 
 from sourcegate.evals.answer_modes import mode_for
@@ -31,8 +32,11 @@ def retrievals(retriever, items: list[dict], batch: int = BATCH):
         yield from many([(it["question"], it.get("context", [])) for it in items[start : start + batch]])
 
 
-def run_questions(retriever, items: Iterable[dict], *, progress: bool = False) -> list[dict]:
-    """One record per question: signals + the fused and final candidate ids."""
+def run_questions(
+    retriever, items: Iterable[dict], *, progress: bool = False, stages: Counter | None = None
+) -> list[dict]:
+    """One record per question: signals + the fused and final candidate ids. `stages` adds up the seconds each
+    retrieval stage took (embed, search, rerank, signals, answer): where a night's evaluation went."""
     items = list(items)
     found = retrievals(retriever, items)
     if progress:
@@ -41,6 +45,8 @@ def run_questions(retriever, items: Iterable[dict], *, progress: bool = False) -
         found = tqdm(found, total=len(items), desc="evaluate", unit="q")
     out = []
     for it, r in zip(items, found):
+        if stages is not None:
+            stages.update(r.timings)
         out.append(
             {
                 "id": it["id"],

@@ -10,6 +10,7 @@ What it reads of the pipeline's config arrives as `Judging`: the sections it nee
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,10 +157,11 @@ def evaluate(
             errors.append(str(exc))
             sets[name] = []
     write_json({"errors": errors}, out_dir / rf.EVAL_ERRORS)
-    records = run_questions(retriever, sets["calibration"], progress=progress)
+    stages: Counter = Counter()
+    records = run_questions(retriever, sets["calibration"], progress=progress, stages=stages)
     combiner = before_sweep(records) if before_sweep else None
     # after before_sweep: the check set is scored with the combiner the fit set was swept with
-    c_records = run_questions(retriever, sets["check"], progress=progress)
+    c_records = run_questions(retriever, sets["check"], progress=progress, stages=stages)
     # a check question asking a fit question again placed the threshold in its other wording: not unseen
     repeats = copies(sets["check"], sets["calibration"], getattr(retriever, "text_vectors", None))
     calibration = calibrate_records(records, judging, c_records, repeats, answer_model_corpus)
@@ -180,7 +182,7 @@ def evaluate(
                 part["shipped"]["wrongly_declined"] = with_source_rank(part["shipped"]["wrongly_declined"], recs, rels)
     write_json(calibration, out_dir / rf.CALIBRATION)
 
-    p_records = run_questions(retriever, sets["precision"], progress=progress)
+    p_records = run_questions(retriever, sets["precision"], progress=progress, stages=stages)
     precision = (
         precision_eval(
             sets["precision"],
@@ -203,6 +205,7 @@ def evaluate(
         "questions": len(records) + len(c_records) + len(p_records),
         "eval_errors": len(errors),
         "kept": keep_for_next(retriever, out_dir, start),
+        "stages_s": {stage: round(seconds, 3) for stage, seconds in sorted(stages.items())},
     }
 
 

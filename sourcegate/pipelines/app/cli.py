@@ -146,6 +146,7 @@ def cmd_calibrate(args) -> int:
     )
     reused = ", ".join(f"{name} {part['reused']}" for name, part in evaluated["kept"].items())
     print(f"reused from {index}: {reused or 'nothing'}")
+    print("seconds by stage: " + ", ".join(f"{stage} {s:.1f}" for stage, s in evaluated["stages_s"].items()))
     scorings = Path(cfg.artifacts) / check_log.LOG  # a calibration's look at the check set counts too
     gate = gate_for_dir(judging(cfg), out, {"index": str(index), "questions": args.questions}, scorings)
     print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")

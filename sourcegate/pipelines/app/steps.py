@@ -457,6 +457,7 @@ def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = Non
         evaluated=facts,
         counts={"eval_questions": out["questions"]},
         eval_kept=out["kept"],  # text vectors and rerank logits: reused from an earlier night / computed / kept
+        evaluate_stages_s=out["stages_s"],  # the step's seconds by retrieval stage: where the night's time went
         models={
             "reranker": {
                 "kind": cfg.reranker.kind,
