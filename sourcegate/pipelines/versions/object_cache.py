@@ -103,12 +103,13 @@ class ObjectCache:
         """Drop the least recently used entries until the cache fits its limit."""
         entries = []
         for p in self.root.iterdir():
+            if p.name.startswith("."):  # a file still being written (place's temporary)
+                continue
             try:  # another task or staging thread may drop an entry between the listing and its stat
                 st = p.stat()
             except FileNotFoundError:
                 continue
-            if not p.name.startswith("."):
-                entries.append((st.st_mtime, st.st_size, p))
+            entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries, key=lambda e: e[0]):
             if total <= self.limit_bytes:
