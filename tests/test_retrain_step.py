@@ -52,7 +52,7 @@ def test_a_model_that_learned_too_little_is_retrained_by_its_recipe_and_judged_i
     for key in ("data", "hyperparameters", "answer_passages", "base_model"):  # the recipe's own inputs
         assert old[key] == new[key], key
     assert retrain.command_args(new)[retrain.command_args(new).index("--index") + 1].endswith(f"runs/{version}")
-    retrained = retrain_step.needed(retrain_step.judged_config(cfg, candidate, trained["window"]), version)
+    retrained = retrain_step.needed(retrain_step.judged_config(cfg, candidate), version)
     assert retrained["retrain"] is False and retrained["corpus"]["share"]["sections"] == 1.0  # learned today's
     assert learned_corpus.read(candidate)["version"] == version
 
@@ -104,6 +104,7 @@ def test_a_candidate_that_passed_ships_through_accept_and_retires_the_check_set_
     assert shipped["shipped"] is True and shipped["model"] == str(dest) and (dest / "recipe.json").is_file()
     after = config.load(config_file)
     assert after.answerability.answer_model_path == str(dest)
+    assert after.answerability.answer_passages == workspace["cfg"].answerability.answer_passages  # the reading window
     assert after.evals.check_set == str(root / "evals" / "next.jsonl")  # the next check is fresh
     assert (after.answer.signal, after.answer.adjacent) == ("answer_support", record["judged"]["threshold"]["adjacent"])
     roles = {e["file"]: e["role"] for e in yaml.safe_load((root / "evals" / "sets.yaml").read_text())["sets"]}
@@ -127,6 +128,18 @@ def test_a_retrain_is_asked_only_of_a_corpus_specific_model_below_the_configured
     assert "s3:// artifacts is not supported yet" in retrain_step.needed(remote, "v")["why"]
     with pytest.raises(config.ConfigError, match="retrain_below_share 0.5 must be null or between min_corpus_share"):
         config.load(ROOT / "config" / "pipeline.yaml", {"answerability.retrain_below_share": 0.5})
+
+
+def test_a_candidate_is_judged_reading_the_configured_window_not_the_one_it_drew_its_training_pairs_from():
+    """A model trained on the top 10 is read over the top 5 when the config says 5: the window that ships is the one
+    the fit and check sets judged (docs/benchmarks/30-answer-window.md)."""
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app import retrain_step
+
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", {"answerability.answer_passages": 5})
+    judged = retrain_step.judged_config(cfg, "models/candidate")
+    assert judged.answerability.answer_passages == 5 and judged.answerability.answer_model_path == "models/candidate"
+    assert (judged.answer.signal, judged.answer.candidates) == ("auto", ["answer_support"])
 
 
 def test_a_candidate_ships_only_on_a_gap_a_passed_check_and_no_judged_question_learned():

@@ -60,7 +60,7 @@ def test_the_decision_takes_signal_and_thresholds_from_calibration_and_the_confi
     assert chosen["below"] == "open" and chosen["strong_signal"] == "rerank_top"  # the config's, calibration silent
     fallback = decision.proven(SHIPPED, None)
     assert (fallback["signal"], fallback["adjacent"]) == ("answer_support", SHIPPED.answer.adjacent)
-    assert fallback["answer_passages"] == 10 and fallback["answer_model"]["path"] == "models/answer_in_domain"
+    assert fallback["answer_passages"] == 5 and fallback["answer_model"]["path"] == "models/answer_in_domain"
     assert fallback["answer_model"]["fingerprint"].startswith("sha256:")
     assert fallback["reranker"]["kind"] == "onnx" and fallback["reranker"]["fingerprint"].startswith("sha256:")
     assert fallback["combiner"]["sha256"] == sha256_file(SHIPPED.answerability.combiner)

@@ -93,14 +93,14 @@ def train_candidate(cfg: PipelineConfig, recal_run: str, version: str, model: st
     return record
 
 
-def judged_config(cfg: PipelineConfig, model: str | Path, window: int) -> PipelineConfig:
-    """The config a candidate is judged under: its model reading the window it trained on, `answer_support` the only
+def judged_config(cfg: PipelineConfig, model: str | Path) -> PipelineConfig:
+    """The config a candidate is judged under: its model reading the configured window (which may be narrower than
+    the window it drew its training pairs from: docs/benchmarks/30-answer-window.md), `answer_support` the only
     signal the rule may pick (its threshold placed on the fit set)."""
     return config_mod.replace(
         cfg,
         {
             "answerability.answer_model_path": str(model),
-            "answerability.answer_passages": window,
             "answer.signal": "auto",
             "answer.candidates": ["answer_support"],
         },
@@ -120,7 +120,7 @@ def judge(cfg: PipelineConfig, recal_run: str, version: str) -> dict[str, Any]:
     """Evaluate and gate the candidate on `version` in its run folder; the verdict recorded in retrain.json."""
     run = candidate(cfg, recal_run)
     folder = run.path
-    judged = judged_config(cfg, folder / MODEL, read_json(folder / RECORD)["trained"]["window"])
+    judged = judged_config(cfg, folder / MODEL)
     evaluate_step(run, judged, version=version)
     gate = gate_step(run, judged)
     decided = verdict(gate)
@@ -145,10 +145,7 @@ def ship(cfg: PipelineConfig, recal_run: str, config_path: Path, root: Path) -> 
     old = Path(AnswerSupportModel.folder_of(cfg.answerability.answer_model_path))
     dest = old.parent / f"{old.name}-{run}"
     in_file = file_value(config_path, "answerability.answer_model_path")
-    window = record["trained"]["window"]
     also: dict[str, Any] = {"answerability.answer_model_path": str(Path(in_file).parent / dest.name)}
-    if file_value(config_path, "answerability.answer_passages") != window:
-        also["answerability.answer_passages"] = window
     if file_value(config_path, "answer.signal") != "auto":  # the decision that ships is the one the check set judged
         also |= {"answer.signal": "answer_support", "answer.adjacent": judged["threshold"]["adjacent"]}
     if file_value(config_path, "answer.calibrated_by") is not None:
@@ -159,9 +156,7 @@ def ship(cfg: PipelineConfig, recal_run: str, config_path: Path, root: Path) -> 
         if not dest.exists():
             shutil.copytree(folder / MODEL, dest)
         baseline = Path(cfg.evals.baseline)
-        accepted = accept_run(
-            judged_config(cfg, dest, window), folder, f"runs/{run}", baseline, config_path, root, also
-        )
+        accepted = accept_run(judged_config(cfg, dest), folder, f"runs/{run}", baseline, config_path, root, also)
     shipped = {
         "shipped": True,
         "model": str(dest),
