@@ -69,7 +69,7 @@ def outgrown(root: Path, artifacts: Path, version: str) -> dict:
     (evals / "sets.yaml").write_text(
         "sets:\n" + "".join(f"  - file: {f}\n    role: {r}\n    provenance: test copy\n" for f, r in roles)
     )
-    shutil.copy(ROOT / "config" / "baselines" / "precision.json", root / "baseline.json")
+    shutil.copy(ROOT / PROMOTABLE["evals.baseline"], root / "baseline.json")
     (root / "train.jsonl").write_text(lines(tiny_training_set()))
     model = root / "models" / "tiny"
     sections = {

@@ -1,13 +1,13 @@
 """A demo night whose gate passes, for the tests of what follows a pass.
 
 Promotion, rollback, retention, reuse, the DAG's promote task and the fault suite need versions that passed, at a
-test's cost. The shipped decision passes on the demo (`answer_support` of the in-domain ensemble,
-docs/decisions/0006-answer-support-in-domain-ensemble.md), but a night of it on the full sets scores ten times the
+test's cost. The shipped decision passes on the demo (`answer_support` of one in-domain model,
+docs/decisions/0009-one-answer-model.md), but a night of it on the full sets scores several times the
 answer-support pairs of a test night; before it the shipped verdict was FAILED, honestly (docs/calibration.md).
 So the test nights run the demo with a sample of the fit set the gate passed on before #28
 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without a-o-101..110, 14 off-topic, hence
 min_per_label 14) and, as its check set, 14 of those questions under new ids (tests/data/evals/check-pre28.jsonl): a
-gate without a check set fails ("coverage is unchecked"). They keep the decision the accepted baseline was accepted
+gate without a check set fails ("coverage is unchecked"). They keep the decision their own baseline (tests/data/baselines/promotable.json) was accepted
 with (`rerank_top` >= 0.14, whose per-question declines the gate pairs) and the SQuAD-trained answer-support model
 reading the top 3. This claims nothing about quality: it is a fixture of a passing gate, not a check.
 
@@ -35,12 +35,14 @@ PROMOTABLE = {
     "evals.check_set": "tests/data/evals/check-pre28.jsonl",
     "evals.precision_set": "tests/data/evals/promotable-precision.jsonl",
     "calibration.min_per_label": 14,
-    # the decision the accepted baseline (config/baselines/precision.json) was accepted with
+    # the decision of the baseline below, accepted before #28 (it was config/baselines/precision.json until
+    # 2026-12-06, when `accept` wrote the shipped one-member decision's there): these nights are compared with it
     "answer.signal": "rerank_top",
     "answer.adjacent": 0.14,
     "answer.strong_signal": None,
+    "evals.baseline": "tests/data/baselines/promotable.json",
     # the answer-support model those nights were measured with (the SQuAD-trained one, its top 3): the shipped
-    # in-domain ensemble reads 10 passages with 3 models, ten times the pairs, and gates nothing here
+    # in-domain model reads 5 passages, and gates nothing here
     "answerability.answer_model_path": None,
     "answerability.answer_passages": 3,
 }

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
@@ -133,31 +134,42 @@ IN_DOMAIN = SHIPPED.parent / "answer_in_domain"
 
 def test_the_in_domain_ensemble_members_are_the_files_their_recipes_recorded():
     spec = json.loads((IN_DOMAIN / "ensemble.json").read_text(encoding="utf-8"))
-    assert spec["members"] == ["seed-13", "seed-14", "seed-15"]
-    for name, seed in zip(spec["members"], (13, 14, 15)):
+    assert spec["members"] == ["seed-13"]  # one member of the three trained (docs/decisions/0009)
+    for name, seed in zip(spec["members"], (13,)):
         recipe = json.loads((IN_DOMAIN / name / "recipe.json").read_text(encoding="utf-8"))
         assert sha256_file(IN_DOMAIN / name / "model.onnx") == recipe["onnx_sha256"]
         assert recipe["hyperparameters"]["seed"] == seed and recipe["command"].endswith(f"--seed {seed}")
 
 
 @pytest.mark.models
-def test_the_in_domain_ensemble_is_its_members_mean_and_keeps_its_logits_across_nights(tmp_path):
-    from sourcegate.pipelines.retrieval.answer_support import AnswerEnsemble, AnswerSupportModel, load_answer_model
+def test_an_ensemble_is_its_members_mean_and_keeps_its_logits_across_nights(tmp_path):
+    """Two different answer models (the shipped in-domain member and the SQuAD-trained one) read as one."""
+    from sourcegate.pipelines.retrieval.answer_support import (
+        AnswerEnsemble,
+        AnswerSupportModel,
+        load_answer_model,
+        write_ensemble,
+    )
 
-    ensemble = load_answer_model(IN_DOMAIN)
-    assert isinstance(ensemble, AnswerEnsemble) and len(ensemble.members) == 3
-    assert ensemble.model_id.startswith("mean of 3: answer support cross-encoder trained on this corpus")
-    assert str(IN_DOMAIN / "seed-15") in ensemble.model_id
-    members = [AnswerSupportModel(IN_DOMAIN / f"seed-{s}") for s in (13, 14, 15)]
+    folder = tmp_path / "ensemble"
+    shutil.copytree(IN_DOMAIN / "seed-13", folder / "in-domain")
+    shutil.copytree(SHIPPED, folder / "squad")
+    write_ensemble(folder, ["in-domain", "squad"])
+    ensemble = load_answer_model(folder)
+    assert isinstance(ensemble, AnswerEnsemble) and len(ensemble.members) == 2
+    assert ensemble.model_id.startswith("mean of 2: answer support cross-encoder trained on this corpus")
+    assert str(folder / "squad") in ensemble.model_id
+    members = [AnswerSupportModel(folder / name) for name in ("in-domain", "squad")]
     assert ensemble.trained_on == frozenset().union(*(m.trained_on for m in members)) and ensemble.trained_on
     assert ensemble.fingerprint != members[0].fingerprint
     question = "Can the driver ask for my service dog's papers?"
     passages = ["Staff may not ask for medical documents or identification for the animal.", "Buses run hourly."]
     got = answer_support(ensemble, question, passages)
     logits = [math.log(p / (1 - p)) for p in (answer_support(m, question, passages) for m in members)]
-    assert math.log(got / (1 - got)) == pytest.approx(sum(logits) / 3, abs=1e-9)
+    assert logits[0] != pytest.approx(logits[1], abs=1e-3)  # two models, two opinions: the mean is not either
+    assert math.log(got / (1 - got)) == pytest.approx(sum(logits) / 2, abs=1e-9)
     assert ensemble.save_kept(tmp_path / "answer_pairs.parquet") == 2  # both pairs, a logit per member
-    again = load_answer_model(IN_DOMAIN)
+    again = load_answer_model(folder)
     assert again.load_kept(tmp_path / "answer_pairs.parquet") == 2
     assert answer_support(again, question, passages) == got and again.computed == 0  # read, not run again
 

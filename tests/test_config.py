@@ -148,9 +148,10 @@ SHIPPED_INDEX_CONFIG_SHA256 = "3dd56803ac7c90643dea280603c18c15bfae09f7dbb2ddd69
 # connection ids) and a CLI one are judged alike. The hash verdicts recorded before (main at 5948690 printed
 # 60b96437… for verdict.config_hash of the shipped config) is kept as legacy_config_hash, so those verdicts still
 # match an unchanged config; the new one is printed by the command above with verdict.config_hash.
-# Both changed again when the shipped answer window went from 10 to 5 passages (docs/benchmarks/30-answer-window.md).
-SHIPPED_VERDICT_CONFIG_SHA256 = "abfb05498e240e2da38bbb49f3f1622afdeb78ecb3a99403128f5bfc54ac4e20"
-SHIPPED_LEGACY_VERDICT_CONFIG_SHA256 = "17efd5bc6ef842eda350ac233e8b09c2ea6b4eb7580a0948702123cbfc5ca785"
+# Both changed again when the shipped answer window went from 10 to 5 passages (docs/benchmarks/30-answer-window.md)
+# and when one answer model replaced three at a new threshold (docs/decisions/0009-one-answer-model.md).
+SHIPPED_VERDICT_CONFIG_SHA256 = "cedf1f4fe3c8422a25c4ddb5ab1fdd96a74cda8ae6f3d4922d530831917b9e3c"
+SHIPPED_LEGACY_VERDICT_CONFIG_SHA256 = "8a4d10a81a6a714db89e376dc7e2705fa28db2516d87e2efd3321b9cc51bf26e"
 
 
 def test_the_index_hash_is_main_s_from_before_the_typed_config_and_the_verdict_hash_binds_what_was_judged():

@@ -3,6 +3,7 @@ check set a new threshold has seen (its questions into the fit set, the next-che
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -265,7 +266,7 @@ def test_accept_switches_the_config_files_check_set_and_keeps_its_comments(tmp_p
     config_file = tmp_path / "pipeline.yaml"
     text = Path("config/pipeline.yaml").read_text()
     text = text.replace("calibration_set: config/evals/calibration.jsonl", f"calibration_set: {fit}")
-    text = text.replace("check_set: config/evals/riders-final-4.jsonl", f"check_set: {check}")
+    text = re.sub(r"(?m)^(  check_set: )\S+", lambda m: m.group(1) + str(check), text, count=1)
     text = text.replace("check_moves: config/evals/check_moves.jsonl", f"check_moves: {tmp_path / 'moves.jsonl'}")
     text = text.replace("combiner: config/baselines/answerability_combiner.json", "combiner: null")
     config_file.write_text(text)
