@@ -33,7 +33,7 @@ from benchmarks._common import ROOT, Result, log, stats_ms
 
 LEVELS = (1, 4, 16)
 QUESTIONS = ROOT / "config" / "evals" / "riders-train.jsonl"
-STAGES = ("queued", "embed", "search", "rerank", "signals")
+STAGES = ("queued", "embed", "search", "rerank", "answer", "signals")
 COLD_QUESTION = "How much does a monthly pass cost?"
 
 
