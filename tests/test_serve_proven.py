@@ -192,24 +192,6 @@ def test_unproven_answers_with_the_config_and_says_so_first(served, capsys):
 
 
 @pytest.mark.models
-def test_a_served_version_reads_the_text_vectors_its_night_kept_and_answers_exactly_as_without_them(served):
-    """A question encodes only its own texts: the passages' sentence and word vectors come from the night's
-    text_vectors.parquet, exact under the bi-encoder's binding, so the answer is the one computed afresh."""
-    from sourcegate.pipelines.app.answering import ask
-    from sourcegate.pipelines.app.factories import serving_for
-
-    cfg = config.load(served["config"], {"artifacts": str(served["artifacts"])})
-    serving = serving_for(cfg)
-    kept = serving.retriever.text_vectors
-    assert len(kept.memo) > 0 and kept.computed == 0  # the night's vectors, none encoded by this process yet
-    fresh = serving_for(cfg)
-    fresh.retriever.text_vectors.memo.clear()  # as before: every text encoded by the serving process
-    question = "Are folding bikes allowed on buses when it is crowded?"  # asked by no eval set of the tiny night
-    assert ask(cfg, serving, question).payload == ask(cfg, fresh, question).payload
-    assert 0 < kept.computed < fresh.retriever.text_vectors.computed
-
-
-@pytest.mark.models
 def test_an_answer_model_changed_on_disk_is_refused(served, capsys):
     spec = served["model"] / "ensemble.json"
     intact = spec.read_bytes()

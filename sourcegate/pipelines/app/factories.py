@@ -140,13 +140,11 @@ def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: 
         searcher = open_run_folder(index)
         path = Path(index) / rf.GATE
         gate, where = (json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None), str(path)
-        folder = Path(index)
     else:
         store = open_store(cfg)
         live = store.live()
         searcher = store.open(live)
         gate, where = verdict_of(cfg, live)
-        folder = None if is_remote(cfg.artifacts) else Path(cfg.artifacts) / rf.RUNS / live
     try:
         decision = decisions.of_verdict(gate, where)
         overridden = decisions.mismatches(decision, cfg)
@@ -157,8 +155,6 @@ def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: 
     if overridden:
         decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
     retriever, _ = retriever_for(cfg, searcher, required=False)  # serving: the reranker is a preference
-    if folder is not None:  # the night's passage-sentence and word vectors, exact under this bi-encoder's binding
-        retriever.text_vectors.load_kept(folder / rf.TEXT_VECTORS)  # (kept.py): a question encodes only its own texts
     return Serving(retriever, decision, where, overridden)
 
 
