@@ -7,9 +7,9 @@ answer-support pairs of a test night; before it the shipped verdict was FAILED, 
 So the test nights run the demo with a sample of the fit set the gate passed on before #28
 (tests/data/evals/calibration-pre28.jsonl: config/evals/calibration.jsonl without a-o-101..110, 14 off-topic, hence
 min_per_label 14) and, as its check set, 14 of those questions under new ids (tests/data/evals/check-pre28.jsonl): a
-gate without a check set fails ("coverage is unchecked"). They keep the decision their own baseline (tests/data/baselines/promotable.json) was accepted
-with (`rerank_top` >= 0.14, whose per-question declines the gate pairs) and the SQuAD-trained answer-support model
-reading the top 3. This claims nothing about quality: it is a fixture of a passing gate, not a check.
+gate without a check set fails ("coverage is unchecked"). They keep the decision their own baseline
+(tests/data/baselines/promotable.json) was accepted with (`rerank_top` >= 0.14, whose per-question declines the gate
+pairs) and the SQuAD-trained answer-support model reading the top 3. This claims nothing about quality: it is a fixture of a passing gate, not a check.
 
 The sample keeps a night's evaluation to about a third of the full sets' (the cross-encoder, one pair per run,
 is most of a first night): promotable-fit.jsonl is every should-decline question of calibration-pre28.jsonl and
