@@ -152,3 +152,24 @@ def test_an_altered_kept_file_changes_evaluated_and_is_refused_at_promotion(nigh
         steps.promote_step(RunFolder(cfg.artifacts, "20260102-020000"), cfg)
     kept.save(earlier / ANSWER_PAIRS, "sha256:bound", {"k": np.array([2.5])}, 1, np.float64)  # the honest bytes
     assert steps.promote_step(RunFolder(cfg.artifacts, "20260102-020000"), cfg) == "20260102-020000"
+
+
+def test_a_kept_file_is_read_beside_its_verdict_only_as_the_verdict_bound_it(tmp_path):
+    """What `serve` reads of its night's kept values: the file the verdict bound, by SHA-256, or nothing."""
+    folder = tmp_path / "runs" / "20260101-020000"
+    folder.mkdir(parents=True)
+    kept.save(folder / TEXT_VECTORS, "sha256:bound", {"k": np.array([1.0, 0.0])}, 2)
+    facts = verdict.kept_facts(folder, {TEXT_VECTORS: {"kept": 1}, RERANK_PAIRS: {"kept": 0}})
+    assert facts == {
+        TEXT_VECTORS: {"sha256": sha256_file(folder / TEXT_VECTORS), "rows": 1}
+    }  # none written: none bound
+    gate = {"evaluated": {"kept": facts}}
+    assert verdict.bound_kept_file(gate, folder, TEXT_VECTORS) == (folder / TEXT_VECTORS, None)
+
+    kept.save(folder / TEXT_VECTORS, "sha256:bound", {"k": np.array([0.0, 1.0])}, 2)  # altered after the night
+    path, why_not = verdict.bound_kept_file(gate, folder, TEXT_VECTORS)
+    assert path is None and "differs from the one its verdict bound" in why_not
+    assert verdict.bound_kept_file({"evaluated": {}}, folder, TEXT_VECTORS)[0] is None  # a verdict binding none
+    assert verdict.bound_kept_file(None, folder, TEXT_VECTORS)[0] is None  # no verdict at all
+    (folder / TEXT_VECTORS).unlink()
+    assert verdict.bound_kept_file(gate, folder, TEXT_VECTORS) == (None, f"{folder / TEXT_VECTORS}: not there")

@@ -192,6 +192,39 @@ def test_unproven_answers_with_the_config_and_says_so_first(served, capsys):
 
 
 @pytest.mark.models
+def test_a_served_version_reads_the_text_vectors_its_verdict_bound_and_answers_exactly_as_without_them(
+    served, tmp_path, caplog
+):
+    """A question encodes only its own texts: the passages' sentence and word vectors come from the night's
+    text_vectors.parquet, which gate.json binds by SHA-256 and which is exact under the bi-encoder's binding, so the
+    answer is the one computed afresh. The same file altered after the night is not read."""
+    from sourcegate.pipelines.app.answering import ask
+    from sourcegate.pipelines.app.factories import serving_for
+
+    folder = served["artifacts"] / "runs" / FIRST
+    bound = json.loads((folder / "gate.json").read_text())["evaluated"]["kept"]
+    assert bound["text_vectors.parquet"]["sha256"] == sha256_file(folder / "text_vectors.parquet")
+    cfg = config.load(served["config"], {"artifacts": str(served["artifacts"])})
+    serving = serving_for(cfg)
+    kept = serving.retriever.text_vectors
+    assert serving.kept_vectors == len(kept.memo) > 0 and kept.computed == 0  # the night's, none encoded yet
+    fresh = serving_for(cfg)
+    fresh.retriever.text_vectors.memo.clear()  # as without them: every text encoded by the serving process
+    question = "Are folding bikes allowed on buses when it is crowded?"  # asked by no eval set of the tiny night
+    assert ask(cfg, serving, question).payload == ask(cfg, fresh, question).payload
+    assert 0 < kept.computed < fresh.retriever.text_vectors.computed
+
+    copy = tmp_path / "artifacts"  # the same version with its kept vectors altered after its night
+    shutil.copytree(served["artifacts"], copy)
+    altered = copy / "runs" / FIRST / "text_vectors.parquet"
+    altered.write_bytes(altered.read_bytes()[:-8] + b"\0" * 8)
+    with caplog.at_level("WARNING"):
+        untrusted = serving_for(config.load(served["config"], {"artifacts": str(copy)}))
+    assert untrusted.kept_vectors == 0 and untrusted.retriever.text_vectors.memo == {}
+    assert "differs from the one its verdict bound" in caplog.text
+
+
+@pytest.mark.models
 def test_an_answer_model_changed_on_disk_is_refused(served, capsys):
     spec = served["model"] / "ensemble.json"
     intact = spec.read_bytes()

@@ -7,6 +7,7 @@ index store and `Retriever` here, so each is built the same way everywhere.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -17,8 +18,11 @@ from sourcegate.pipelines.build import embed_backends
 from sourcegate.pipelines.build.embed import Embedder
 from sourcegate.pipelines.config import Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision as decisions
+from sourcegate.pipelines.release import verdict
 from sourcegate.pipelines.versions import manifest as mf
 from sourcegate.pipelines.versions.object_store import ObjectStore, is_remote
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the harness imports the statistics (scipy): a query, which judges nothing, never loads them
     from sourcegate.evals.harness import Judging
@@ -110,12 +114,14 @@ def retriever_for(cfg: PipelineConfig, searcher, required: bool = True):
 @dataclass
 class Serving:
     """What answers a query: the retriever, the decision `answer.decide` applies, the verdict it was proven by,
-    and what differs from that verdict's decision (empty unless answering `unproven`, which serves the config)."""
+    what differs from that verdict's decision (empty unless answering `unproven`, which serves the config), and
+    how many text vectors the verdict's night lent (its bound text_vectors.parquet; 0: every text is encoded)."""
 
     retriever: object
     decision: dict
     proven_by: str
     overridden: list[str] = field(default_factory=list)
+    kept_vectors: int = 0
 
 
 def verdict_of(cfg: PipelineConfig, version: str) -> tuple[dict | None, str]:
@@ -155,7 +161,20 @@ def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: 
     if overridden:
         decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
     retriever, _ = retriever_for(cfg, searcher, required=False)  # serving: the reranker is a preference
-    return Serving(retriever, decision, where, overridden)
+    lent = 0 if is_remote(where) else kept_text_vectors(retriever, gate, Path(where).parent)
+    return Serving(retriever, decision, where, overridden, lent)
+
+
+def kept_text_vectors(retriever, gate: dict | None, folder: Path) -> int:
+    """Load the passage-sentence and word vectors the verdict's night kept, if the file is the one the verdict
+    bound (exact under the bi-encoder's binding, sourcegate/pipelines/retrieval/kept.py): a question then encodes
+    only its own texts. Any other file is not read, and every text is encoded as before; returns how many."""
+    path, why_not = verdict.bound_kept_file(gate, folder, rf.TEXT_VECTORS)
+    if path is None:  # a file there but not read is worth a warning: it was altered, or no verdict bound it
+        level = logging.WARNING if (folder / rf.TEXT_VECTORS).is_file() else logging.INFO
+        log.log(level, "serving without kept text vectors: %s", why_not)
+        return 0
+    return retriever.text_vectors.load_kept(path)
 
 
 def preflight(cfg: PipelineConfig) -> None:

@@ -1,6 +1,7 @@
 """`sourcegate serve`: the live version answered over HTTP by one long-lived process, models loaded once.
 
-    GET  /health   200 {"status": "ok", "version", "proven_by", "unproven", "overridden"} when the live version
+    GET  /health   200 {"status": "ok", "version", "proven_by", "unproven", "overridden", "kept_text_vectors"}
+                   (the text vectors lent by the verdict's night, factories.kept_text_vectors) when the live version
                    and the decision its verdict proved can be served; 503 {"status": "unavailable", "version",
                    "error"} when there is no live version or its decision cannot be served (the reason `query`
                    would exit 2 with)
@@ -150,7 +151,9 @@ class LiveServing:
             log.warning("serve: the live version %s cannot be served", live, exc_info=True)
             return Loaded(live, error=one_line(exc))
         version = served_version(serving) or live  # LIVE may have moved again in between: the next request sees it
-        log.info("serve: serving version %s (%s)", version, serving.proven_by)
+        log.info(
+            "serve: serving version %s (%s, %d kept text vectors)", version, serving.proven_by, serving.kept_vectors
+        )
         return Loaded(version, serving)
 
     def ask(self, serving: Serving, question: str, context: Sequence[str]) -> dict:
@@ -174,6 +177,7 @@ class LiveServing:
             "proven_by": None if serving.overridden else serving.proven_by,
             "unproven": bool(serving.overridden),
             "overridden": serving.overridden,
+            "kept_text_vectors": serving.kept_vectors,
         }
 
     def query(self, body: bytes) -> tuple[int, dict]:

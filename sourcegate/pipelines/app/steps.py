@@ -450,7 +450,11 @@ def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = Non
             kept_from=kept.path if (kept := run.earlier_evaluation()) else None,
             answer_model_corpus=corpus,
         )
-    facts = {**facts, "reused": verdict.reused_facts(out["kept"])}  # values an earlier night computed: bound
+    facts = {
+        **facts,
+        "reused": verdict.reused_facts(out["kept"]),  # values an earlier night computed: bound
+        "kept": verdict.kept_facts(folder, out["kept"]),  # values this evaluation computed, as `serve` reads them
+    }
     run.update_info(
         answer_model_corpus=corpus,
         evaluated_version=version,

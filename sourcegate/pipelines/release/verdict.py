@@ -173,6 +173,32 @@ def reused_facts(kept: Mapping | None) -> dict:
     }
 
 
+def kept_facts(folder: str | Path, kept: Mapping | None) -> dict:
+    """The files an evaluation kept for the next night (harness.keep_for_next's per-file record), by SHA-256 as
+    written into its `folder`: the verdict binds them, so whoever reads one later (the next night, `serve`) reads
+    exactly what this evaluation computed."""
+    facts = {}
+    for name, part in (kept or {}).items():
+        path = Path(folder) / name
+        if path.is_file():
+            facts[name] = {"sha256": sha256_file(path), "rows": part.get("kept")}
+    return facts
+
+
+def bound_kept_file(gate: Mapping | None, folder: str | Path, name: str) -> tuple[Path | None, str | None]:
+    """The kept file `name` beside a verdict, if it is the one the verdict bound: (its path, None), else (None,
+    why not). A file that differs from its binding is never read: its values were computed by no verdict."""
+    fact = ((gate or {}).get("evaluated") or {}).get("kept", {}).get(name)
+    path = Path(folder) / name
+    if not fact:
+        return None, f"{path}: the verdict binds no kept file {name}"
+    if not path.is_file():
+        return None, f"{path}: not there"
+    if sha256_file(path) != fact.get("sha256"):
+        return None, f"{path} differs from the one its verdict bound (SHA-256 {fact.get('sha256')}): not read"
+    return path, None
+
+
 def evaluated(
     cfg: PipelineConfig, manifest: Mapping | None, eval_sets: list[str], reused: Mapping | None = None
 ) -> dict:
