@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import Result, log, median
+from sourcegate.artifact_io.run_folder import KEPT
 from sourcegate.pipelines.retrieval.answerability import answerability_signals
 from sourcegate.pipelines.retrieval.retriever import Clock, Retriever, effective_query
 from sourcegate.pipelines.search.analyzer import STOPWORDS
@@ -137,7 +138,8 @@ def one_pass(kind: str, cfg: dict, searcher, embedder, scorer, out: Path, kept_f
     if not chunks.exists():
         chunks = chunks.with_name("chunks.parquet")
     c, t = time.process_time(), time.perf_counter()
-    stats = evaluate(subject, chunks, judging(cfg), out, kept_from=kept_from)
+    kept = {name: kept_from / name for name in KEPT} if kept_from else None  # the first pass's, in this process
+    stats = evaluate(subject, chunks, judging(cfg), out, kept_from=kept)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     gate = gate_for_dir(judging(cfg), out, {}, out / "check_scorings.jsonl")  # this pass's looks only
     return {

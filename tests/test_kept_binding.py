@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sourcegate.artifact_io import write_json
-from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.artifact_io.run_folder import KEPT, RunFolder
 from sourcegate.evals.harness import ANSWER_PAIRS, RERANK_PAIRS, TEXT_VECTORS, keep_for_next, keep_from
 from sourcegate.pipelines.app import steps
 from sourcegate.pipelines.release import verdict
@@ -45,7 +45,7 @@ def parts(embedder):
 def a_night(retriever, earlier: Path | None, out: Path) -> tuple[dict, dict]:
     """What an evaluation does with kept values: load the earlier night's, score, keep for the next."""
     out.mkdir(parents=True, exist_ok=True)
-    start = keep_from(retriever, earlier)
+    start = keep_from(retriever, {name: earlier / name for name in KEPT} if earlier else None)
     values = {
         "vectors": retriever.text_vectors(TEXTS),
         "rerank": retriever.scorer.score(QUESTION, PASSAGES),
@@ -173,3 +173,32 @@ def test_a_kept_file_is_read_beside_its_verdict_only_as_the_verdict_bound_it(tmp
     assert verdict.bound_kept_file(None, folder, TEXT_VECTORS)[0] is None  # no verdict at all
     (folder / TEXT_VECTORS).unlink()
     assert verdict.bound_kept_file(gate, folder, TEXT_VECTORS) == (None, f"{folder / TEXT_VECTORS}: not there")
+
+
+@pytest.mark.models
+def test_the_next_night_reuses_an_earlier_nights_kept_values_only_as_its_verdict_bound_them(tmp_path, caplog):
+    """A kept file altered after its night (here: one row dropped, still a readable file under the same binding) is
+    not reused by the next night: its values were computed by no verdict. The next night computes them again, says
+    why in run.json (`eval_kept_refused`) and a warning, and reuses the files that are as bound."""
+    from sourcegate.pipelines.app.cli import main
+    from tests.test_faults import tiny_night
+
+    tiny = tiny_night(tmp_path)
+    artifacts = tmp_path / "artifacts"
+    argv = ["--config", str(tiny["config"]), "run", "--artifacts", str(artifacts), "--quiet", "--run-id"]
+    assert main([*argv, "20260301-020000"]) == 0
+    first = artifacts / "runs" / "20260301-020000"
+    altered = first / TEXT_VECTORS
+    table = pq.read_table(altered)
+    pq.write_table(table.slice(1), altered)  # the same schema and binding, one vector fewer
+    bound = table["binding"][0].as_py()
+    assert len(kept.load(altered, bound, 384)) == table.num_rows - 1  # readable: it would be reused, were it bound
+    with caplog.at_level("WARNING"):
+        assert main([*argv, "20260302-020000"]) == 0
+    info = json.loads((artifacts / "runs" / "20260302-020000" / "run.json").read_text())
+    assert set(info["eval_kept_refused"]) == {TEXT_VECTORS}
+    assert "differs from the one its verdict bound" in info["eval_kept_refused"][TEXT_VECTORS]
+    assert "not reusing kept values" in caplog.text
+    assert info["eval_kept"][TEXT_VECTORS]["reused"] == 0 and info["eval_kept"][TEXT_VECTORS]["computed"] > 0
+    assert info["eval_kept"][RERANK_PAIRS]["reused"] > 0 and info["eval_kept"][RERANK_PAIRS]["computed"] == 0
+    assert TEXT_VECTORS not in info["evaluated"]["reused"]  # the verdict binds only what it reused

@@ -83,6 +83,7 @@ def test_second_night_with_no_change_encodes_nothing(artifacts, capsys):
     assert info["counts"]["ingest"]["unchanged"] == info["counts"]["ingest"]["documents"]
     # the evaluation too: the first night's question, word and sentence vectors and rerank logits are read, not computed
     kept = info["eval_kept"]
+    assert info["eval_kept_refused"] == {}  # the first night's verdict bound every file it kept
     assert kept["text_vectors.parquet"]["computed"] == 0 and kept["text_vectors.parquet"]["reused"] > 0
     assert kept["rerank_pairs.parquet"]["computed"] == 0 and kept["rerank_pairs.parquet"]["reused"] > 0
     assert kept["answer_pairs.parquet"]["computed"] == 0 and kept["answer_pairs.parquet"]["reused"] > 0

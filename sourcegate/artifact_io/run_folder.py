@@ -44,6 +44,7 @@ TEXT_VECTORS = (
 )
 RERANK_PAIRS = "rerank_pairs.parquet"  # evaluate: question-passage logits, under the cross-encoder's fingerprint
 ANSWER_PAIRS = "answer_pairs.parquet"  # evaluate: the answer-support model's logits, under its fingerprint
+KEPT = (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS)  # values an evaluation keeps for the next (retrieval/kept.py)
 COMBINER = "answerability_combiner.json"  # `sourcegate calibrate --refit`: the combiner fitted on this run
 DIFF_LIVE = "diff_live.json"  # gate: per question, what changed since the live version
 GATE = "gate.json"  # gate: the verdict and what it judged

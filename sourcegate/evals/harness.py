@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,16 +123,16 @@ def evaluate(
     precision_set: str | None = None,
     progress: bool = False,
     before_sweep: Callable[[list[dict]], dict | None] | None = None,
-    kept_from: Path | None = None,
+    kept_from: Mapping[str, Path] | None = None,
     answer_model_corpus: dict | None = None,
 ) -> dict:
     """Calibration sweep + precision evals of one index; writes calibration.json, precision.json.
 
     `before_sweep(records)` runs on the calibration records before the sweep (`sourcegate
     calibrate` refits the answerability combiner there and rescores its signal); what it
-    returns is recorded under calibration.json's `combiner`. `kept_from` is an earlier night's
-    folder: the text vectors and pair logits it kept (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS) are not
-    computed again, and this night's are written to `out_dir` for the next. `answer_model_corpus`: how much of
+    returns is recorded under calibration.json's `combiner`. `kept_from`: the files an earlier night
+    kept (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS, by name; verdict.bound_kept_files gives those its verdict bound):
+    their text vectors and pair logits are not computed again, and this night's are written to `out_dir` for the next. `answer_model_corpus`: how much of
     this corpus the answer model learned (sourcegate/pipelines/retrieval/learned_corpus.py), recorded and held by the gate.
     """
     out_dir = Path(out_dir)
@@ -219,18 +219,18 @@ def kept_parts(retriever) -> dict:
     return {name: part for name, part in parts.items() if hasattr(part, "save_kept")}
 
 
-def keep_from(retriever, folder: Path | None) -> dict:
-    """Load what an earlier night kept into the retriever's parts; per file, how many values it took, what the
-    part had computed so far (a scorer lives as long as its process, across evaluations) and, for a file it
-    reused values from, the run it came from and its SHA-256 (bound into the verdict: those values were not
-    computed by this evaluation)."""
+def keep_from(retriever, files: Mapping[str, Path] | None) -> dict:
+    """Load what an earlier night kept (its `files`, by name) into the retriever's parts; per file, how many values
+    it took, what the part had computed so far (a scorer lives as long as its process, across evaluations) and, for
+    a file it reused values from, the run it came from and its SHA-256 (bound into the verdict: those values were
+    not computed by this evaluation)."""
     start = {}
     for name, part in kept_parts(retriever).items():
-        path = folder / name if folder else None
+        path = (files or {}).get(name)
         reused = part.load_kept(path)
         start[name] = {"reused": reused, "computed_before": part.computed}
         if reused:
-            start[name] |= {"from_run": folder.name, "sha256": sha256_file(path)}
+            start[name] |= {"from_run": path.parent.name, "sha256": sha256_file(path)}
     return start
 
 

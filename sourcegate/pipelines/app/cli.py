@@ -125,11 +125,15 @@ def cmd_calibrate(args) -> int:
     from sourcegate.evals.harness import evaluate, gate_for_dir
     from sourcegate.pipelines.app.factories import judging, retriever_for
     from sourcegate.pipelines.app.steps import answer_model_corpus
+    from sourcegate.pipelines.release.verdict import bound_kept_files
 
     cfg = load_config(args)
     index = Path(args.index)
     searcher = version_searcher(cfg, index)
     retriever, _ = retriever_for(cfg, searcher)
+    kept_files, refused = bound_kept_files(index)
+    for why_not in refused.values():
+        print(f"not reusing kept values: {why_not}", file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     evaluated = evaluate(
@@ -141,7 +145,7 @@ def cmd_calibrate(args) -> int:
         precision_set=args.questions,
         progress=not args.quiet,
         before_sweep=combiner.before_sweep(retriever, cfg, out, refit=True),  # a candidate; `accept` adopts it
-        kept_from=index,  # the night's vectors and pair scores, under each model's fingerprint: reused, not recomputed
+        kept_from=kept_files,  # the night's vectors and pair scores its verdict bound: reused, not recomputed
         answer_model_corpus=answer_model_corpus(cfg, index / rf.CHUNKS),
     )
     reused = ", ".join(f"{name} {part['reused']}" for name, part in evaluated["kept"].items())

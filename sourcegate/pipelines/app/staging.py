@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sourcegate.artifact_io import run_folder as rf
-from sourcegate.artifact_io.run_folder import ANSWER_PAIRS, PUBLISHED_AS, RERANK_PAIRS, TEXT_VECTORS
+from sourcegate.artifact_io.run_folder import PUBLISHED_AS, TEXT_VECTORS
 from sourcegate.evals import check_log
 from sourcegate.pipelines.batches import shard_range
 from sourcegate.pipelines.config import PipelineConfig
@@ -100,8 +100,7 @@ def reading(names: tuple[str, ...], *runs: str) -> Reads:
     return Reads(named=tuple((run, names) for run in runs))
 
 
-# values an evaluation keeps for the next one (sourcegate/pipelines/retrieval/kept.py)
-KEPT = (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS)
+KEPT = rf.KEPT  # an earlier evaluation's, read beside its gate.json (a record: every run's is staged)
 NIGHT = Reads(
     own=(ANY, INDEX_FILES), previous=(ANY,), live=(ANY,), kept=KEPT, check_log=True
 )  # `sourcegate run`: every step in one

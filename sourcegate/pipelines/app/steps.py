@@ -438,6 +438,10 @@ def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = Non
     facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))
     chunks = target.loadable_chunks()
     corpus = answer_model_corpus(cfg, chunks)
+    earlier = run.earlier_evaluation()
+    kept_files, refused = verdict.bound_kept_files(earlier.path) if earlier else ({}, {})
+    for why_not in refused.values():  # computed again: values no verdict computed are never reused
+        log.warning("evaluate: not reusing kept values: %s", why_not)
     faults.reached("evaluate:searching")
     with run.timed("evaluate"):
         out = evaluate(
@@ -447,7 +451,7 @@ def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = Non
             folder,
             progress=progress,
             before_sweep=combiner.before_sweep(retriever, cfg, folder, refit=False),  # never refitted at night
-            kept_from=kept.path if (kept := run.earlier_evaluation()) else None,
+            kept_from=kept_files,
             answer_model_corpus=corpus,
         )
     facts = {
@@ -461,6 +465,7 @@ def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = Non
         evaluated=facts,
         counts={"eval_questions": out["questions"]},
         eval_kept=out["kept"],  # text vectors and rerank logits: reused from an earlier night / computed / kept
+        eval_kept_refused=refused,  # an earlier night's kept files its verdict did not bind, and why
         evaluate_stages_s=out["stages_s"],  # the step's seconds by retrieval stage: where the night's time went
         models={
             "reranker": {

@@ -199,6 +199,20 @@ def bound_kept_file(gate: Mapping | None, folder: str | Path, name: str) -> tupl
     return path, None
 
 
+def bound_kept_files(folder: str | Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """The kept files in a run `folder` that its gate.json bound, and why each other kept file there is not one:
+    what a later evaluation may reuse (values computed by no verdict are computed again)."""
+    gate_path = Path(folder) / rf.GATE
+    gate = json.loads(gate_path.read_text(encoding="utf-8")) if gate_path.is_file() else None
+    files, refused = {}, {}
+    for name in rf.KEPT:
+        if (Path(folder) / name).is_file():
+            path, why_not = bound_kept_file(gate, folder, name)
+            files.update({name: path} if path else {})
+            refused.update({} if path else {name: why_not})
+    return files, refused
+
+
 def evaluated(
     cfg: PipelineConfig, manifest: Mapping | None, eval_sets: list[str], reused: Mapping | None = None
 ) -> dict:
