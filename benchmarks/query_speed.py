@@ -1,13 +1,15 @@
-"""Benchmark 18: one warm in-process query (hybrid + rerank + signals) at 100k chunks, and the
+"""Benchmark 21: one warm in-process query (hybrid + rerank + answer model + signals) at 100k chunks, and the
 cold CLI start (issue #24).
 
 The index is benchmark 4's synthetic one (benchmarks/search.py: seeded unit vectors, Zipf texts
 of 40-120 pseudo-words); the models are the shipped ones (the config's bi-encoder backend, the
-INT8 cross-encoder over the fused top-12), so every stage costs what it costs at night. Queries
+INT8 cross-encoder over the fused top-12, the configured answer model over the fused top window), so every stage
+costs what it costs at night. Queries
 are 4-10 Zipf pseudo-words (they match BM25 like real ones do); each stage's time comes from
 `Retrieval.timings`. The cold start is `sourcegate query` as a new process on a demo index.
 
-    python -m benchmarks.query_speed --chunks 100000 --queries 40 --demo-index /tmp/speed/artifacts/runs/<run>
+    python -m benchmarks.query_speed --chunks 100000 --queries 40 --demo-index /tmp/speed/artifacts/runs/<run> \
+        [--label query_speed_answer]
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ import numpy as np
 from benchmarks._common import Result, log, stats_ms
 from benchmarks.search import build_direct, synth, texts_of, vocabulary, zipf_ids
 
-STAGES = ("embed", "search", "rerank", "signals")
+STAGES = ("embed", "search", "rerank", "answer", "signals")
 
 
 def warm_query(n: int, queries: int, seed: int) -> dict:
     from sourcegate.pipelines import config
-    from sourcegate.pipelines.app.factories import get_embedder, scorer_for
+    from sourcegate.pipelines.app.factories import answer_scorer_for, get_embedder, scorer_for
     from sourcegate.pipelines.retrieval.retriever import Retriever
     from sourcegate.pipelines.search.embedded import EmbeddedSearcher
 
@@ -43,7 +45,8 @@ def warm_query(n: int, queries: int, seed: int) -> dict:
         searcher = EmbeddedSearcher(Path(tmp))
         np.asarray(searcher.vectors).sum()  # fault the mmap in: a warm process
         scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
-        retriever = Retriever.from_config(searcher, get_embedder(cfg.embedding), scorer, cfg)
+        answer = answer_scorer_for(cfg.answerability.answer_model_path, required=True)  # the decision's signal
+        retriever = Retriever.from_config(searcher, get_embedder(cfg.embedding), scorer, cfg, answer_scorer=answer)
         rng = np.random.default_rng(seed + 1)
         asked = [" ".join(words[i] for i in zipf_ids(rng, int(rng.integers(4, 11)))) for _ in range(queries + 5)]
         for q in asked[:5]:  # warm-up: models and memory touched once
@@ -100,8 +103,9 @@ def main() -> None:
         "--demo-index", type=Path, help="a demo night's run folder (`query --index`) for the cold CLI start"
     )
     ap.add_argument("--cli-reps", type=int, default=3)
+    ap.add_argument("--label", default="query_speed", help="names the result file: <label>.json")
     args = ap.parse_args()
-    res = Result("query_speed", target={"warm_query_p50_ms_at_100k": 100})
+    res = Result(args.label, target={"warm_query_p50_ms_at_100k": 100})
     log(f"warm query at {args.chunks} chunks")
     res["warm"] = warm_query(args.chunks, args.queries, args.seed)
     log(f"warm p50 {res['warm']['total']['p50_ms']} ms")
