@@ -382,6 +382,25 @@ def test_a_whole_night_to_the_server_then_a_query_from_it(nights, tmp_path):
 
 @pytest.mark.s3
 @pytest.mark.models
+def test_serving_from_the_store_reads_the_kept_text_vectors_its_verdict_bound(nights, monkeypatch):
+    """`serve` and `query` on s3:// artifacts fetch the live version's text_vectors.parquet and read it only as its
+    gate.json bound it (the check is the local one: tests/test_serve_proven.py alters a file)."""
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.factories import serving_for
+
+    n = nights
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in n.env.items():
+        monkeypatch.setenv(name, value)
+    live = n.store.get("LIVE").decode().strip()
+    bound = json.loads(n.store.get(f"runs/{live}/gate.json"))["evaluated"]["kept"][rf.TEXT_VECTORS]
+    serving = serving_for(config.load(n.config, {"artifacts": n.uri}))
+    assert serving.kept_vectors == bound["rows"] > 0 and not serving.overridden
+
+
+@pytest.mark.s3
+@pytest.mark.models
 def test_a_second_night_of_the_same_corpus_writes_no_row_of_its_tables_again(nights, tmp_path):
     """The rerun night's large tables and arrays are pointers to the first night's segments: the same rows, not
     written twice, and rebuilt byte for byte (the index verifies: the query test above and the rollback below)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -161,8 +162,26 @@ def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: 
     if overridden:
         decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
     retriever, _ = retriever_for(cfg, searcher, required=False)  # serving: the reranker is a preference
-    lent = 0 if is_remote(where) else kept_text_vectors(retriever, gate, Path(where).parent)
+    if is_remote(where):  # the verdict's folder on the store: its kept vectors fetched, then checked as a local file
+        with tempfile.TemporaryDirectory(prefix="sourcegate-kept-") as tmp:
+            fetch_kept(cfg, f"{rf.RUNS}/{live}/{rf.TEXT_VECTORS}", Path(tmp) / rf.TEXT_VECTORS)
+            lent = kept_text_vectors(retriever, gate, Path(tmp))
+    else:
+        lent = kept_text_vectors(retriever, gate, Path(where).parent)
     return Serving(retriever, decision, where, overridden, lent)
+
+
+def fetch_kept(cfg: PipelineConfig, key: str, dest: Path) -> None:
+    """A kept file from the artifacts store as `dest` (a large one is stored as a pointer to segments: rebuilt);
+    nothing when it cannot be fetched, since serving then encodes every text as before."""
+    from sourcegate.pipelines.versions import segments
+
+    store = ObjectStore.from_uri(cfg.artifacts)
+    try:
+        if store.exists(key):
+            segments.download(store, key, dest)
+    except (OSError, segments.RebuildMismatch) as exc:
+        log.warning("serving without kept text vectors: %s could not be fetched: %s", key, exc)
 
 
 def kept_text_vectors(retriever, gate: dict | None, folder: Path) -> int:
