@@ -131,9 +131,10 @@ def evaluate(
     `before_sweep(records)` runs on the calibration records before the sweep (`sourcegate
     calibrate` refits the answerability combiner there and rescores its signal); what it
     returns is recorded under calibration.json's `combiner`. `kept_from`: the files an earlier night
-    kept (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS, by name; verdict.bound_kept_files gives those its verdict bound):
-    their text vectors and pair logits are not computed again, and this night's are written to `out_dir` for the next. `answer_model_corpus`: how much of
-    this corpus the answer model learned (sourcegate/pipelines/retrieval/learned_corpus.py), recorded and held by the gate.
+    kept (TEXT_VECTORS, RERANK_PAIRS, ANSWER_PAIRS, by name; verdict.bound_kept_files gives those its verdict
+    bound): their text vectors and pair logits are not computed again, and this night's are written to `out_dir`
+    for the next. `answer_model_corpus`: how much of this corpus the answer model learned
+    (sourcegate/pipelines/retrieval/learned_corpus.py), recorded and held by the gate.
     """
     out_dir = Path(out_dir)
     start = keep_from(retriever, kept_from)

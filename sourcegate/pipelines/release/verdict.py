@@ -208,8 +208,10 @@ def bound_kept_files(folder: str | Path) -> tuple[dict[str, Path], dict[str, str
     for name in rf.KEPT:
         if (Path(folder) / name).is_file():
             path, why_not = bound_kept_file(gate, folder, name)
-            files.update({name: path} if path else {})
-            refused.update({} if path else {name: why_not})
+            if path:
+                files[name] = path
+            else:
+                refused[name] = why_not
     return files, refused
 
 
