@@ -52,9 +52,9 @@ def env_for(tree: Path) -> dict:
     return {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def start_serve(artifacts: str, config: str | None) -> tuple[subprocess.Popen, str, float]:
+def start_serve(artifacts: str, config: str | None, *extra: str) -> tuple[subprocess.Popen, str, float]:
     cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", *(["--config", config] if config else [])]
-    cmd += ["serve", "--artifacts", artifacts, "--port", "0"]
+    cmd += ["serve", "--artifacts", artifacts, "--port", "0", *extra]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env_for(ROOT), stdout=subprocess.PIPE, text=True)
     first = proc.stdout.readline().strip()
@@ -167,13 +167,15 @@ def main() -> None:
     ap.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), choices=LEVELS, help="clients per level")
     ap.add_argument("--cold-tree", action="append", default=[], metavar="NAME=PATH", help="a source tree to time")
     ap.add_argument("--cold-reps", type=int, default=3)
+    ap.add_argument("--all-signals", action="store_true", help="serve --all-signals: every signal a night measures")
     args = ap.parse_args()
     res = Result(f"serve_load_{args.label}", target={"p50_ms_4_clients": 100, "p95_ms_4_clients": 250, "cold_s": 3})
     asked = questions(QUESTIONS)
     need = args.warm_up + args.requests * len(LEVELS)
     if len(asked) < need:
         raise SystemExit(f"{QUESTIONS} has {len(asked)} distinct questions; {need} are needed")
-    proc, url, started = start_serve(args.artifacts, args.config)
+    proc, url, started = start_serve(args.artifacts, args.config, *(["--all-signals"] if args.all_signals else []))
+    res["serve_args"] = ["--all-signals"] if args.all_signals else []
     try:
         res["serve_start_s"] = round(started, 2)
         res["health"] = json.loads(urllib.request.urlopen(url + "/health", timeout=60).read())

@@ -383,8 +383,8 @@ def test_a_whole_night_to_the_server_then_a_query_from_it(nights, tmp_path):
 @pytest.mark.s3
 @pytest.mark.models
 def test_serving_from_the_store_reads_the_kept_text_vectors_its_verdict_bound(nights, monkeypatch):
-    """`serve` and `query` on s3:// artifacts fetch the live version's text_vectors.parquet and read it only as its
-    gate.json bound it (the check is the local one: tests/test_serve_proven.py alters a file)."""
+    """`serve` and `query --all-signals` on s3:// artifacts fetch the live version's text_vectors.parquet and read it
+    only as its gate.json bound it (the check is the local one: tests/test_serve_proven.py alters a file)."""
     from sourcegate.pipelines import config
     from sourcegate.pipelines.app.factories import serving_for
 
@@ -395,7 +395,7 @@ def test_serving_from_the_store_reads_the_kept_text_vectors_its_verdict_bound(ni
         monkeypatch.setenv(name, value)
     live = n.store.get("LIVE").decode().strip()
     bound = json.loads(n.store.get(f"runs/{live}/gate.json"))["evaluated"]["kept"][rf.TEXT_VECTORS]
-    serving = serving_for(config.load(n.config, {"artifacts": n.uri}))
+    serving = serving_for(config.load(n.config, {"artifacts": n.uri}), all_signals=True)  # the signals that read them
     assert serving.kept_vectors == bound["rows"] > 0 and not serving.overridden
 
 

@@ -76,6 +76,21 @@ def test_batched_signals_equal_one_question_at_a_time(bag_index):
     assert any(0 < r.signals["concept_coverage"] < 1 for r in batched)  # the signals are not trivial here
 
 
+@pytest.mark.parametrize("wanted", [{"cosine_top"}, {"answer_support", "rerank_top"}, {"sentence_cosine"}])
+def test_a_retriever_asked_for_some_signals_computes_those_as_with_every_signal(bag_index, wanted):
+    """Serving asks for the decision's signals: each is what a night computes, and the texts of the top passages
+    are encoded only for a signal that reads them."""
+    searcher, encoder = bag_index
+    every = Retriever(searcher, encoder, None, TEN, answer_scorer=ReadPassages()).retrieve_many(QUESTIONS)
+    some = Retriever(searcher, encoder, None, TEN, answer_scorer=ReadPassages(), wanted=frozenset(wanted))
+    for full, got in zip(every, some.retrieve_many(QUESTIONS)):
+        assert wanted <= set(got.signals) and got.signals == {k: full.signals[k] for k in got.signals}
+        assert [c.chunk_id for c in got.ranked] == [c.chunk_id for c in full.ranked]
+    encodes = "sentence_cosine" in wanted  # otherwise the questions' own vectors alone
+    assert (some.text_vectors.computed > len(QUESTIONS)) == encodes
+    assert ("answer_support" in got.signals) == ("answer_support" in wanted)
+
+
 class ReadPassages:
     """Records the passages an answer scorer is given; scores each by its length (a unit test of the wiring:
     the real model's scores are tested in test_answer_support.py)."""

@@ -205,10 +205,10 @@ def test_a_served_version_reads_the_text_vectors_its_verdict_bound_and_answers_e
     bound = json.loads((folder / "gate.json").read_text())["evaluated"]["kept"]
     assert bound["text_vectors.parquet"]["sha256"] == sha256_file(folder / "text_vectors.parquet")
     cfg = config.load(served["config"], {"artifacts": str(served["artifacts"])})
-    serving = serving_for(cfg)
+    serving = serving_for(cfg, all_signals=True)  # the signals that encode the passages' sentences and words
     kept = serving.retriever.text_vectors
     assert serving.kept_vectors == len(kept.memo) > 0 and kept.computed == 0  # the night's, none encoded yet
-    fresh = serving_for(cfg)
+    fresh = serving_for(cfg, all_signals=True)
     fresh.retriever.text_vectors.memo.clear()  # as without them: every text encoded by the serving process
     question = "Are folding bikes allowed on buses when it is crowded?"  # asked by no eval set of the tiny night
     assert ask(cfg, serving, question).payload == ask(cfg, fresh, question).payload
@@ -219,9 +219,36 @@ def test_a_served_version_reads_the_text_vectors_its_verdict_bound_and_answers_e
     altered = copy / "runs" / FIRST / "text_vectors.parquet"
     altered.write_bytes(altered.read_bytes()[:-8] + b"\0" * 8)
     with caplog.at_level("WARNING"):
-        untrusted = serving_for(config.load(served["config"], {"artifacts": str(copy)}))
+        untrusted = serving_for(config.load(served["config"], {"artifacts": str(copy)}), all_signals=True)
     assert untrusted.kept_vectors == 0 and untrusted.retriever.text_vectors.memo == {}
     assert "differs from the one its verdict bound" in caplog.text
+
+
+@pytest.mark.models
+def test_a_served_question_computes_the_signals_its_decision_reads_and_is_decided_as_with_every_signal(served):
+    """By default a question computes the proven decision's gating and strong signals (and the cheap ones beside
+    them), not those that encode the top passages' sentences and words: each signal is computed from the same
+    inputs whichever others are, so the mode, value, threshold and passages are those of every signal computed."""
+    from sourcegate.pipelines.app.answering import ask
+    from sourcegate.pipelines.app.factories import serving_for
+    from sourcegate.pipelines.retrieval.retriever import ENCODED_SIGNALS
+
+    cfg = config.load(served["config"], {"artifacts": str(served["artifacts"])})
+    lean, every = serving_for(cfg), serving_for(cfg, all_signals=True)
+    proven = lean.decision
+    assert lean.retriever.wanted == {proven["signal"], proven["strong_signal"]} and every.retriever.wanted is None
+    assert lean.kept_vectors == 0 < every.kept_vectors  # nothing lent that no computed signal reads
+    questions = (BIKE, "Who won the football world cup in 1998?")  # one answerable, one off-topic
+    modes = set()
+    for question in questions:
+        a, b = ask(cfg, lean, question).payload, ask(cfg, every, question).payload
+        assert {k: v for k, v in a.items() if k != "signals"} == {k: v for k, v in b.items() if k != "signals"}
+        assert a["signals"] == {k: b["signals"][k] for k in a["signals"]}
+        assert {proven["signal"], proven["strong_signal"]} <= set(a["signals"])
+        assert set(b["signals"]) - set(a["signals"]) >= set(ENCODED_SIGNALS)
+        modes.add(a["mode"])
+    assert "decline" in modes and len(modes) == 2
+    assert lean.retriever.text_vectors.computed == len(questions)  # the questions' own vectors, nothing else
 
 
 @pytest.mark.models

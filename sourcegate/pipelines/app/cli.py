@@ -23,6 +23,10 @@ DEFAULT_CONFIG = "config/pipeline.yaml"
 # promote and rollback take --corpus as `run` does; where the corpus lives is not what a verdict judged (the version's
 # manifest binds its content), so a night run with --corpus is promoted or rolled back with or without it
 CORPUS_HELP = "the corpus folder, as given to `run` (accepted, not needed: the version's manifest binds its content)"
+ALL_SIGNALS_HELP = (
+    "compute every signal a night measures (concept coverage, sentence cosine, uncovered terms, ...), not only the "
+    "ones the proven decision reads: the same decision, slower"
+)
 OPENSEARCH_CLIENT_LOGGER = "opensearch"  # opensearch-py's per-request log (a warning with a traceback per failure)
 
 
@@ -72,7 +76,7 @@ def cmd_query(args) -> int:
     from sourcegate.pipelines.app.factories import serving_for
 
     cfg = load_config(args)
-    serving = serving_for(cfg, args.index, unproven=args.unproven)
+    serving = serving_for(cfg, args.index, unproven=args.unproven, all_signals=args.all_signals)
     answered = ask(cfg, serving, args.question, args.context or [])
     retrieval, answer, payload = answered.retrieval, answered.answer, answered.payload
     notice = payload["notice"]
@@ -103,7 +107,7 @@ def cmd_serve(args) -> int:
     """Answer over HTTP what `query` answers (sourcegate/pipelines/app/serve.py), until SIGINT or SIGTERM."""
     from sourcegate.pipelines.app.serve import serve
 
-    return serve(load_config(args), args.host, args.port, unproven=args.unproven)
+    return serve(load_config(args), args.host, args.port, unproven=args.unproven, all_signals=args.all_signals)
 
 
 def _fmt(value, spec: str = ".4f") -> str:
@@ -530,6 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="answer with the config as it is even where it differs from the decision the verdict proved (said so)",
     )
+    p.add_argument("--all-signals", action="store_true", help=ALL_SIGNALS_HELP)
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("serve", help="answer queries over HTTP (GET /health, POST /query) from one warm process")
@@ -538,6 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--artifacts")
     p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
     p.add_argument("--unproven", action="store_true", help="as query --unproven: the config as it is, said so")
+    p.add_argument("--all-signals", action="store_true", help=ALL_SIGNALS_HELP)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("calibrate", help="sweep + precision evals of an existing index with a labelled set")

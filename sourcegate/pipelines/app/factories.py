@@ -135,12 +135,17 @@ def verdict_of(cfg: PipelineConfig, version: str) -> tuple[dict | None, str]:
     return (json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None), str(path)
 
 
-def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: bool = False) -> Serving:
+def serving_for(
+    cfg: PipelineConfig, index: str | Path | None = None, unproven: bool = False, all_signals: bool = False
+) -> Serving:
     """The live version (or the embedded run folder `index`) and the decision its passed verdict proved (G11).
 
     The version is opened (and verified) first; then a config value or a model on disk that differs from the
     decision, or a version without a passed verdict, is refused (decision.NotProven) unless `unproven`, which
-    answers with the config as it is and lists what differs."""
+    answers with the config as it is and lists what differs. A question computes the signals the decision reads
+    (its gating and strong signals, and the cheap ones beside them); `all_signals`: every signal a night measures."""
+    from sourcegate.pipelines.retrieval.retriever import ENCODED_SIGNALS
+
     if index is not None:
         from sourcegate.pipelines.search.embedded import open_run_folder
 
@@ -162,7 +167,11 @@ def serving_for(cfg: PipelineConfig, index: str | Path | None = None, unproven: 
     if overridden:
         decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
     retriever, _ = retriever_for(cfg, searcher, required=False)  # serving: the reranker is a preference
-    if is_remote(where):  # the verdict's folder on the store: its kept vectors fetched, then checked as a local file
+    if not all_signals:  # an application reads the decision; every signal is computed as alone (retriever.wanted)
+        retriever.wanted = frozenset(filter(None, (decision.get("signal"), decision.get("strong_signal"))))
+    if not retriever.wants(*ENCODED_SIGNALS):  # the kept vectors serve only the signals that encode texts
+        lent = 0
+    elif is_remote(where):  # the verdict's folder on the store: its kept vectors fetched, then checked as a local file
         with tempfile.TemporaryDirectory(prefix="sourcegate-kept-") as tmp:
             fetch_kept(cfg, f"{rf.RUNS}/{live}/{rf.TEXT_VECTORS}", Path(tmp) / rf.TEXT_VECTORS)
             lent = kept_text_vectors(retriever, gate, Path(tmp))

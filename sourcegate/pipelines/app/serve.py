@@ -6,7 +6,8 @@
                    "error"} when there is no live version or its decision cannot be served (the reason `query`
                    would exit 2 with)
     POST /query    {"question": "...", "context": ["a prior turn", ...]} -> the payload of `query --json`
-                   (answering.ask) plus "version" and "timings_s" (seconds per stage, this process); 503 with
+                   (answering.ask: the signals the proven decision reads, every signal with --all-signals)
+                   plus "version" and "timings_s" (seconds per stage, this process); 503 with
                    that payload when the proven decision could not be applied (query's exit 2); 400 naming what
                    is wrong with the body
 
@@ -112,8 +113,8 @@ def one_line(exc: BaseException) -> str:
 class LiveServing:
     """The Serving of whichever version LIVE names now, opened when LIVE first names it."""
 
-    def __init__(self, cfg: PipelineConfig, unproven: bool = False):
-        self.cfg, self.unproven = cfg, unproven
+    def __init__(self, cfg: PipelineConfig, unproven: bool = False, all_signals: bool = False):
+        self.cfg, self.unproven, self.all_signals = cfg, unproven, all_signals
         self.store = open_store(cfg)
         self.swap = threading.Lock()  # one reader of LIVE opens a new version; the others wait for it
         self.models = threading.Lock()  # one question at a time through the models (see the module doc)
@@ -146,7 +147,7 @@ class LiveServing:
 
     def open(self, live: str) -> Loaded:
         try:
-            serving = serving_for(self.cfg, unproven=self.unproven)
+            serving = serving_for(self.cfg, unproven=self.unproven, all_signals=self.all_signals)
         except Exception as exc:  # noqa: BLE001 - refused or unreadable: unavailable until LIVE moves or a retry
             log.warning("serve: the live version %s cannot be served", live, exc_info=True)
             return Loaded(live, error=one_line(exc))
@@ -249,10 +250,12 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def serve(cfg: PipelineConfig, host: str = "127.0.0.1", port: int = 8765, unproven: bool = False) -> int:
+def serve(
+    cfg: PipelineConfig, host: str = "127.0.0.1", port: int = 8765, unproven: bool = False, all_signals: bool = False
+) -> int:
     """Serve until SIGINT or SIGTERM (exit 0). The first line printed names the address (the port chosen when
-    `port` is 0) and the live version, once the models are loaded."""
-    live = LiveServing(cfg, unproven)
+    `port` is 0) and the live version, once the models are loaded. `all_signals`: as `query --all-signals`."""
+    live = LiveServing(cfg, unproven, all_signals)
     live.warm()
     handler = type("LiveHandler", (Handler,), {"live": live})
     server = Server((host, port), handler)

@@ -2,7 +2,8 @@
 and the per-question signals that both answer modes and the calibration sweep use.
 
 `Retriever.retrieve` is the only place signals are computed, so runtime decisions and
-calibration numbers can never disagree.
+calibration numbers can never disagree. A night computes every signal; serving may ask for the decision's alone
+(`wanted`): each signal is computed from the same inputs whichever others are, so the decision is the same.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from sourcegate.pipelines.retrieval.rerank import Reranked, safe_rerank
 from sourcegate.pipelines.search.analyzer import STOPWORDS
 from sourcegate.pipelines.search.base import Hit, HybridResult, SearchBackend, hybrid_search
 from sourcegate.pipelines.search.bm25 import tokenize
+
+# The signals that encode the words and sentences of the top passages: the costly ones after the models
+ENCODED_SIGNALS = ("concept_coverage", "sentence_cosine", "uncovered_terms")
 
 
 @dataclass
@@ -166,8 +170,10 @@ class Retriever:
         combiner: dict | None = None,
         answer_scorer=None,
         answer_passages: int = _DEFAULTS.answerability.answer_passages,
+        wanted: frozenset[str] | None = None,
     ):
         self.searcher, self.embedder, self.scorer = searcher, embedder, scorer
+        self.wanted = wanted  # the signals a caller reads (serving: the decision's); None: every one (a night)
         self.answer_scorer = answer_scorer  # the answer-support cross-encoder (answer_support.py), or None
         self.answer_passages = answer_passages  # how many of the fused top it reads
         self.combiner = (
@@ -251,7 +257,8 @@ class Retriever:
         embed_each = clock.lap() / len(queries)
         staged = [self._ranked(query, vector, embed_each) for query, vector in zip(queries, vectors)]
         clock.lap()
-        self.text_vectors.prefetch(t for s in staged for t in texts_to_encode(s.retrieval.query, s.top, STOPWORDS))
+        if self.wants(*ENCODED_SIGNALS):
+            self.text_vectors.prefetch(t for s in staged for t in texts_to_encode(s.retrieval.query, s.top, STOPWORDS))
         prefetch_each = clock.lap() / len(queries)
         for s in staged:
             s.retrieval.signals = self._signals(s)
@@ -270,27 +277,36 @@ class Retriever:
         top = [c.text for c in fused[:TOP_PASSAGES]]  # the fused top: the same at any rerank_weight (G7)
         return _Staged(retrieval, vector, found, result, top)
 
+    def wants(self, *names: str) -> bool:
+        """Whether any of `names` is computed: all are unless `wanted` names others (the combiner reads them all)."""
+        return self.wanted is None or combiner_mod.SIGNAL in self.wanted or not self.wanted.isdisjoint(names)
+
     def _signals(self, s: _Staged) -> dict:
         query = s.retrieval.query
-        signals = self.signals(query, s.retrieval.fused, s.found, s.result)
-        signals.update(
-            answerability_signals(
-                query,
-                s.vector,
-                s.top,
-                s.found.distribution.total,  # idf over the whole index, not the candidates (G7)
-                s.found.document_frequencies,
-                STOPWORDS,
-                self.text_vectors,
-                self.text_vectors,
+        signals = self.signals(query, s.retrieval.fused, s.found, s.result)  # cheap: always
+        if self.wants(*ENCODED_SIGNALS):
+            signals.update(
+                answerability_signals(
+                    query,
+                    s.vector,
+                    s.top,
+                    s.found.distribution.total,  # idf over the whole index, not the candidates (G7)
+                    s.found.document_frequencies,
+                    STOPWORDS,
+                    self.text_vectors,
+                    self.text_vectors,
+                )
             )
-        )
-        window = [c.text for c in s.retrieval.fused[: self.answer_passages]]  # fused: independent of the rerank (G7)
         clock = Clock()
-        signals["answer_support"] = answer_support(self.answer_scorer, query, window)
+        if self.wants("answer_support"):
+            window = [
+                c.text for c in s.retrieval.fused[: self.answer_passages]
+            ]  # fused: independent of the rerank (G7)
+            signals["answer_support"] = answer_support(self.answer_scorer, query, window)
         s.retrieval.timings["answer"] = clock.lap()
-        # the accepted coefficients over the signals above; None without a combiner or a feature
-        signals[combiner_mod.SIGNAL] = combiner_mod.score(self.combiner, signals) if self.combiner else None
+        if self.wants(combiner_mod.SIGNAL):
+            # the accepted coefficients over the signals above; None without a combiner or a feature
+            signals[combiner_mod.SIGNAL] = combiner_mod.score(self.combiner, signals) if self.combiner else None
         return signals
 
     @staticmethod
