@@ -13,6 +13,11 @@ the bi-encoder's libraries alone (`from transformers import AutoModel`, torch wi
 
     python -m benchmarks.serve_load --artifacts /tmp/serve-art --requests 32 \\
         --cold-tree after=. --cold-tree before=/tmp/main-s --cold-reps 3
+
+`--pad-to N`: the live version's chunks (texts and vectors as its night made them) plus seeded filler chunks
+(benchmark 3's pseudo-word texts and unit vectors) up to N, loaded as a new version of a new artifacts folder and
+served `--unproven` (the padded version has no verdict of its own; the decision applied is the config's, which
+is the verdict's): riders' questions find the demo's passages at the cost of searching an index of N chunks.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -157,6 +163,45 @@ def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) 
     }
 
 
+def padded(artifacts: str, chunks: int, seed: int = 0) -> str:
+    """An artifacts folder whose live version is `artifacts`'s live version padded with filler to `chunks` rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.search import DIM, synth, texts_of, vocabulary
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
+
+    source = EmbeddedStore(Path(artifacts) / "runs", Path(artifacts) / "LIVE")
+    live = source.live()
+    index = source.folder(live)
+    real = pq.read_table(index / "chunks.parquet")
+    vectors = np.load(index / "embeddings.npy")
+    offsets, flat, filler = synth(chunks - real.num_rows, seed)
+    texts = texts_of(offsets, flat, vocabulary())
+    n = len(texts)
+    fill = pa.table(
+        {
+            "chunk_id": [f"filler-{i:07d}" for i in range(n)],
+            "doc_id": [f"filler-{i // 3:07d}" for i in range(n)],
+            **{name: [""] * n for name in ("title", "section", "section_id")},
+            "text": texts,
+        }
+    )
+    table = pa.concat_tables([real.select(fill.column_names), fill])
+    flat_vectors = pa.array(np.concatenate([vectors, filler]).astype(np.float32).reshape(-1), pa.float32())
+    table = table.append_column("embedding", pa.FixedSizeListArray.from_arrays(flat_vectors, DIM))
+    out = Path(f"/tmp/sgbench-serve-{chunks}")
+    shutil.rmtree(out, ignore_errors=True)
+    store = EmbeddedStore(out / "runs", out / "LIVE")
+    (out / "runs").mkdir(parents=True)
+    pq.write_table(table, out / "src.parquet")
+    store.load(live, str(out / "src.parquet"), source.manifest(live)["inputs"])  # its model fingerprint: the same
+    store.promote(live)
+    log(f"padded {live} ({real.num_rows} chunks) to {table.num_rows} in {out}")
+    return str(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--artifacts", required=True, help="an artifacts folder with a live version (serve's)")
@@ -168,14 +213,17 @@ def main() -> None:
     ap.add_argument("--cold-tree", action="append", default=[], metavar="NAME=PATH", help="a source tree to time")
     ap.add_argument("--cold-reps", type=int, default=3)
     ap.add_argument("--all-signals", action="store_true", help="serve --all-signals: every signal a night measures")
+    ap.add_argument("--pad-to", type=int, help="serve the live version padded with filler to this many chunks")
     args = ap.parse_args()
     res = Result(f"serve_load_{args.label}", target={"p50_ms_4_clients": 100, "p95_ms_4_clients": 250, "cold_s": 3})
     asked = questions(QUESTIONS)
     need = args.warm_up + args.requests * len(LEVELS)
     if len(asked) < need:
         raise SystemExit(f"{QUESTIONS} has {len(asked)} distinct questions; {need} are needed")
-    proc, url, started = start_serve(args.artifacts, args.config, *(["--all-signals"] if args.all_signals else []))
-    res["serve_args"] = ["--all-signals"] if args.all_signals else []
+    extra = ["--all-signals"] * args.all_signals + ["--unproven"] * bool(args.pad_to)
+    served = padded(args.artifacts, args.pad_to) if args.pad_to else args.artifacts
+    proc, url, started = start_serve(served, args.config, *extra)
+    res["serve_args"], res["chunks_padded_to"] = extra, args.pad_to
     try:
         res["serve_start_s"] = round(started, 2)
         res["health"] = json.loads(urllib.request.urlopen(url + "/health", timeout=60).read())
