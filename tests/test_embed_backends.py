@@ -4,6 +4,8 @@
 
 import hashlib
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -96,6 +98,59 @@ def test_bf16_loads_a_plain_model_without_sentence_transformers_and_gets_the_sam
     assert through_st.fingerprint == bf16.fingerprint
     texts = TEXTS + ["", "a"]
     np.testing.assert_array_equal(through_st.encode(texts), bf16.encode(texts))
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("bf16", [True, False])
+def test_the_plain_bert_forward_is_transformers_bertmodel_to_the_bit(bf16):
+    """bert.py's forward and tokenizer against transformers' BertModel and fast tokenizer, in the embedder's fixed
+    shapes, padded batches and over-long texts included: the same token ids and the same hidden states."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from sourcegate.pipelines.build import bert
+
+    path = models.embedding_model_path(None)
+    reference, reference_tokenizer = AutoModel.from_pretrained(str(path)).eval(), AutoTokenizer.from_pretrained(path)
+    encoder = bert.load(path)
+    texts = TEXTS + ["", "a", "Ünïcödé café — “quotes” 中文", "word " * 600]
+    for length in embed_backends.BF16["lengths"] + [256]:
+        for start in range(0, len(texts), 8):
+            batch = (texts[start : start + 8] + [""] * 8)[:8]
+            want = reference_tokenizer(
+                batch, padding="max_length", truncation=True, max_length=length, return_tensors="pt"
+            )
+            got = encoder.padded(batch, length)
+            assert all(torch.equal(got[k], want[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                assert torch.equal(encoder.hidden(got), reference(**want).last_hidden_state)
+    assert encoder.token_ids(texts, 256) == reference_tokenizer(texts, truncation=True, max_length=256)["input_ids"]
+
+
+@pytest.mark.models
+def test_the_bf16_embedder_loads_without_importing_transformers():
+    """What a cold `query` and every night task that embeds no longer pay for (docs/benchmarks/26-serve.md)."""
+    code = (
+        "import sys; from sourcegate.pipelines.build.embed_backends import load_embedder; "
+        f"e = load_embedder({MODEL!r}, None, 32, 'torch-bf16'); e.encode(['a question']); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'sentence_transformers')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_bert_folder_this_project_does_not_compute_exactly_is_left_to_transformers(tmp_path):
+    from sourcegate.pipelines.build import bert
+
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_act": "gelu"}
+    for name in ("model.safetensors", "tokenizer.json"):
+        (tmp_path / name).write_bytes(b"")
+    for changed in ({}, {"hidden_act": "gelu_new"}, {"model_type": "roberta"}, {"is_decoder": True}):
+        (tmp_path / "config.json").write_text(json.dumps(config | changed))
+        assert (bert.readable(tmp_path) is not None) == (changed == {})
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert bert.readable(tmp_path) is None  # no tokenizer.json: transformers' tokenizer
 
 
 def plain_folder(tmp_path, modules=("Transformer", "Pooling", "Normalize"), root="", lower=False, mode="mean_tokens"):

@@ -203,7 +203,7 @@ class _Variant:
 
 class Bf16Embedder(_Variant):
     """sentence-transformers' weights under bf16 autocast in fixed shapes; same interface as `Embedder`. A plain
-    model folder is loaded by `transformers` alone (`plain_transformer`), any other through sentence-transformers."""
+    model folder is loaded without sentence-transformers (`plain_transformer`), any other through it."""
 
     def __init__(self, model_id: str, model_path: str | None = None, batch_size: int = 32):
         if not native_bf16():
@@ -212,23 +212,27 @@ class Bf16Embedder(_Variant):
             )
         self.model_id, self.path, self.batch_size = model_id, models.embedding_model_path(model_path), batch_size
         self.backend = "torch-bf16"
-        plain = plain_transformer(self.path)
-        if plain:
-            self._model, self._tok = plain
+        self._encoder = plain_transformer(self.path)
+        if self._encoder:
             self.max_tokens = _max_seq_length(self.path)
-            self.dimension = int(self._model.config.hidden_size)  # mean pooling keeps the width
+            self.dimension = self._encoder.hidden_size  # mean pooling keeps the width
         else:
             from sourcegate.pipelines.build.embed import Embedder
 
             loaded = Embedder(model_id, model_path, batch_size)
             transformer = loaded.model[0]
-            self._model, self._tok = transformer.auto_model.eval(), transformer.tokenizer
+            self._encoder = Transformers(transformer.auto_model.eval(), transformer.tokenizer)
             self.max_tokens, self.dimension = loaded.max_tokens, loaded.dimension
         self.lengths = [n for n in BF16["lengths"] if n < self.max_tokens] + [self.max_tokens]
 
+    @property
+    def code(self) -> tuple:
+        """The code a text goes through to its vector besides the weights: kept vectors are bound to it."""
+        return (type(self), type(self._encoder), *getattr(self._encoder, "CODE", ()))
+
     def shape_lengths(self, texts: list[str]) -> list[int]:
         """The padded length of the forward pass each text goes through: the first that holds it."""
-        ids = self._tok(list(texts), truncation=True, max_length=self.max_tokens)["input_ids"]
+        ids = self._encoder.token_ids(list(texts), self.max_tokens)
         return [next(length for length in self.lengths if length >= len(one)) for one in ids]
 
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
@@ -247,19 +251,36 @@ class Bf16Embedder(_Variant):
         import torch
 
         filled = list(texts) + [""] * (BF16["rows"] - len(texts))
-        enc = self._tok(filled, padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+        enc = self._encoder.padded(filled, length)
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-            tokens = self._model(**enc).last_hidden_state
+            tokens = self._encoder.hidden(enc)
         mask = enc["attention_mask"].unsqueeze(-1).float()
         pooled = (tokens.float() * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, dim=1).numpy()
 
 
+class Transformers:
+    """A `transformers` model and tokenizer as the bf16 embedder asks them (the shape of bert.Encoder)."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.hidden_size = int(model.config.hidden_size)
+
+    def token_ids(self, texts: list[str], max_length: int) -> list[list[int]]:
+        return self.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+
+    def padded(self, texts: list[str], length: int) -> dict:
+        return self.tokenizer(texts, padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+
+    def hidden(self, batch):
+        return self.model(**batch).last_hidden_state
+
+
 def plain_transformer(path: Path):
-    """(model, tokenizer) loaded by `transformers` alone, when the folder is a plain sentence-transformers model: its
-    Transformer at the root, then Pooling (mean only) and Normalize, no lower-casing. Else None (load it through
-    sentence-transformers). Its import is time a cold `query` pays for nothing here (with the harness's, about 1 s:
-    docs/benchmarks/26-serve.md): the forward pass and the pooling are this module's, so the vectors are the same to
+    """The encoder of a plain sentence-transformers folder (its Transformer at the root, then Pooling (mean only) and
+    Normalize, no lower-casing), loaded without sentence-transformers: a plain BERT in this project's own forward
+    pass (bert.py: no `transformers` import, about 3 s of a cold `query`), another architecture by `transformers`.
+    Else None (load it through sentence-transformers). The pooling is this module's, so the vectors are the same to
     the bit (tests/test_embed_backends.py)."""
     try:
         modules = json.loads((path / "modules.json").read_text())
@@ -272,9 +293,14 @@ def plain_transformer(path: Path):
         return None
     if [k for k, on in pooling.items() if k.startswith("pooling_mode") and on] != ["pooling_mode_mean_tokens"]:
         return None
+    from sourcegate.pipelines.build import bert
+
+    encoder = bert.load(path)
+    if encoder is not None:
+        return encoder
     from transformers import AutoModel, AutoTokenizer
 
-    return AutoModel.from_pretrained(str(path)).eval(), AutoTokenizer.from_pretrained(str(path))
+    return Transformers(AutoModel.from_pretrained(str(path)).eval(), AutoTokenizer.from_pretrained(str(path)))
 
 
 class OnnxEmbedder(_Variant):

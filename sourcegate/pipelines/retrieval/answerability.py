@@ -131,7 +131,7 @@ class TextVectors:
         truncation length, the runtime (sourcegate/pipelines/retrieval/kept.py)."""
         recipe = {
             "encoder": type(self.embedder).__qualname__,
-            "code": kept.source_digest(type(self.embedder)),
+            "code": kept.source_digest(*getattr(self.embedder, "code", (type(self.embedder),))),
             "max_tokens": getattr(self.embedder, "max_tokens", None),
         }
         return kept.binding(self.fingerprint, recipe)
