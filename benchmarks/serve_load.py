@@ -9,7 +9,7 @@ no check set), in file order. The latency is what a client waits (request sent t
 
 Cold: `sourcegate query` as a new process, the wall time of the command, `--cold-reps` times per source tree,
 the trees interleaved (before and after a change, side by side on the same load); plus the wall time of importing
-the bi-encoder's libraries alone (`from transformers import AutoModel`, torch with it) in a new process.
+torch alone in a new process (the bi-encoder's one library since it stopped importing transformers).
 
     python -m benchmarks.serve_load --artifacts /tmp/serve-art --requests 32 \\
         --cold-tree after=. --cold-tree before=/tmp/main-s --cold-reps 3
@@ -117,7 +117,7 @@ def lap(name):
     global t
     now = time.perf_counter(); laps[name] = round(now - t, 3); t = now
 from sourcegate.pipelines.app import cli; lap("import_cli")
-from transformers import AutoModel; lap("import_torch_transformers")
+import torch; lap("import_torch")
 from sourcegate.pipelines.app.factories import answer_scorer_for, get_embedder, scorer_for, serving_for; lap("import_factories")
 cfg = cli.config_mod.load(cli.DEFAULT_CONFIG, {"artifacts": sys.argv[1]})
 get_embedder(cfg.embedding); lap("load_bi_encoder")
@@ -154,12 +154,12 @@ def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) 
     imports = []
     for _ in range(reps):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "from transformers import AutoModel"], check=True, env=env_for(ROOT))
+        subprocess.run([sys.executable, "-c", "import torch"], check=True, env=env_for(ROOT))
         imports.append(time.perf_counter() - t)
     return {
         "question": COLD_QUESTION,
         "query_wall": {name: stats_ms(seconds) for name, seconds in out.items()},
-        "import_torch_transformers": stats_ms(imports),
+        "import_torch": stats_ms(imports),
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -146,6 +147,7 @@ def serving_for(
     (its gating and strong signals, and the cheap ones beside them); `all_signals`: every signal a night measures."""
     from sourcegate.pipelines.retrieval.retriever import ENCODED_SIGNALS
 
+    loading = preload_cross_encoders(cfg)
     if index is not None:
         from sourcegate.pipelines.search.embedded import open_run_folder
 
@@ -166,6 +168,8 @@ def serving_for(
         raise decisions.refusal(where, overridden)
     if overridden:
         decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
+    get_embedder(cfg.embedding)  # torch's import and the bi-encoder, beside the cross-encoders' sessions
+    loading.join()
     retriever, _ = retriever_for(cfg, searcher, required=False)  # serving: the reranker is a preference
     if not all_signals:  # an application reads the decision; every signal is computed as alone (retriever.wanted)
         retriever.wanted = frozenset(filter(None, (decision.get("signal"), decision.get("strong_signal"))))
@@ -178,6 +182,24 @@ def serving_for(
     else:
         lent = kept_text_vectors(retriever, gate, Path(where).parent)
     return Serving(retriever, decision, where, overridden, lent)
+
+
+def preload_cross_encoders(cfg: PipelineConfig) -> threading.Thread:
+    """Load the configured reranker and answer model on a thread while the caller opens the version and imports
+    torch: ONNX Runtime builds its sessions mostly outside the GIL (about 0.4 s of a cold `query` on two cores,
+    docs/benchmarks/26-serve.md). One that fails is loaded again by `retriever_for`, which reports it."""
+
+    def load() -> None:
+        try:
+            scorer_for(cfg.reranker.kind, cfg.reranker.model_path)
+            if cfg.answerability.answer_support:
+                answer_scorer_for(cfg.answerability.answer_model_path)
+        except Exception:  # noqa: BLE001 - retriever_for loads it again and says why
+            log.debug("preloading the cross-encoders failed", exc_info=True)
+
+    thread = threading.Thread(target=load, name="sourcegate-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 def fetch_kept(cfg: PipelineConfig, key: str, dest: Path) -> None:
