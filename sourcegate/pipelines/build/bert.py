@@ -1,7 +1,7 @@
 """A BERT encoder's forward pass in plain torch, and its tokenizer through `tokenizers` alone.
 
 Importing `transformers` and its BERT module costs a cold `sourcegate query` (and every night task that embeds)
-about three seconds (docs/benchmarks/26-serve.md) for a forward pass this module holds in sixty lines. The ops are
+about three seconds (docs/benchmarks/26-serve.md) for a forward pass this module holds in about fifty lines. The ops are
 transformers' BertModel's (5.x, `sdpa` attention, eval mode), called in its order on the same dtypes, so the hidden
 states are the same to the bit (tests/test_embed_backends.py compares them, under bf16 autocast too). A folder
 this module does not read exactly (another architecture or activation, no safetensors or tokenizer.json) is None
