@@ -118,11 +118,18 @@ def test_a_safe_looking_threshold_fails_the_gate_and_keeps_the_live_index(artifa
 
 def test_query_cli_prints_mode_and_passages(artifacts, capsys):
     proven = promotable_args()  # the config the live version's verdict proved (a query under another is refused)
-    assert main([*proven, "query", "How much does a monthly pass cost?", "--artifacts", str(artifacts), "--json"]) == 0
+    asked = [*proven, "query", "How much does a monthly pass cost?", "--artifacts", str(artifacts), "--json"]
+    assert main(asked) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["mode"] in {"sourced", "adjacent"} and payload["passages"]
     assert payload["proven_by"] == str(artifacts / "runs" / "20261102-020000" / "gate.json") and not payload["unproven"]
-    assert 0.0 < payload["signals"]["answerability"] < 1.0  # the accepted combiner's score, with the others
+    assert "answerability" not in payload["signals"]  # the decision does not read the combiner's score
+    assert main([*asked, "--all-signals"]) == 0  # every signal a night measures
+    everything = json.loads(capsys.readouterr().out)
+    assert 0.0 < everything["signals"]["answerability"] < 1.0  # the accepted combiner's score, with the others
+    assert {k: everything[k] for k in ("mode", "value", "passages")} == {
+        k: payload[k] for k in ("mode", "value", "passages")
+    }
     assert all("bm25_rank" in p and "knn_rank" in p and "rerank_probability" in p for p in payload["passages"])
     assert main([*proven, "query", "What is the capital of Australia?", "--artifacts", str(artifacts), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
