@@ -33,6 +33,7 @@ STAGES = ("embed", "search", "rerank", "answer", "signals")
 
 
 def warm_query(n: int, queries: int, seed: int, decision_signals: bool = False) -> dict:
+    from sourcegate.evals.answer_modes import signals_read
     from sourcegate.pipelines import config
     from sourcegate.pipelines.app.factories import answer_scorer_for, get_embedder, scorer_for
     from sourcegate.pipelines.retrieval.retriever import Retriever
@@ -52,8 +53,7 @@ def warm_query(n: int, queries: int, seed: int, decision_signals: bool = False) 
         embedder = get_embedder(cfg.embedding)
         retrievers = {"every signal": Retriever.from_config(searcher, embedder, scorer, cfg, answer_scorer=answer)}
         if decision_signals:  # the shipped decision's gating and strong signals, as `serve` computes by default
-            lean = Retriever.from_config(searcher, embedder, scorer, cfg, answer_scorer=answer)
-            lean.wanted = frozenset({cfg.answer.signal, cfg.answer.strong_signal})
+            lean = Retriever.from_config(searcher, embedder, scorer, cfg, answer, signals_read(cfg.answer))
             retrievers["decision's signals"] = lean
         rng = np.random.default_rng(seed + 1)
         asked = [" ".join(words[i] for i in zipf_ids(rng, int(rng.integers(4, 11)))) for _ in range(queries + 5)]

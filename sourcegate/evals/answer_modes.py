@@ -18,6 +18,12 @@ def _get(answer, key: str):
     return answer.get(key) if isinstance(answer, Mapping) else getattr(answer, key, None)
 
 
+def signals_read(answer) -> frozenset[str]:
+    """The signals `mode_for` reads under `answer`: the gating signal and the strong one (the gating one when unset)."""
+    keep_signal = _get(answer, "signal")
+    return frozenset(filter(None, (keep_signal, _get(answer, "strong_signal") or keep_signal)))
+
+
 def mode_for(signals: Mapping[str, float | None], answer) -> tuple[str, str, float]:
     """(mode, the signal that decided it, its threshold) for one question's signals; `answer` is the
     config's `answer` section (sourcegate.pipelines.config.Answer) or the same keys as a mapping."""

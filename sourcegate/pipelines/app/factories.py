@@ -98,11 +98,12 @@ def open_store(cfg: PipelineConfig, root: str | Path | None = None):
     return EmbeddedStore(root / rf.RUNS, root / "LIVE")
 
 
-def retriever_for(cfg: PipelineConfig, searcher, required: bool = True):
+def retriever_for(cfg: PipelineConfig, searcher, required: bool = True, wanted: frozenset[str] | None = None):
     """The config's retriever over `searcher`, and its reranker. `required` (a night, a calibration, a benchmark):
     a configured reranker or answer model that cannot be used raises ModelUnavailable before anything is scored,
     since a signal it would give would be missing from every question and the verdict would measure the
-    failure. Serving (`serving_for`) passes False: there the reranker is a preference."""
+    failure. Serving (`serving_for`) passes False: there the reranker is a preference. `wanted`: the signals
+    computed (None: every one, as a night)."""
     from sourcegate.pipelines.retrieval.retriever import Retriever
 
     embedder = get_embedder(cfg.embedding)
@@ -110,7 +111,7 @@ def retriever_for(cfg: PipelineConfig, searcher, required: bool = True):
     scorer = scorer_for(cfg.reranker.kind, cfg.reranker.model_path, required=required)
     section = cfg.answerability
     answer = answer_scorer_for(section.answer_model_path, required=required) if section.answer_support else None
-    return Retriever.from_config(searcher, embedder, scorer, cfg, answer_scorer=answer), scorer
+    return Retriever.from_config(searcher, embedder, scorer, cfg, answer_scorer=answer, wanted=wanted), scorer
 
 
 @dataclass
@@ -145,9 +146,9 @@ def serving_for(
     decision, or a version without a passed verdict, is refused (decision.NotProven) unless `unproven`, which
     answers with the config as it is and lists what differs. A question computes the signals the decision reads
     (its gating and strong signals, and the cheap ones beside them); `all_signals`: every signal a night measures."""
+    from sourcegate.evals.answer_modes import signals_read
     from sourcegate.pipelines.retrieval.retriever import ENCODED_SIGNALS
 
-    loading = preload_cross_encoders(cfg)
     if index is not None:
         from sourcegate.pipelines.search.embedded import open_run_folder
 
@@ -168,11 +169,11 @@ def serving_for(
         raise decisions.refusal(where, overridden)
     if overridden:
         decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
+    loading = preload_cross_encoders(cfg)  # only for a version that can be served
     get_embedder(cfg.embedding)  # torch's import and the bi-encoder, beside the cross-encoders' sessions
     loading.join()
-    retriever, _ = retriever_for(cfg, searcher, required=False)  # serving: the reranker is a preference
-    if not all_signals:  # an application reads the decision; every signal is computed as alone (retriever.wanted)
-        retriever.wanted = frozenset(filter(None, (decision.get("signal"), decision.get("strong_signal"))))
+    wanted = None if all_signals else signals_read(decision)  # each signal is computed as alone (retriever.wanted)
+    retriever, _ = retriever_for(cfg, searcher, required=False, wanted=wanted)  # serving: the reranker is a preference
     if not retriever.wants(*ENCODED_SIGNALS):  # the kept vectors serve only the signals that encode texts
         lent = 0
     elif is_remote(where):  # the verdict's folder on the store: its kept vectors fetched, then checked as a local file
@@ -185,9 +186,9 @@ def serving_for(
 
 
 def preload_cross_encoders(cfg: PipelineConfig) -> threading.Thread:
-    """Load the configured reranker and answer model on a thread while the caller opens the version and imports
-    torch: ONNX Runtime builds its sessions mostly outside the GIL (about 0.4 s of a cold `query` on two cores,
-    docs/benchmarks/26-serve.md). One that fails is loaded again by `retriever_for`, which reports it."""
+    """Load the configured reranker and answer model on a thread while the caller imports torch: ONNX Runtime
+    builds its sessions mostly outside the GIL (about 0.3 s of a cold `query` on two cores,
+    docs/benchmarks/26-serve.md's last section). One that fails is loaded again by `retriever_for`, which reports it."""
 
     def load() -> None:
         try:

@@ -87,7 +87,7 @@ class Bert(nn.Module):
         x = e.LayerNorm(x + e.position_embeddings(self.position_ids[:, :length]))
         # transformers' sdpa mask: none without padding, else every query row may read the unpadded keys
         mask = None if attention_mask.all() else attention_mask.bool()[:, None, None, :].expand(-1, 1, length, -1)
-        mask = None if mask is None else mask.contiguous()
+        mask = mask if mask is None else mask.contiguous()  # materialised, as transformers passes it
         for layer in self.encoder.layer:
             a = layer.attention.self
             q, k, v = (p(x).view(batch, length, -1, self.head_size).transpose(1, 2) for p in (a.query, a.key, a.value))

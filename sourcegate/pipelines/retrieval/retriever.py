@@ -184,10 +184,17 @@ class Retriever:
 
     @classmethod
     def from_config(
-        cls, searcher, embedder, scorer, cfg: config_models.PipelineConfig, answer_scorer=None, **overrides
+        cls,
+        searcher,
+        embedder,
+        scorer,
+        cfg: config_models.PipelineConfig,
+        answer_scorer=None,
+        wanted: frozenset[str] | None = None,
+        **overrides,
     ) -> Retriever:
         """The config's retrieval settings; `overrides` of the `retrieval` section (e.g. deeper lists for
-        `sourcegate beir`) win."""
+        `sourcegate beir`) win. `wanted`: the signals computed (None: every one)."""
         retrieval = config_models.replace(cfg.retrieval, overrides)
         return cls(
             searcher,
@@ -198,6 +205,7 @@ class Retriever:
             combiner_for(cfg),
             answer_scorer,
             cfg.answerability.answer_passages,
+            wanted,
         )
 
     def fuse(self, query: str, vector, terms: Sequence[str] = ()) -> tuple[list[Candidate], HybridResult]:
@@ -299,9 +307,8 @@ class Retriever:
             )
         clock = Clock()
         if self.wants("answer_support"):
-            window = [
-                c.text for c in s.retrieval.fused[: self.answer_passages]
-            ]  # fused: independent of the rerank (G7)
+            # the fused top: independent of the rerank (G7)
+            window = [c.text for c in s.retrieval.fused[: self.answer_passages]]
             signals["answer_support"] = answer_support(self.answer_scorer, query, window)
         s.retrieval.timings["answer"] = clock.lap()
         if self.wants(combiner_mod.SIGNAL):
