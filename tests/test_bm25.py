@@ -1,5 +1,7 @@
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 from rank_bm25 import BM25Okapi
@@ -72,3 +74,25 @@ def test_an_index_from_before_the_analyser_is_queried_with_its_own_tokens(tmp_pa
     assert opened.analyzer == LEGACY_ANALYZER
     assert opened.scores("THE buses")[0] > 0 and opened.terms("THE buses") == ["the", "buses"]
     assert json.loads((tmp_path / "bm25_vocab.json").read_text()) == ["the", "buses", "bus"]
+
+
+def test_scores_are_scipys_sparse_product_to_the_bit_and_open_needs_no_scipy(tmp_path):
+    # A query is answered from the matrix's CSR arrays (no scipy import on the query path): it must add the
+    # same products in the same order as `weights[terms].T @ counts`, the product the scores were proven with.
+    rng = np.random.default_rng(7)
+    words = [f"w{i}" for i in range(400)]
+    corpus = [list(rng.choice(words, size=rng.integers(1, 120))) for _ in range(3000)]
+    index = BM25Index.build(corpus)
+    index.save(tmp_path)
+    opened = BM25Index.open(tmp_path)
+    assert opened.rows.indices.dtype == index.rows.indices.dtype and opened.size == 3000
+    for _ in range(200):
+        query = " ".join(rng.choice(words, size=rng.integers(1, 25)))  # repeated terms count again
+        ids = [index.vocab[t] for t in analyze(query) if t in index.vocab]
+        terms, counts = np.unique(ids, return_counts=True)
+        expected = np.asarray(index.weights[terms].T @ counts.astype(np.float64)).ravel()
+        assert opened.scores(query).tobytes() == expected.tobytes()
+    script = "import sys; from pathlib import Path; from sourcegate.pipelines.search.bm25 import BM25Index; "
+    script += f"BM25Index.open(Path({str(tmp_path)!r}))"
+    script += ".scores('w1 w2'); assert 'scipy' not in sys.modules, 'scipy imported'"
+    subprocess.run([sys.executable, "-c", script], check=True)
