@@ -165,6 +165,36 @@ def test_model_fingerprint_hashes_the_weights_not_the_id(tmp_path):
         models.fingerprint(tmp_path / "empty")
 
 
+def test_a_model_fingerprint_is_stamped_and_hashed_again_when_a_file_is_rewritten(tmp_path, monkeypatch):
+    # Another process reads the stamp instead of the weights; a rewrite in place, even with the size and mtime
+    # put back, changes the file's ctime and so is hashed again.
+    from sourcegate.pipelines.versions import manifest
+
+    monkeypatch.setenv(models.FINGERPRINT_CACHE_ENV, str(tmp_path / "stamps"))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    weights = folder / "model.onnx"
+    weights.write_bytes(b"\x00" * 64)
+    first = models.fingerprint(folder)
+    assert len(list((tmp_path / "stamps").iterdir())) == 1
+
+    def unread(path):
+        raise AssertionError(f"{path} was hashed")
+
+    models._fingerprint.cache_clear()  # as a new process
+    with monkeypatch.context() as m:
+        m.setattr(manifest, "sha256_file", unread)
+        assert models.fingerprint(folder) == first
+    mtime = weights.stat().st_mtime_ns
+    weights.write_bytes(b"\x01" + b"\x00" * 63)
+    os.utime(weights, ns=(mtime, mtime))
+    models._fingerprint.cache_clear()
+    assert models.fingerprint(folder) != first
+    monkeypatch.setenv(models.FINGERPRINT_CACHE_ENV, "off")
+    models._fingerprint.cache_clear()
+    assert models.fingerprint(tmp_path / "model") != first and len(list((tmp_path / "stamps").iterdir())) == 1
+
+
 def test_embedding_cache_needs_the_same_id_and_the_same_fingerprint(tmp_path):
     rows, vectors = synthetic_chunks(tmp_path / "c.parquet", n=4)  # written with no fingerprint (nulls)
     path = tmp_path / "fp.parquet"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+FINGERPRINT_CACHE_ENV = "SOURCEGATE_FINGERPRINT_CACHE"
 
 
 def embedding_model_path(configured: str | None = None) -> Path:
@@ -73,23 +74,51 @@ def model_files(folder: str | Path) -> list[Path]:
 def fingerprint(folder: str | Path) -> str:
     """SHA-256 over (relative path, SHA-256) of the model's files: new weights under the same id differ.
 
-    Memoised on each file's path, size and mtime, so asking again costs a stat per file.
+    Memoised on each file's identity (size, mtime, ctime, inode), in the process and across processes by a stamp in
+    the user's cache (sourcegate/pipelines/versions/stamp.py): asking again costs a stat per file, not a read of
+    the weights (about 0.1 s of a cold `query`). A file rewritten in place changes its ctime, so it is hashed again.
     """
+    from sourcegate.pipelines.versions import stamp
+
     folder = Path(folder).resolve()
     files = model_files(folder)
     if not files:
         raise FileNotFoundError(f"no model files in {folder}")
-    stats = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    return _fingerprint(str(folder), stats)
+    ids = stamp.identities(folder, [str(p.relative_to(folder)) for p in files])
+    if ids is None:
+        raise FileNotFoundError(f"a model file of {folder} went away while it was read")
+    return _fingerprint(str(folder), tuple((name, *identity) for name, identity in ids.items()))
 
 
 @lru_cache(maxsize=16)
-def _fingerprint(folder: str, stats: tuple) -> str:
+def _fingerprint(folder: str, ids: tuple) -> str:
     import hashlib
 
+    from sourcegate.pipelines.versions import stamp
     from sourcegate.pipelines.versions.manifest import sha256_file
 
+    names, at = [name for name, *_ in ids], fingerprint_stamp(folder)
+    known = stamp.stamped(folder, names, at) if at else None
+    if known:
+        return known
+    before = stamp.identities(folder, names)
     digest = hashlib.sha256()
-    for rel, _size, _mtime in stats:
-        digest.update(f"{rel}\0{sha256_file(Path(folder) / rel)}\n".encode())
-    return "sha256:" + digest.hexdigest()
+    for name in names:
+        digest.update(f"{name}\0{sha256_file(Path(folder) / name)}\n".encode())
+    value = "sha256:" + digest.hexdigest()
+    if at:
+        stamp.write_stamp(folder, value, before, at)
+    return value
+
+
+def fingerprint_stamp(folder: str) -> Path | None:
+    """Where a model folder's fingerprint stamp is kept: SOURCEGATE_FINGERPRINT_CACHE (`off`: none), else
+    ~/.cache/sourcegate/fingerprints (XDG_CACHE_HOME respected), one file per folder path."""
+    import hashlib
+
+    root = os.environ.get(FINGERPRINT_CACHE_ENV)
+    if root == "off":
+        return None
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sourcegate"
+    name = hashlib.sha256(folder.encode()).hexdigest()[:32] + ".json"
+    return (base if root else base / "fingerprints") / name
