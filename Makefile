@@ -19,13 +19,18 @@ venv: $(STAMP)
 # requirements.lock pins every package, transitive ones included, so a fresh venv is the one tested. pip installs
 # uv (the lock's version) and uv the rest: the same packages (`pip freeze` identical), downloaded and unpacked in
 # parallel, 4.6-6.1x faster than pip with nothing cached (docs/benchmarks/29-fresh-clone.md). Its cache: ~/.cache/uv.
-INSTALL = $(UV) pip install -q --python $(PY)
+# --compile-bytecode: pip's default, uv's not. Without the .pyc files every process compiles what it imports (where
+# PYTHONDONTWRITEBYTECODE is set, as on the CI machines, every time): torch's import 1.7 -> 3.5 s, a cold `query`
+# 2.6 -> 4.3 s; compiling costs the install about 24 s once (docs/benchmarks/26-serve.md). The project's own
+# package too (its editable source is not in site-packages).
+INSTALL = $(UV) pip install -q --compile-bytecode --python $(PY)
 $(STAMP): requirements.txt requirements-dev.txt requirements.lock requirements-models.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q "$$(grep -m1 '^uv==' requirements.lock | cut -d' ' -f1)"
 	$(INSTALL) -c requirements.lock -r requirements.txt -r requirements-dev.txt
 	$(INSTALL) --no-deps -r requirements-models.txt
 	$(INSTALL) --no-deps --no-build-isolation -e .
+	$(PY) -m compileall -q sourcegate
 	touch $@
 
 run: venv
@@ -80,7 +85,7 @@ MOTO_VENV ?= .venv-moto
 moto: $(MOTO_VENV)/bin/moto_server
 $(MOTO_VENV)/bin/moto_server: requirements-moto.lock
 	$(UV) venv -q --allow-existing -p python3.11 $(MOTO_VENV)
-	VIRTUAL_ENV=$(MOTO_VENV) $(UV) pip install -q -r requirements-moto.lock
+	VIRTUAL_ENV=$(MOTO_VENV) $(UV) pip install -q --compile-bytecode -r requirements-moto.lock
 	touch $@
 
 moto-lock:

@@ -14,6 +14,8 @@ torch alone in a new process (the bi-encoder's one library since it stopped impo
     python -m benchmarks.serve_load --artifacts /tmp/serve-art --requests 32 \\
         --cold-tree after=. --cold-tree before=/tmp/main-s --cold-reps 3
 
+A tree may name the interpreter it runs under, `NAME=PATH@PYTHON` (another venv: e.g. one installed without .pyc files).
+
 `--pad-to N`: the live version's chunks (texts and vectors as its night made them) plus seeded filler chunks
 (benchmark 3's pseudo-word texts and unit vectors) up to N, loaded as a new version of a new artifacts folder and
 served `--unproven` (the padded version has no verdict of its own; the decision applied is the config's, which
@@ -141,12 +143,12 @@ def cold_phases(artifacts: str, reps: int) -> list[dict]:
     return runs
 
 
-def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) -> dict:
-    """`sourcegate query` as a new process per tree, interleaved; and the bi-encoder's libraries' import alone."""
+def cold(trees: dict[str, tuple[Path, str]], artifacts: str, config: str | None, reps: int) -> dict:
+    """`sourcegate query` as a new process per (tree, interpreter), interleaved; and torch's import alone."""
     out = {name: [] for name in trees}
     for _ in range(reps):
-        for name, tree in trees.items():
-            cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", *(["--config", config] if config else [])]
+        for name, (tree, python) in trees.items():
+            cmd = [python, "-m", "sourcegate.pipelines.app.cli", *(["--config", config] if config else [])]
             cmd += ["query", "--artifacts", artifacts, COLD_QUESTION]
             t = time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True, cwd=tree, env=env_for(tree))  # cwd first on sys.path
@@ -158,6 +160,7 @@ def cold(trees: dict[str, Path], artifacts: str, config: str | None, reps: int) 
         imports.append(time.perf_counter() - t)
     return {
         "question": COLD_QUESTION,
+        "interpreters": {name: python for name, (_, python) in trees.items()},
         "query_wall": {name: stats_ms(seconds) for name, seconds in out.items()},
         "import_torch": stats_ms(imports),
     }
@@ -210,7 +213,13 @@ def main() -> None:
     ap.add_argument("--warm-up", type=int, default=4)
     ap.add_argument("--label", default="demo", help="names the result file: serve_load_<label>.json")
     ap.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), choices=LEVELS, help="clients per level")
-    ap.add_argument("--cold-tree", action="append", default=[], metavar="NAME=PATH", help="a source tree to time")
+    ap.add_argument(
+        "--cold-tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a source tree to time (@PYTHON: under that interpreter)",
+    )
     ap.add_argument("--cold-reps", type=int, default=3)
     ap.add_argument("--all-signals", action="store_true", help="serve --all-signals: every signal a night measures")
     ap.add_argument("--pad-to", type=int, help="serve the live version padded with filler to this many chunks")
@@ -241,7 +250,10 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=60)
     if args.cold_tree:
-        trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.cold_tree)}
+        trees = {}
+        for name, _, where in (t.partition("=") for t in args.cold_tree):
+            path, _, python = where.partition("@")
+            trees[name] = (Path(path).resolve(), python or sys.executable)
         res["cold"] = cold(trees, args.artifacts, args.config, args.cold_reps)
         log(f"cold: {res['cold']['query_wall']}")
         res.write()
