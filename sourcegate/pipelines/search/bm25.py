@@ -121,7 +121,7 @@ class Rows(NamedTuple):
         """sum_k mult[k] * row rows[k], as scipy's `matrix[rows].T @ mult`: one row after another, each product
         rounded before it is added."""
         out = np.zeros(self.shape[1], np.result_type(self.data.dtype, mult.dtype))
-        for r, m in zip(rows.tolist(), mult.tolist()):
+        for r, m in zip(rows.tolist(), mult.astype(out.dtype)):  # products in the result's precision, as scipy's
             lo, hi = self.indptr[r], self.indptr[r + 1]
             out[self.indices[lo:hi]] += self.data[lo:hi] * m
         return out
