@@ -6,7 +6,11 @@ destructive ones (flood stage, a create-index block) on a private node (tests/pr
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +36,24 @@ def test_every_exception_class_exits_2_with_one_line_and_no_traceback(exc, capsy
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("sourcegate: ") and "Traceback" not in err
     assert "during run" in err
+
+
+def test_the_command_line_keeps_its_exit_code_and_output_when_query_ends_its_process_early(tmp_path):
+    # `query` ends its process without finalizing the interpreter (cli.QUICK_EXIT): what it printed and its exit
+    # code must still reach the caller; another command exits as usual.
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def sourcegate(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "sourcegate.pipelines.app.cli", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=120)
+
+    assert "query" in cli.QUICK_EXIT and "run" not in cli.QUICK_EXIT
+    refused = sourcegate("query", "--artifacts", str(tmp_path), "Is the fare free on Sundays?")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.startswith("sourcegate: ") and "no live index" in refused.stderr, refused.stderr
+    schema = sourcegate("config-schema")
+    assert schema.returncode == 0 and schema.stdout.rstrip().endswith("}"), schema.stderr
 
 
 def test_an_interrupt_says_so(capsys):

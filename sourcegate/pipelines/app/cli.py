@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -488,13 +490,37 @@ def cmd_record_corpus(args) -> int:
 
 
 def main(argv=None) -> int:
+    return run_command(parse(argv))
+
+
+def parse(argv=None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     if not args.verbose:  # the client logs every failed request with its traceback; the exit line names the cause
         logging.getLogger(OPENSEARCH_CLIENT_LOGGER).setLevel(logging.ERROR)
-    return run_command(args)
+    return args
+
+
+# Commands that write nothing once their answer is printed. Finalizing an interpreter that imported torch and holds
+# ONNX sessions took 0.5-1 s here, a fifth of a cold `query` (docs/benchmarks/26-serve.md), so their process ends
+# without it.
+QUICK_EXIT = frozenset({"query"})
+
+
+def console() -> None:
+    """The `sourcegate` command: `main`, and for a command in QUICK_EXIT the process ends once its output is
+    flushed (`main`, called in-process by tests and callers, always returns)."""
+    args = parse()
+    code = run_command(args)
+    if args.command in QUICK_EXIT:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a reader that went away: the exit code still tells
+                stream.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -691,4 +717,4 @@ def run_command(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
