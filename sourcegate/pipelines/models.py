@@ -101,24 +101,27 @@ def _fingerprint(folder: str, ids: tuple) -> str:
     known = stamp.stamped(folder, names, at) if at else None
     if known:
         return known
-    before = stamp.identities(folder, names)
     digest = hashlib.sha256()
     for name in names:
         digest.update(f"{name}\0{sha256_file(Path(folder) / name)}\n".encode())
     value = "sha256:" + digest.hexdigest()
-    if at:
-        stamp.write_stamp(folder, value, before, at)
+    if at:  # the identities taken before the hashing: a file changed during it leaves no stamp
+        stamp.write_stamp(folder, value, {name: list(identity) for name, *identity in ids}, at)
     return value
 
 
+def user_cache(*parts: str) -> Path:
+    """A folder under the user's cache for sourcegate (XDG_CACHE_HOME respected)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "sourcegate", *parts)
+
+
 def fingerprint_stamp(folder: str) -> Path | None:
-    """Where a model folder's fingerprint stamp is kept: SOURCEGATE_FINGERPRINT_CACHE (`off`: none), else
-    ~/.cache/sourcegate/fingerprints (XDG_CACHE_HOME respected), one file per folder path."""
+    """Where a model folder's fingerprint stamp is kept, one file per folder path: SOURCEGATE_FINGERPRINT_CACHE
+    (`off`: none), else ~/.cache/sourcegate/fingerprints."""
     import hashlib
 
     root = os.environ.get(FINGERPRINT_CACHE_ENV)
     if root == "off":
         return None
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sourcegate"
     name = hashlib.sha256(folder.encode()).hexdigest()[:32] + ".json"
-    return (base if root else base / "fingerprints") / name
+    return (Path(root) if root else user_cache("fingerprints")) / name

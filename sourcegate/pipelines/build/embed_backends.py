@@ -67,10 +67,7 @@ def check_backend(backend: str) -> None:
 
 def cache_root() -> Path:
     configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "sourcegate" / "onnx"
+    return Path(configured) if configured else models.user_cache("onnx")
 
 
 def variant_fingerprint(weights_fingerprint: str, backend: str, kernel: str | None = None) -> str:
