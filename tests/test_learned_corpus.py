@@ -23,7 +23,7 @@ YESTERDAY += [("bikes", "", 0, "Bikes ride free."), ("bikes", "", 1, "Two bikes 
 
 def test_a_model_learned_all_of_the_corpus_it_trained_on(tmp_path):
     learned = lc.record(chunks(tmp_path / "c.parquet", YESTERDAY), "r1")
-    assert sorted(learned["sections"]) == ["bikes#", "fares#day-passes", "fares#night"]
+    assert sorted(learned["sections"]) == ["bikes", "fares#day-passes", "fares#night"]  # as labels and sections.tsv
     share = lc.share(learned, *lc.content_hashes(tmp_path / "c.parquet"))
     assert share["sections"] == share["chunks"] == 1.0 and share["new_sections"] == share["changed_sections"] == 0
 
@@ -35,8 +35,15 @@ def test_new_and_changed_sections_lower_the_share_and_are_named(tmp_path):
     share = lc.share(learned, *lc.content_hashes(chunks(tmp_path / "t.parquet", today)))
     assert share["n_sections"] == 4 and share["sections"] == 0.5  # day-passes and bikes unchanged
     assert share["chunks"] == 0.6  # 3 of 5 chunk texts seen
-    assert share["new_examples"] == ["ferry#"] and share["changed_examples"] == ["fares#night"]
+    assert share["new_examples"] == ["ferry"] and share["changed_examples"] == ["fares#night"]
     assert share["learned_version"] == "r1"
+
+
+def test_a_record_that_named_an_article_without_sections_doc_hash_still_counts_it_as_seen(tmp_path):
+    learned = lc.record(chunks(tmp_path / "y.parquet", YESTERDAY), "r1")
+    learned["sections"] = {(k if "#" in k else k + "#"): h for k, h in learned["sections"].items()}  # the old keys
+    share = lc.share(learned, *lc.content_hashes(tmp_path / "y.parquet"))
+    assert share["sections"] == 1.0 and share["new_examples"] == []
 
 
 def test_measure_tells_a_generic_model_from_a_corpus_model_and_one_that_records_nothing(tmp_path):

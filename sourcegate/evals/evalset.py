@@ -128,6 +128,11 @@ def copies(items: list[dict], others: list[dict], vectors=None) -> list[tuple[st
     return found
 
 
+def section_label(doc_id: str, section_id: str) -> str:
+    """How a label names a section: `doc_id#section_id`, or the bare doc id for an article with no sections."""
+    return f"{doc_id}#{section_id}" if section_id else doc_id
+
+
 def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:
     """A bare doc id labels the whole article; doc_id#section labels one section."""
     return doc_id in expected or f"{doc_id}#{section_id}" in expected

@@ -74,6 +74,7 @@ def cmd_query(args) -> int:
     """Answer under the decision the live version's (or `--index`'s) passed verdict proved; a config value or a
     model on disk that differs is refused (exit 2) unless --unproven, which says so on its first line. Exit 2
     too when the proven decision could not be applied (its gating signal could not be computed)."""
+    from sourcegate.evals.evalset import section_label
     from sourcegate.pipelines.app.answering import ask
     from sourcegate.pipelines.app.factories import serving_for
 
@@ -95,10 +96,9 @@ def cmd_query(args) -> int:
     header = f"{'#':>2}  {'bm25':>4}  {'knn':>4}  {'fused':>7}  {'rerank':>7}  passage"
     print(header + "\n" + "-" * len(header))
     for i, c in enumerate(answer.passages, 1):
-        where = f"{c.doc_id}#{c.section_id}" if c.section_id else c.doc_id
         print(
             f"{i:>2}  {_fmt(c.bm25_rank, 'd'):>4}  {_fmt(c.knn_rank, 'd'):>4}  {c.fused_score:7.4f}  "
-            f"{_fmt(c.rerank_probability):>7}  {where}"
+            f"{_fmt(c.rerank_probability):>7}  {section_label(c.doc_id, c.section_id)}"
         )
     if answer.mode in ("decline", "open"):
         print("(declined: the closest candidates are shown so the refusal can be checked)")

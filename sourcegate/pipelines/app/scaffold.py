@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from sourcegate.evals.evalset import load_evalset
+from sourcegate.evals.evalset import load_evalset, section_label
 from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines import models
 from sourcegate.pipelines.build.chunk import chunk_documents
@@ -52,7 +52,7 @@ def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfi
     )
     sections: dict[str, dict] = {}
     for r in rows:
-        key = f"{r['doc_id']}#{r['section_id']}" if r["section_id"] else r["doc_id"]
+        key = section_label(r["doc_id"], r["section_id"])
         entry = sections.setdefault(key, {"id": key, "title": r["title"], "heading": r["section"], "text": ""})
         entry["text"] += ("\n" if entry["text"] else "") + r["body"]
     return list(sections.values())

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from sourcegate.evals.evalset import section_label
+
 FILE = "learned_corpus.json"
 HASH_CHARS = 16  # 64 bits per chunk: collisions are negligible at millions of chunks, and the record stays small
 SHOW_NEW = 20  # new section ids named in run.json (all are counted)
@@ -26,12 +28,13 @@ def _digest(text: str) -> str:
 
 
 def content_hashes(chunks_parquet: str | Path) -> tuple[dict[str, str], set[str]]:
-    """Per section (`doc#section`), a hash of its chunks' texts in order; and every chunk text's hash."""
+    """Per section (named as a label names it: `doc#section`, or `doc` with no sections), a hash of its chunks' texts in
+    order; and every chunk text's hash."""
     table = pq.read_table(chunks_parquet, columns=["doc_id", "section_id", "ordinal", "text"])
     rows = sorted(zip(*(table[c].to_pylist() for c in ("doc_id", "section_id", "ordinal", "text"))))
     texts: dict[str, list[str]] = {}
     for doc, section, _, text in rows:
-        texts.setdefault(f"{doc}#{section}", []).append(text)
+        texts.setdefault(section_label(doc, section), []).append(text)
     sections = {key: _digest("\x1e".join(parts)) for key, parts in texts.items()}
     return sections, {_digest(text) for *_, text in rows}
 
@@ -63,7 +66,8 @@ def read(folder: str | Path) -> dict | None:
 def share(learned: Mapping, sections: Mapping[str, str], chunks: Iterable[str]) -> dict:
     """How much of today's corpus (its sections' and chunks' hashes) the model learned: the shares of sections it saw
     with the same content and of chunks it saw, and the sections it never saw (new, or changed since)."""
-    seen_sections = learned.get("sections") or {}
+    # records written before sections were named as labels name them kept a `doc#` for an article with no sections
+    seen_sections = {k.removesuffix("#"): h for k, h in (learned.get("sections") or {}).items()}
     seen_chunks = set(learned.get("chunks") or ())
     chunks = list(chunks)
     same = [k for k, h in sections.items() if seen_sections.get(k) == h]
