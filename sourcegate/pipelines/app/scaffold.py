@@ -16,13 +16,14 @@ from pathlib import Path
 
 import yaml
 
-from sourcegate.evals.evalset import load_evalset, section_label
+from sourcegate.evals.evalset import load_evalset
 from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines import models
 from sourcegate.pipelines.build.chunk import chunk_documents
 from sourcegate.pipelines.build.ingest import ingest
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.home import home
+from sourcegate.pipelines.training.decline_candidates import borrowing_candidates, sections_of_chunks
 
 POOL = home() / "config" / "evals" / "pool" / "off-topic.jsonl"
 CANDIDATES = 60  # borrowing candidates generated for review
@@ -50,12 +51,7 @@ def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfi
         overlap=chunking.overlap_tokens,
         max_split_pieces=chunking.max_split_pieces,
     )
-    sections: dict[str, dict] = {}
-    for r in rows:
-        key = section_label(r["doc_id"], r["section_id"])
-        entry = sections.setdefault(key, {"id": key, "title": r["title"], "heading": r["section"], "text": ""})
-        entry["text"] += ("\n" if entry["text"] else "") + r["body"]
-    return list(sections.values())
+    return sections_of_chunks(rows)
 
 
 def new_config(base: PipelineConfig, corpus: Path, fmt: str, out: Path) -> dict:
@@ -86,8 +82,6 @@ def _jsonl(rows: list[dict]) -> str:
 
 def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str = "markdown") -> Scaffold:
     """Write OUT/pipeline.yaml, OUT/evals/{fit,check,candidates}.jsonl and OUT/sections.tsv; refuse to overwrite."""
-    from sourcegate.pipelines.training.decline_candidates import borrowing_candidates
-
     corpus, out = Path(corpus).resolve(), Path(out).resolve()
     config_path = out / "pipeline.yaml"
     if config_path.exists():

@@ -16,6 +16,8 @@ import random
 import re
 from collections import Counter
 
+from sourcegate.evals.evalset import section_label
+
 # Asks a corpus of articles about a service or a product does not answer, whatever name fills them: each names
 # what is absent (another currency, the past, a judgement, a private person, a far-away thing, a far-off date).
 TEMPLATES = (
@@ -176,10 +178,10 @@ def borrowing_candidates(sections: list[dict], n: int, seed: int) -> list[dict]:
 
 def sections_of_chunks(chunks: list[dict]) -> list[dict]:
     """A version's chunk rows (chunks.parquet: doc_id, title, section, section_id, body) as its sections, in
-    order: {"id": doc_id#section_id, "title", "heading", "text": the section's bodies joined}."""
+    order: {"id": its label (evalset.section_label), "title", "heading", "text": the section's bodies joined}."""
     by_id: dict[str, dict] = {}
     for c in chunks:
-        key = f"{c['doc_id']}#{c['section_id']}"
+        key = section_label(c["doc_id"], c["section_id"])
         s = by_id.setdefault(key, {"id": key, "title": c["title"], "heading": c["section"], "text": []})
         s["text"].append(c["body"])
     return [{**s, "text": "\n".join(s["text"])} for s in by_id.values()]
