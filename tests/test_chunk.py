@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 
 import pyarrow.parquet as pq
@@ -6,7 +7,15 @@ import pytest
 
 from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines import models
-from sourcegate.pipelines.build.chunk import MAX_CHARS_PER_TOKEN, Degenerate, chunk_documents, cut, slug, split_sections
+from sourcegate.pipelines.build.chunk import (
+    MAX_CHARS_PER_TOKEN,
+    Degenerate,
+    chunk_documents,
+    cut,
+    section_ids,
+    slug,
+    split_sections,
+)
 from sourcegate.pipelines.build.ingest import ingest
 from tests.conftest import DATA, DEMO
 
@@ -23,6 +32,25 @@ def cut_pieces(body: str, t, budget: int, overlap: int) -> list[str]:
 def test_slug_rule():
     assert slug("Reduced fares: seniors & students") == "reduced-fares-seniors-students"
     assert slug("  Night Owl  (after 1 a.m.) ") == "night-owl-after-1-a-m"
+    assert slug("Über uns") == "über-uns" and slug("Ça va_bien") == "ça-va-bien"
+    assert slug("料金 と 定期券") == "料金-と-定期券" and slug("Straße") == "strasse" and slug("—?!") == ""
+
+
+def test_an_ascii_heading_keeps_the_section_id_it_always_had():
+    headings = [h for p in DEMO.rglob("*.md") for h in re.findall(r"(?m)^#{2,6} (.+)$", p.read_text("utf-8"))]
+    assert len(headings) > 100 and all(h.isascii() for h in headings)
+    assert [slug(h) for h in headings] == [re.sub(r"[^a-z0-9]+", "-", h.lower()).strip("-") for h in headings]
+
+
+def test_every_section_of_a_document_has_its_own_id_and_chunk_ids(tmp_path):
+    body = "Lead.\n\n## Holidays\nClosed.\n\n## 祝日\n休館。\n\n## Holidays\nClosed.\n\n## ???\nAsk.\n\n## Holidays 2\nOpen."
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "hours.md").write_text("# Hours\n\n" + body, encoding="utf-8")
+    rows = chunk_documents(ingest(tmp_path / "corpus", tmp_path / "work").documents, tok())
+    ids = [r["section_id"] for r in rows]
+    assert ids == ["", "holidays", "祝日", "holidays-2", "section", "holidays-2-2"]
+    assert rows[1]["text"] == rows[3]["text"] and len({r["chunk_id"] for r in rows}) == len(rows)
+    assert section_ids(["A", "a", "A-2"]) == ["a", "a-2", "a-2-2"]
 
 
 def test_sections_are_split_on_headings_with_the_lead_first():

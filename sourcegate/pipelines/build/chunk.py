@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -27,8 +29,24 @@ _HEADING = re.compile(r"(?m)^(#{2,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
 
 
 def slug(text: str) -> str:
-    """Section id: lowercase, runs of anything but a-z0-9 become '-'."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    """Section id: NFKC, case-folded, runs of anything but letters and digits (of any script) become '-'.
+    An ASCII heading gives what `[^a-z0-9]+` did; "Über uns" keeps its Ü and a heading in Japanese its characters."""
+    return re.sub(r"[\W_]+", "-", unicodedata.normalize("NFKC", text).casefold()).strip("-")
+
+
+def section_ids(headings: Iterable[str]) -> list[str]:
+    """One id per section of a document, unique within it: a repeated heading's id takes -2, -3, ... (the next free
+    one), and a heading with no letter or digit is `section`, so a label never names two sections or the lead."""
+    ids, used = [], set()
+    for heading in headings:
+        base = slug(heading) or ("section" if heading else "")
+        at, n = base, 1
+        while at in used:
+            n += 1
+            at = f"{base}-{n}"
+        used.add(at)
+        ids.append(at)
+    return ids
 
 
 def split_sections(body: str, fmt: str) -> list[tuple[str, str]]:
@@ -124,7 +142,10 @@ def _middle(text: str) -> int:
 def chunk_document(doc: dict, tok, max_tokens: int, overlap: int, max_split_pieces: int = 32) -> list[dict]:
     """The document's chunk rows; raises Degenerate when it cannot be chunked sanely within the budget."""
     rows, hard_pieces, max_chars = [], 0, max_tokens * MAX_CHARS_PER_TOKEN
-    for section, body in split_sections(doc["body"], doc["format"]):
+    sections, repeats = split_sections(doc["body"], doc["format"]), Counter()
+    for (section, body), section_id in zip(sections, section_ids(h for h, _ in sections)):
+        repeats[section] += 1  # a repeated heading's chunks hash its count too: two equal sections, two chunk ids
+        id_key = section if repeats[section] == 1 else f"{section}\x1f{repeats[section]}"
         header = "\n".join(x for x in (doc["title"], section) if x)
         header_tokens = len(tok.encode(header + "\n", add_special_tokens=False).ids)
         budget = max_tokens - 2 - header_tokens
@@ -138,11 +159,11 @@ def chunk_document(doc: dict, tok, max_tokens: int, overlap: int, max_split_piec
             text = f"{header}\n{piece}" if header else piece
             rows.append(
                 {
-                    "chunk_id": chunk_id(doc["doc_id"], section, ordinal, text),
+                    "chunk_id": chunk_id(doc["doc_id"], id_key, ordinal, text),
                     "doc_id": doc["doc_id"],
                     "title": doc["title"],
                     "section": section,
-                    "section_id": slug(section),
+                    "section_id": section_id,
                     "body": piece,
                     "text": text,
                     "text_hash": text_hash(text),
