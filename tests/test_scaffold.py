@@ -51,3 +51,20 @@ def test_init_never_overwrites_a_config(small_corpus, tmp_path, capsys):
     assert main(["init", str(small_corpus), "--out", str(out)]) == 2
     assert "never overwrites" in capsys.readouterr().err
     assert json.dumps(yaml.safe_load((out / "pipeline.yaml").read_text())) == '{"corpus": {"path": "x"}}'
+
+
+def test_init_sets_aside_what_a_night_would_and_says_so(small_corpus, tmp_path, capsys):
+    corpus = tmp_path / "with-bad-files"
+    corpus.mkdir()
+    for p in small_corpus.glob("*.md"):
+        (corpus / p.name).write_bytes(p.read_bytes())
+    (corpus / "empty.md").write_text("")
+    (corpus / "huge-title.md").write_text("# " + "Very long title " * 200 + "\n\nA body.\n")  # degenerate at chunking
+    out = tmp_path / "mine"
+    assert main(["init", str(corpus), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "quarantined 2 document(s) a night would set aside too (1 degenerate document, 1 empty body)" in printed
+    rows = [json.loads(line) for line in (out / "artifacts" / "init" / "quarantine.jsonl").read_text().splitlines()]
+    assert {(r["source"], r["stage"]) for r in rows} == {("empty.md", "ingest"), ("huge-title.md", "chunk")}
+    sections = (out / "sections.tsv").read_text(encoding="utf-8")
+    assert "huge-title" not in sections and "empty" not in sections

@@ -19,6 +19,7 @@ import yaml
 from sourcegate.evals.evalset import load_evalset
 from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines import models
+from sourcegate.pipelines.build import quarantine
 from sourcegate.pipelines.build.chunk import chunk_documents
 from sourcegate.pipelines.build.ingest import ingest
 from sourcegate.pipelines.config import PipelineConfig
@@ -37,10 +38,13 @@ class Scaffold:
     sections: int
     need: int  # questions of each label the fit set needs (calibration.min_per_label)
     pool_split: tuple[int, int]  # off-topic questions placed in the fit and the check set
+    quarantined: int = 0  # documents the night would set aside too (unreadable, empty, degenerate, ...)
+    quarantine_reasons: dict[str, int] | None = None
 
 
 def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfig) -> list[dict]:
-    """The corpus's sections as the night will cut them: doc id, section id, title, heading and text."""
+    """The corpus's sections as the night will cut them: doc id, section id, title, heading and text. What the night
+    would set aside (ingest and chunk) is set aside here too, with its reasons in `work`'s quarantine file."""
     documents = ingest(corpus, work, fmt=fmt, max_doc_bytes=cfg.corpus.max_doc_bytes).documents
     tok = models.tokenizer(str(models.embedding_model_path(cfg.embedding.model_path)))
     chunking = cfg.chunking
@@ -50,7 +54,9 @@ def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfi
         max_tokens=chunking.max_tokens,
         overlap=chunking.overlap_tokens,
         max_split_pieces=chunking.max_split_pieces,
+        rejected=(degenerate := []),
     )
+    quarantine.write_stage(work, "chunk", degenerate)
     return sections_of_chunks(rows)
 
 
@@ -87,9 +93,10 @@ def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str
     if config_path.exists():
         raise FileExistsError(f"{config_path} exists: init writes a new corpus's files and never overwrites them")
     (out / "evals").mkdir(parents=True, exist_ok=True)
-    sections = corpus_sections(corpus, fmt, out / "artifacts" / "init", base)
+    work = out / "artifacts" / "init"
+    sections = corpus_sections(corpus, fmt, work, base)
     if not sections:
-        raise ValueError(f"{corpus}: no document could be read (see {out / 'artifacts' / 'init' / 'quarantine.jsonl'})")
+        raise ValueError(f"{corpus}: no document could be read (see {work / quarantine.FILE})")
     pool = load_evalset(POOL)
     fit_pool, check_pool = pool[0::2], pool[1::2]  # every other one: the check set's never chose anything
     files = {
@@ -112,16 +119,29 @@ def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str
         encoding="utf-8",
     )
     need = base.calibration.min_per_label
-    return Scaffold(config_path, files, len(sections), need, (len(fit_pool), len(check_pool)))
+    set_aside = quarantine.summary(work)
+    files["quarantine"] = work / quarantine.FILE
+    return Scaffold(
+        config_path, files, len(sections), need, (len(fit_pool), len(check_pool)), set_aside["total"],
+        set_aside["by_reason"],
+    )  # fmt: skip
 
 
 def next_steps(s: Scaffold) -> str:
     """What to write next, in the order a person does it."""
     fit, check = s.files["fit"], s.files["check"]
     short = max(0, s.need - s.pool_split[0])
+    set_aside = []
+    if s.quarantined:
+        reasons = ", ".join(f"{n} {why}" for why, n in (s.quarantine_reasons or {}).items())
+        set_aside = [
+            f"quarantined {s.quarantined} document(s) a night would set aside too "
+            f"({reasons}): each with its reason in {s.files['quarantine']}"
+        ]
     return "\n".join(
         [
             f"wrote {s.config} and the eval sets under {fit.parent} ({s.sections} sections in {s.files['sections']})",
+            *set_aside,
             "next:",
             f"  1. write at least {s.need} should-answer questions in your users' own words into {fit}, one JSON",
             '     line each: {"id": "a-001", "question": "...", "label": "answer", "expected": ["<section id>"]}',
