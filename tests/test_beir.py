@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from sourcegate.pipelines import config
-from sourcegate.pipelines.app.beir import run_beir, system_rankings
+from sourcegate.pipelines.app.beir import load_queries, run_beir, system_rankings
 from sourcegate.pipelines.retrieval.retriever import Candidate, Retrieval
 from tests.conftest import ROOT, SCIFACT
 
@@ -104,3 +104,15 @@ def test_beir_on_opensearch_goes_through_the_same_retriever(tmp_path, os_client)
     assert {m: v for m, v in served["systems"]["dense"].items() if m != "p50_ms"} == ignore_latency["dense"]
     assert served["systems"]["hybrid"]["recall@100"] == 1.0
     assert abs(served["systems"]["hybrid+rerank"]["ndcg@10"] - embedded["systems"]["hybrid+rerank"]["ndcg@10"]) <= 0.1
+
+
+def test_beir_reads_the_split_asked_for_and_names_the_splits_a_dataset_has(tmp_path):
+    slice_of_scifact(tmp_path / "data", n_queries=3)
+    test = (tmp_path / "data" / "qrels" / "test.tsv").read_text().splitlines()
+    (tmp_path / "data" / "qrels" / "dev.tsv").write_text("\n".join(test[:2]) + "\n")  # the header and one judgement
+    queries, qrels = load_queries(tmp_path / "data", "dev")
+    assert list(qrels) == list(queries) == [test[1].split("\t")[0]] and len(load_queries(tmp_path / "data")[0]) == 3
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": str(tmp_path / "artifacts")})
+    with pytest.raises(FileNotFoundError, match=r"no 'train' split in .* \(its qrels: dev, test\)"):
+        run_beir(cfg, tmp_path / "data", tmp_path / "out", split="train")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "artifacts").exists()  # said before any indexing

@@ -34,14 +34,19 @@ from sourcegate.pipelines.search.analyzer import ANALYZER_ID
 DEPTH = 100  # recall@100 needs lists this deep; top-18 lists would cap the union at 36
 
 
-def load_queries(dataset: Path) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+def load_queries(dataset: Path, split: str = "test") -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """The split's judged queries and their judgements (BEIR's layout: queries.jsonl, qrels/<split>.tsv)."""
+    path = dataset / "qrels" / f"{split}.tsv"
+    if not path.is_file():
+        have = sorted(p.stem for p in (dataset / "qrels").glob("*.tsv"))
+        raise FileNotFoundError(f"{path}: no {split!r} split in {dataset} (its qrels: {', '.join(have) or 'none'})")
     queries = {}
     for line in (dataset / "queries.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():
             q = json.loads(line)
             queries[str(q["_id"])] = q["text"]
     qrels: dict[str, dict[str, int]] = {}
-    with (dataset / "qrels" / "test.tsv").open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8") as fh:
         for row in csv.DictReader(fh, delimiter="\t"):
             qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
     return {q: queries[q] for q in qrels if q in queries}, qrels
@@ -139,8 +144,11 @@ def run_beir(
     decline: str | None = None,
     rerank_depth: int | None = None,
     progress: bool = False,
+    split: str = "test",
 ) -> dict:
-    """Index the dataset on `cfg`'s backend and measure four systems through the pipeline's `Retriever`."""
+    """Index the dataset on `cfg`'s backend and measure four systems through the pipeline's `Retriever` on the
+    judged queries of `split` (qrels/<split>.tsv)."""
+    queries, qrels = load_queries(dataset, split)  # first: a missing split is said before any indexing
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     bcfg, version = index_dataset(cfg, dataset, out, progress)
@@ -153,7 +161,6 @@ def run_beir(
     deep = Retriever.from_config(
         searcher, retriever.embedder, scorer, cfg, bm25_top_n=DEPTH, knn_top_n=DEPTH, rerank_depth=depth
     )
-    queries, qrels = load_queries(dataset)
     runs = {"bm25": {}, "dense": {}, "hybrid": {}, "hybrid+rerank": {}}
     latency = {name: [] for name in runs}
     items = list(queries.items())
@@ -173,6 +180,7 @@ def run_beir(
     result = {
         "dataset": str(dataset),
         "backend": cfg.backend.kind,
+        "split": split,
         "queries": len(queries),
         "chunks": len(doc_of),
         "documents": len(set(doc_of.values())),

@@ -180,6 +180,7 @@ def cmd_beir(args) -> int:
         decline=args.decline,
         rerank_depth=args.rerank_depth,
         progress=not args.quiet,
+        split=args.split,
     )
     print(json.dumps(result["systems"], indent=2))
     print(f"results: {Path(args.out) / 'beir.json'}")
@@ -581,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("beir", help="index a BEIR dataset and evaluate bm25, dense, hybrid, hybrid+rerank")
     p.add_argument("dataset"), p.add_argument("--out", required=True), p.add_argument("--decline")
+    p.add_argument("--split", default="test", help="the judged queries of qrels/SPLIT.tsv (default: test)")
     p.add_argument("--backend", choices=["embedded", "opensearch"])
     (
         p.add_argument("--rerank-depth", type=int),
