@@ -323,6 +323,8 @@ def nights(s3_server, tmp_path_factory):
     n.work.mkdir(), n.outage.mkdir()
     n.night = sourcegate(["run", "--artifacts", n.uri, "--quiet"], n.env, n.work, n.config)
     assert n.night.returncode == 0, n.night.stderr[-3000:]
+    # --quiet: the summary first, and no library's INFO line (GX pinned one at INFO)
+    assert n.night.stdout.startswith("run ") and "INFO" not in n.night.stderr, n.night.stderr[-3000:]
     n.first = n.store.get("LIVE").decode().strip()
     n.first_keys, n.first_records = n.store.listing(), len(n.store.listing("promotions/"))
 

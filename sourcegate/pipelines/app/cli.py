@@ -59,7 +59,7 @@ def cmd_run(args) -> int:
 
     cfg = load_config(args)
     result = run_pipeline(cfg, run_id=args.run_id, progress=not args.quiet, promote=not args.no_promote)
-    print(f"\nrun {result['run_id']}: {result['summary']}")
+    print(("" if args.quiet else "\n") + f"run {result['run_id']}: {result['summary']}")  # a line after the bars
     print(f"gate: {'PASSED' if result['passed'] else 'FAILED'}")
     print(f"  {result['signal']}")
     for reason in result["reasons"]:

@@ -218,6 +218,9 @@ def great_expectations_on_sample(sample: list[pa.Table], dimension: int, max_cha
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    # GX pins this module's logger at INFO ("Created temporary directory ... for ephemeral docs site" on every night):
+    # defer to the application's level, so only --verbose shows it
+    logging.getLogger(ProgressBarsConfig.__module__).setLevel(logging.NOTSET)
     cols = pa.concat_tables(sample) if sample else derived_columns(_empty(dimension))
     df = cols.to_pandas()
     ctx = gx.get_context(mode="ephemeral")
