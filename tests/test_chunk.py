@@ -63,6 +63,40 @@ def test_sections_are_split_on_headings_with_the_lead_first():
     assert split_sections("plain text", "plain") == [("", "plain text")]
 
 
+def test_sections_follow_commonmark_headings_and_never_split_a_code_block():
+    body = (
+        "Lead.\n\n## Linux\nRun:\n\n```bash\n## a shell comment, not a heading\nmake\n```\n\n"
+        "~~~~\n## still code\n~~~\n## and still code\n~~~~\n\n"
+        "Setext section\n---\nUnder it.\n\n- a list item\n---\n\n   ### Indented three ###\nBody.\n\n"
+        "## Learn C#\nSharp.\n\n    ## indented four is code\n"
+    )
+    assert split_sections(body, "markdown") == [
+        ("", "Lead."),
+        ("Linux", "Run:\n\n```bash\n## a shell comment, not a heading\nmake\n```\n\n"
+         "~~~~\n## still code\n~~~\n## and still code\n~~~~"),
+        ("Setext section", "Under it.\n\n- a list item\n---"),
+        ("Indented three", "Body."),
+        ("Learn C#", "Sharp.\n\n    ## indented four is code"),
+    ]  # fmt: skip
+
+
+def test_a_windows_file_reads_as_a_unix_one(tmp_path):
+    text = "---\ntitle: Fares\n---\n\nLead.\n\n## Day passes ##\nFive dollars.\n\n## Night\nThree.\n"
+    for name, data in (("unix", text), ("windows", text.replace("\n", "\r\n")), ("mac", text.replace("\n", "\r"))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "fares.md").write_text(data, encoding="utf-8", newline="")
+    rows = {
+        n: chunk_documents(ingest(tmp_path / n, tmp_path / f"{n}-work").documents, tok())
+        for n in ("unix", "windows", "mac")
+    }
+    assert rows["unix"] == rows["windows"] == rows["mac"]
+    assert [r["text"] for r in rows["unix"]] == [
+        "Fares\nLead.",
+        "Fares\nDay passes\nFive dollars.",
+        "Fares\nNight\nThree.",
+    ]
+
+
 def test_every_demo_chunk_is_title_plus_section_plus_body(tmp_path):
     result = ingest(DEMO, tmp_path)
     rows = chunk_documents(result.documents, tok())

@@ -36,6 +36,11 @@ def test_main_text_keeps_its_headings_as_sections_and_drops_the_boilerplate():
     assert not [word for word in BOILERPLATE if word in body]
 
 
+def test_a_paragraph_that_looks_like_a_code_fence_hides_no_heading():
+    _, _, body = parse_html("<main><h1>Setup</h1><p>```python</p><h2>Next</h2><p>~~~ and more</p><h2>Last</h2><p>x</p>")
+    assert [h for h, _ in split_sections(body, "markdown")] == ["", "Next", "Last"]
+
+
 def test_an_articles_own_header_is_kept_the_pages_is_not():
     title, _, body = parse_html(
         "<body><header><h1>Transit site</h1></header><article><header><h1>Bikes</h1><p>By the desk</p></header>"

@@ -68,6 +68,15 @@ def test_nested_files_get_ids_without_path_separators(tmp_path):
     assert [d["doc_id"] for d in docs] == ["guides:fares"]
 
 
+def test_a_title_line_loses_only_a_closing_run_of_hashes(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, title in (("csharp", "# Learn C#"), ("closed", "# Fares ##"), ("tight", "# Fares##")):
+        (corpus / f"{name}.md").write_text(f"{title}\n\nTwo dollars a ride.\n")
+    docs = {d["doc_id"]: d["title"] for d in pq.read_table(ingest(corpus, tmp_path / "out").documents).to_pylist()}
+    assert docs == {"csharp": "Learn C#", "closed": "Fares", "tight": "Fares##"}  # CommonMark: a space before it
+
+
 def test_a_title_that_is_not_a_string_is_quarantined_not_stringified(tmp_path):
     reasons = _bad_corpus_reasons(tmp_path)
     assert reasons["list-title.md"] == "title is not a string: YAML list ['Fares', 'Passes'] (quote it)"

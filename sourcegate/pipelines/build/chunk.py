@@ -25,7 +25,12 @@ import pyarrow as pa
 
 from sourcegate.pipelines.batches import iter_batches, write_batches
 
-_HEADING = re.compile(r"(?m)^(#{2,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
+# CommonMark's ATX heading of levels 2-6 (up to 3 spaces before it; a closing run of '#' only after a space: "C#"
+# keeps its '#'), its setext level-2 underline, and a code fence (``` or ~~~), inside which nothing is a heading.
+_HEADING = re.compile(r"^ {0,3}#{2,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_SETEXT_2 = re.compile(r"^ {0,3}-+[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_NOT_PARAGRAPH = re.compile(r"^(?: {4}|\t| {0,3}(?:[-*+>]|\d{1,9}[.)])(?:[ \t]|$))")  # code, list item, quote
 
 
 def slug(text: str) -> str:
@@ -49,15 +54,35 @@ def section_ids(headings: Iterable[str]) -> list[str]:
     return ids
 
 
+def headings(lines: list[str]) -> Iterator[tuple[int, int, str]]:
+    """(first line, line after it, text) of each section heading: `## Text` or a one-line paragraph underlined with
+    `---`, never a line inside a fenced code block (a shell comment `## install` in a snippet is code)."""
+    fence = ""
+    for i, line in enumerate(lines):
+        m = _FENCE.match(line)
+        if fence:  # closed by a fence of the same character, at least as long, with nothing after it
+            if m and m[1][0] == fence[0] and len(m[1]) >= len(fence) and not line[m.end() :].strip():
+                fence = ""
+        elif m and not (m[1][0] == "`" and "`" in line[m.end() :]):  # a backtick fence's info string has no backtick
+            fence = m[1]
+        elif h := _HEADING.match(line):
+            yield i, i + 1, h[1].strip()
+        elif _SETEXT_2.match(line) and i and lines[i - 1].strip() and (i == 1 or not lines[i - 2].strip()):
+            above = lines[i - 1]
+            if not (_HEADING.match(above) or _FENCE.match(above) or _NOT_PARAGRAPH.match(above)):
+                yield i - 1, i + 1, above.strip()
+
+
 def split_sections(body: str, fmt: str) -> list[tuple[str, str]]:
     """[(section heading, section body)], the lead paragraph(s) under heading ''."""
     if fmt != "markdown":
         return [("", body.strip())]
+    lines = body.split("\n")
     sections, heading, start = [], "", 0
-    for m in _HEADING.finditer(body):
-        sections.append((heading, body[start : m.start()].strip()))
-        heading, start = m.group(2).strip(), m.end()
-    sections.append((heading, body[start:].strip()))
+    for first, after, text in headings(lines):
+        sections.append((heading, "\n".join(lines[start:first]).strip()))
+        heading, start = text, after
+    sections.append((heading, "\n".join(lines[start:]).strip()))
     return [(h, b) for h, b in sections if re.search(r"\w", b)]
 
 

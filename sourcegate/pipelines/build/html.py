@@ -166,8 +166,9 @@ def _heading_level(tag: str) -> int:
 
 
 def _escape_heading_marks(text: str) -> str:
-    """A paragraph that happens to start with '#' is text, not a heading the chunker would cut at."""
-    return "\\" + text if text.startswith("#") else text
+    """A paragraph that happens to start with '#' is text, not a heading the chunker would cut at; one that starts
+    with a code fence's ``` or ~~~ opens no code block that would hide the page's next headings from it."""
+    return "\\" + text if text.startswith(("#", "```", "~~~")) else text
 
 
 def _text(el) -> str:

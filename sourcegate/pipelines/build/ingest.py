@@ -246,7 +246,7 @@ def diff_manifest(con, documents: Path, previous_documents: str | Path | None, r
 # --- a corpus folder: Markdown and HTML articles ------------------------------------
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
-_TITLE_LINE = re.compile(r"\A\s*#[ \t]+(.+?)[ \t]*#*[ \t]*(?:\r?\n|\Z)")
+_TITLE_LINE = re.compile(r"\A\s*#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*(?:\r?\n|\Z)")  # "# C#" keeps its "#"
 
 
 def read_corpus_folder(root: Path, max_doc_bytes: int):
@@ -350,7 +350,7 @@ def parse_markdown(data: bytes) -> tuple[str, str, str, str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Rejected(f"invalid UTF-8: byte {exc.start}") from None
-    text = text.lstrip("\ufeff")
+    text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")  # a Windows or old Mac file reads as any
     meta: dict = {}
     if text.startswith("---"):
         m = _FRONT_MATTER.match(text)
