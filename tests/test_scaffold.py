@@ -68,3 +68,41 @@ def test_init_sets_aside_what_a_night_would_and_says_so(small_corpus, tmp_path, 
     assert {(r["source"], r["stage"]) for r in rows} == {("empty.md", "ingest"), ("huge-title.md", "chunk")}
     sections = (out / "sections.tsv").read_text(encoding="utf-8")
     assert "huge-title" not in sections and "empty" not in sections
+
+
+def test_init_on_a_beir_dataset_writes_its_judged_queries_as_should_answer_questions(tmp_path, capsys):
+    data = tmp_path / "dataset"
+    (data / "qrels").mkdir(parents=True)
+    docs = [
+        {"_id": f"d{i}", "title": f"Study {i}", "text": f"Finding number {i} about aspirin and sleep."}
+        for i in range(6)
+    ]
+    (data / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs) + '{"_id": "bad", "text": ""}\n')
+    queries = {f"q{i}": f"claim {i}" for i in range(6)}
+    (data / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items()))
+    judgements = [("q0", "d0", 1), ("q1", "d1", 2), ("q1", "d2", 0), ("q2", "bad", 1), ("q3", "d3", 1), ("q4", "d4", 1)]
+    judgements += [("q4", "gone", 1), ("q5", "d5", 1)]
+    (data / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in judgements)
+    )
+    out = tmp_path / "mine"
+    assert main(["init", str(data), "--format", "beir", "--judged", "test", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "hold 3 and 2 of the 'test' split's judged queries" in printed and "1 left out" in printed
+    assert "write at least 17 more should-answer questions" in printed  # calibration.min_per_label 20, 3 there
+    fit, check = (load_evalset(out / "evals" / f"{name}.jsonl") for name in ("fit", "check"))
+    answers = [(q["id"], q["expected"]) for q in fit + check if q["label"] == "answer"]
+    # qrels order, alternating; a relevance-0 judgement is no label; q2's only document is quarantined (empty text)
+    assert answers == [
+        ("test-q0", ["d0"]),
+        ("test-q3", ["d3"]),
+        ("test-q5", ["d5"]),
+        ("test-q1", ["d1"]),
+        ("test-q4", ["d4"]),
+    ]
+    assert all(
+        q["kind"] == "judged" and q["question"] == queries[q["id"][5:]] for q in fit + check if q["label"] == "answer"
+    )
+
+    assert main(["init", str(data), "--judged", "test", "--out", str(tmp_path / "markdown")]) == 2
+    assert "judged queries come from a BEIR dataset's qrels (--format beir)" in capsys.readouterr().err

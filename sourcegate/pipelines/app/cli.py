@@ -442,7 +442,7 @@ def cmd_init(args) -> int:
     """Scaffold a new corpus's config and eval sets, and say what to write next."""
     from sourcegate.pipelines.app.scaffold import next_steps, scaffold
 
-    made = scaffold(load_config(args), args.corpus_dir, args.out, fmt=args.format or "markdown")
+    made = scaffold(load_config(args), args.corpus_dir, args.out, fmt=args.format or "markdown", judged=args.judged)
     print(next_steps(made))
     return 0
 
@@ -670,6 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("corpus_dir", help="a folder of Markdown/HTML articles, or a BEIR dataset folder (--format beir)")
     p.add_argument("--out", required=True, help="where pipeline.yaml, evals/ and sections.tsv are written")
     p.add_argument("--format", choices=["markdown", "beir"])
+    p.add_argument(
+        "--judged",
+        metavar="SPLIT",
+        help="a BEIR dataset's judged queries of qrels/SPLIT.tsv as should-answer questions",
+    )
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("retrain", help="rebuild a trained answer model from its recipe and the repository's files")

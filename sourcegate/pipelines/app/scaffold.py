@@ -40,6 +40,9 @@ class Scaffold:
     pool_split: tuple[int, int]  # off-topic questions placed in the fit and the check set
     quarantined: int = 0  # documents the night would set aside too (unreadable, empty, degenerate, ...)
     quarantine_reasons: dict[str, int] | None = None
+    judged: tuple[int, int] = (0, 0)  # a BEIR split's judged queries written as should-answer: fit, check
+    judged_split: str | None = None
+    judged_left_out: int = 0  # judged queries none of whose documents is in the corpus as read
 
 
 def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfig) -> list[dict]:
@@ -86,12 +89,36 @@ def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str = "markdown") -> Scaffold:
-    """Write OUT/pipeline.yaml, OUT/evals/{fit,check,candidates}.jsonl and OUT/sections.tsv; refuse to overwrite."""
+def judged_questions(dataset: Path, split: str, doc_ids: set[str]) -> tuple[list[dict], int]:
+    """A BEIR split's judged queries as should-answer questions, in the qrels file's order, each expecting the
+    documents judged relevant that the corpus holds as read; and how many queries were left out for holding none."""
+    from sourcegate.pipelines.app.beir import load_queries  # here: the beir command's imports cost init half a second
+
+    queries, qrels = load_queries(dataset, split)
+    rows, left_out = [], 0
+    for qid, text in queries.items():
+        expected = [doc for doc, relevance in qrels[qid].items() if relevance > 0 and doc in doc_ids]
+        if not expected:
+            left_out += 1
+            continue
+        rows.append(
+            {"id": f"{split}-{qid}", "question": text, "label": "answer", "expected": expected, "kind": "judged"}
+        )
+    return rows, left_out
+
+
+def scaffold(
+    base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str = "markdown", judged: str | None = None
+) -> Scaffold:
+    """Write OUT/pipeline.yaml, OUT/evals/{fit,check,candidates}.jsonl and OUT/sections.tsv; refuse to overwrite.
+    `judged` (a BEIR dataset's split): its judged queries are the should-answer questions, alternate ones in the
+    fit and the check set."""
     corpus, out = Path(corpus).resolve(), Path(out).resolve()
     config_path = out / "pipeline.yaml"
     if config_path.exists():
         raise FileExistsError(f"{config_path} exists: init writes a new corpus's files and never overwrites them")
+    if judged and fmt != "beir":
+        raise ValueError(f"--judged {judged}: judged queries come from a BEIR dataset's qrels (--format beir)")
     (out / "evals").mkdir(parents=True, exist_ok=True)
     work = out / "artifacts" / "init"
     sections = corpus_sections(corpus, fmt, work, base)
@@ -99,6 +126,8 @@ def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str
         raise ValueError(f"{corpus}: no document could be read (see {work / quarantine.FILE})")
     pool = load_evalset(POOL)
     fit_pool, check_pool = pool[0::2], pool[1::2]  # every other one: the check set's never chose anything
+    answers, left_out = judged_questions(corpus, judged, {s["id"] for s in sections}) if judged else ([], 0)
+    fit_answers, check_answers = answers[0::2], answers[1::2]
     files = {
         "config": config_path,
         "fit": out / "evals" / "fit.jsonl",
@@ -111,8 +140,8 @@ def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str
         + yaml.safe_dump(new_config(base, corpus, fmt, out), sort_keys=False),
         encoding="utf-8",
     )  # fmt: skip
-    files["fit"].write_text(_jsonl(fit_pool), encoding="utf-8")
-    files["check"].write_text(_jsonl(check_pool), encoding="utf-8")
+    files["fit"].write_text(_jsonl(fit_answers + fit_pool), encoding="utf-8")
+    files["check"].write_text(_jsonl(check_answers + check_pool), encoding="utf-8")
     files["candidates"].write_text(_jsonl(borrowing_candidates(sections, CANDIDATES, SEED)), encoding="utf-8")
     files["sections"].write_text(
         "id\ttitle\theading\n" + "".join(f"{s['id']}\t{s['title']}\t{s['heading']}\n" for s in sections),
@@ -123,7 +152,7 @@ def scaffold(base: PipelineConfig, corpus: str | Path, out: str | Path, fmt: str
     files["quarantine"] = work / quarantine.FILE
     return Scaffold(
         config_path, files, len(sections), need, (len(fit_pool), len(check_pool)), set_aside["total"],
-        set_aside["by_reason"],
+        set_aside["by_reason"], (len(fit_answers), len(check_answers)), judged, left_out,
     )  # fmt: skip
 
 
@@ -138,12 +167,22 @@ def next_steps(s: Scaffold) -> str:
             f"quarantined {s.quarantined} document(s) a night would set aside too "
             f"({reasons}): each with its reason in {s.files['quarantine']}"
         ]
+    judged, write = [], f"write at least {s.need} should-answer questions"
+    if s.judged_split:
+        judged = [
+            f"the fit and the check set hold {s.judged[0]} and {s.judged[1]} of the {s.judged_split!r} split's judged "
+            "queries as should-answer questions (the dataset's annotators wrote them, not your users)"
+            + (f"; {s.judged_left_out} left out: none of their documents is in the corpus" if s.judged_left_out else "")
+        ]
+        more = s.need - s.judged[0]
+        write = f"write at least {more} more should-answer questions" if more > 0 else "add should-answer questions"
     return "\n".join(
         [
             f"wrote {s.config} and the eval sets under {fit.parent} ({s.sections} sections in {s.files['sections']})",
             *set_aside,
+            *judged,
             "next:",
-            f"  1. write at least {s.need} should-answer questions in your users' own words into {fit}, one JSON",
+            f"  1. {write} in your users' own words into {fit}, one JSON",
             '     line each: {"id": "a-001", "question": "...", "label": "answer", "expected": ["<section id>"]}',
             f"     (section ids: {s.files['sections']}); {s.pool_split[0]} off-topic questions from the pool are"
             + (" already there" if not short else f" there, write {short} more"),
