@@ -104,5 +104,32 @@ def test_init_on_a_beir_dataset_writes_its_judged_queries_as_should_answer_quest
         q["kind"] == "judged" and q["question"] == queries[q["id"][5:]] for q in fit + check if q["label"] == "answer"
     )
 
+    sampled = []
+    for name in ("few", "few-again"):  # at most --judged-max, a seeded sample in the file's order: the same each time
+        assert (
+            main(
+                [
+                    "init",
+                    str(data),
+                    "--format",
+                    "beir",
+                    "--judged",
+                    "test",
+                    "--judged-max",
+                    "4",
+                    "--out",
+                    str(tmp_path / name),
+                ]
+            )
+            == 0
+        )
+        printed = capsys.readouterr().out
+        assert (
+            "hold 2 and 2 of the 'test' split's judged queries" in printed and "a sample of 4 of 5, seed 13" in printed
+        )
+        rows = [load_evalset(tmp_path / name / "evals" / f"{s}.jsonl") for s in ("fit", "check")]
+        sampled.append([q["id"] for r in rows for q in r if q["label"] == "answer"])
+    assert sampled[0] == sampled[1] and len(set(sampled[0]) & {i for i, _ in answers}) == 4
+
     assert main(["init", str(data), "--judged", "test", "--out", str(tmp_path / "markdown")]) == 2
     assert "judged queries come from a BEIR dataset's qrels (--format beir)" in capsys.readouterr().err

@@ -440,9 +440,16 @@ def train_in_domain(cfg: PipelineConfig, args) -> int:
 
 def cmd_init(args) -> int:
     """Scaffold a new corpus's config and eval sets, and say what to write next."""
-    from sourcegate.pipelines.app.scaffold import next_steps, scaffold
+    from sourcegate.pipelines.app.scaffold import JUDGED_MAX, next_steps, scaffold
 
-    made = scaffold(load_config(args), args.corpus_dir, args.out, fmt=args.format or "markdown", judged=args.judged)
+    made = scaffold(
+        load_config(args),
+        args.corpus_dir,
+        args.out,
+        args.format or "markdown",
+        args.judged,
+        args.judged_max or JUDGED_MAX,
+    )
     print(next_steps(made))
     return 0
 
@@ -675,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPLIT",
         help="a BEIR dataset's judged queries of qrels/SPLIT.tsv as should-answer questions",
     )
+    p.add_argument("--judged-max", type=int, metavar="N", help="at most N of them, a seeded sample (default 300)")
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("retrain", help="rebuild a trained answer model from its recipe and the repository's files")
