@@ -30,7 +30,7 @@ from sourcegate.pipelines.training.decline_candidates import borrowing_candidate
 POOL = home() / "config" / "evals" / "pool" / "off-topic.jsonl"
 CANDIDATES = 60  # borrowing candidates generated for review
 # judged queries taken from a BEIR split at most: 150 should-answer questions all kept put the exact 95% lower bound
-# on coverage at 0.980, and every question costs each night its pairs (MS MARCO's dev split has 6,980)
+# on coverage at 0.980, and every question costs each night its pairs
 JUDGED_MAX = 300
 SEED = 13
 
