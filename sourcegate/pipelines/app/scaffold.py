@@ -3,7 +3,8 @@
 A new corpus starts with no corpus-specific model (`answerability.answer_model_path: null`, the generic answer model)
 and the gating signal chosen by rule on its own fit set (`answer.signal: auto`, sourcegate/evals/signal_choice.py). What a person
 must still write is the one thing no tool can: should-answer questions in their users' words, each naming the section
-that answers it. The off-topic side starts from the reviewed pool (config/evals/pool/), split between the fit and the
+that answers it (a BEIR dataset's judged queries can stand in, `--judged SPLIT`: its annotators wrote them, in the
+benchmark's words rather than its users'). The off-topic side starts from the reviewed pool (config/evals/pool/), split between the fit and the
 check set so the check set's questions never chose anything; generated "borrowing" candidates (the corpus's own names in
 asks it cannot answer) go to a file of their own for a person to review, never straight into a set.
 """
