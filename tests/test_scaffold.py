@@ -131,5 +131,9 @@ def test_init_on_a_beir_dataset_writes_its_judged_queries_as_should_answer_quest
         sampled.append([q["id"] for r in rows for q in r if q["label"] == "answer"])
     assert sampled[0] == sampled[1] and len(set(sampled[0]) & {i for i, _ in answers}) == 4
 
+    assert main(["init", str(data), "--format", "beir", "--out", str(tmp_path / "unjudged")]) == 0
+    assert "this dataset has judged queries (qrels: test): init with `--judged test`" in capsys.readouterr().out
+    assert not [q for q in load_evalset(tmp_path / "unjudged" / "evals" / "fit.jsonl") if q["label"] == "answer"]
+
     assert main(["init", str(data), "--judged", "test", "--out", str(tmp_path / "markdown")]) == 2
     assert "judged queries come from a BEIR dataset's qrels (--format beir)" in capsys.readouterr().err

@@ -49,6 +49,7 @@ class Scaffold:
     judged_split: str | None = None
     judged_left_out: int = 0  # judged queries none of whose documents is in the corpus as read
     judged_of: int = 0  # the judged queries a sample was drawn from (0: all were taken)
+    splits: tuple[str, ...] = ()  # a BEIR dataset's qrels splits, when none was taken
 
 
 def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfig) -> list[dict]:
@@ -167,6 +168,7 @@ def scaffold(
     return Scaffold(
         config_path, files, len(sections), need, (len(fit_pool), len(check_pool)), set_aside["total"],
         set_aside["by_reason"], (len(fit_answers), len(check_answers)), judged, left_out, judged_of,
+        tuple(sorted(p.stem for p in (corpus / "qrels").glob("*.tsv"))) if fmt == "beir" and not judged else (),
     )  # fmt: skip
 
 
@@ -191,6 +193,12 @@ def next_steps(s: Scaffold) -> str:
         ]
         more = s.need - s.judged[0]
         write = f"write at least {more} more should-answer questions" if more > 0 else "add should-answer questions"
+    elif s.splits:
+        split = "test" if "test" in s.splits else s.splits[0]
+        judged = [
+            f"this dataset has judged queries (qrels: {', '.join(s.splits)}): init with `--judged {split}` (into a new"
+            " --out) writes them as should-answer questions"
+        ]
     return "\n".join(
         [
             f"wrote {s.config} and the eval sets under {fit.parent} ({s.sections} sections in {s.files['sections']})",
