@@ -117,6 +117,9 @@ def test_the_off_topic_pool_loads_and_copies_no_question_of_the_fit_or_training_
     assert {(q["label"], q["kind"]) for q in pool} == {("decline", "off_topic")}
     assert not near_duplicates(pool, pool[:0])  # the rule runs on an empty set too
     assert len({q["question"].lower() for q in pool}) == len(pool)
+    # every question names its topics (a corpus's domain relabels a whole topic near_topic, before any score)
+    assert all(q["topics"] and all(t.islower() for t in q["topics"]) for q in pool)
+    assert {q["id"] for q in pool if "health" in q["topics"]} >= {"pool-o-029", "pool-o-033", "pool-o-061"}
     for other in [FIT, *TRAINING]:
         assert near_duplicates(pool, load_evalset(other)) == [], other
 

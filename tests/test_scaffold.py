@@ -137,3 +137,21 @@ def test_init_on_a_beir_dataset_writes_its_judged_queries_as_should_answer_quest
 
     assert main(["init", str(data), "--judged", "test", "--out", str(tmp_path / "markdown")]) == 2
     assert "judged queries come from a BEIR dataset's qrels (--format beir)" in capsys.readouterr().err
+
+
+def test_init_writes_the_pool_topics_a_corpus_covers_as_near_topic(small_corpus, tmp_path, capsys):
+    out = tmp_path / "mine"
+    assert main(["init", str(small_corpus), "--out", str(out), "--near-topic", "health, cooking"]) == 0
+    printed = capsys.readouterr().out
+    both = load_evalset(out / "evals" / "fit.jsonl") + load_evalset(out / "evals" / "check.jsonl")
+    near = {q["id"] for q in both if q["kind"] == "near_topic"}
+    pool = load_evalset(POOL)
+    assert near == {q["id"] for q in pool if {"health", "cooking"} & set(q["topics"])} and len(near) == 15
+    assert {q["id"] for q in both if q["kind"] == "off_topic"} == {q["id"] for q in pool} - near
+    gated_fit = sum(q["kind"] == "off_topic" for q in load_evalset(out / "evals" / "fit.jsonl"))
+    assert (
+        f"{gated_fit} off-topic questions from the pool" in printed and "written near_topic: health, cooking" in printed
+    )
+
+    assert main(["init", str(small_corpus), "--out", str(tmp_path / "other"), "--near-topic", "medicine"]) == 2
+    assert "--near-topic medicine: the pool's topics are coding, cooking" in capsys.readouterr().err

@@ -449,6 +449,7 @@ def cmd_init(args) -> int:
         args.format or "markdown",
         args.judged,
         args.judged_max or JUDGED_MAX,
+        tuple(t.strip() for t in (args.near_topic or "").split(",") if t.strip()),
     )
     print(next_steps(made))
     return 0
@@ -683,6 +684,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a BEIR dataset's judged queries of qrels/SPLIT.tsv as should-answer questions",
     )
     p.add_argument("--judged-max", type=int, metavar="N", help="at most N of them, a seeded sample (default 300)")
+    p.add_argument(
+        "--near-topic", metavar="TOPIC,...", help="the pool's questions of these topics (your domain) as near_topic"
+    )
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("retrain", help="rebuild a trained answer model from its recipe and the repository's files")

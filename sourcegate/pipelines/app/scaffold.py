@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ class Scaffold:
     files: dict[str, Path]
     sections: int
     need: int  # questions of each label the fit set needs (calibration.min_per_label)
-    pool_split: tuple[int, int]  # off-topic questions placed in the fit and the check set
+    pool_split: tuple[int, int]  # the pool's off-topic (gated) questions placed in the fit and the check set
     quarantined: int = 0  # documents the night would set aside too (unreadable, empty, degenerate, ...)
     quarantine_reasons: dict[str, int] | None = None
     judged: tuple[int, int] = (0, 0)  # a BEIR split's judged queries written as should-answer: fit, check
@@ -50,6 +51,8 @@ class Scaffold:
     judged_left_out: int = 0  # judged queries none of whose documents is in the corpus as read
     judged_of: int = 0  # the judged queries a sample was drawn from (0: all were taken)
     splits: tuple[str, ...] = ()  # a BEIR dataset's qrels splits, when none was taken
+    topics: dict[str, int] | None = None  # the pool's questions by topic
+    near_topic: tuple[str, ...] = ()  # topics whose pool questions were written as near_topic (--near-topic)
 
 
 def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfig) -> list[dict]:
@@ -96,6 +99,17 @@ def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
+def pool_questions(near_topic: tuple[str, ...] = ()) -> list[dict]:
+    """The reviewed off-topic pool, a question of a topic in `near_topic` (one the corpus's domain covers) relabelled
+    `near_topic`: scored and reported, not gated. Chosen by topic before any score, never by one."""
+    pool = load_evalset(POOL)
+    known = sorted({t for q in pool for t in q["topics"]})
+    unknown = sorted(set(near_topic) - set(known))
+    if unknown:
+        raise ValueError(f"--near-topic {','.join(unknown)}: the pool's topics are {', '.join(known)}")
+    return [{**q, "kind": "near_topic"} if set(q["topics"]) & set(near_topic) else q for q in pool]
+
+
 def judged_questions(dataset: Path, split: str, doc_ids: set[str]) -> tuple[list[dict], int]:
     """A BEIR split's judged queries as should-answer questions, in the qrels file's order, each expecting the
     documents judged relevant that the corpus holds as read; and how many queries were left out for holding none."""
@@ -121,10 +135,12 @@ def scaffold(
     fmt: str = "markdown",
     judged: str | None = None,
     judged_max: int = JUDGED_MAX,
+    near_topic: tuple[str, ...] = (),
 ) -> Scaffold:
     """Write OUT/pipeline.yaml, OUT/evals/{fit,check,candidates}.jsonl and OUT/sections.tsv; refuse to overwrite.
     `judged` (a BEIR dataset's split): its judged queries are the should-answer questions, alternate ones in the
-    fit and the check set (a seeded sample of `judged_max` when there are more)."""
+    fit and the check set (a seeded sample of `judged_max` when there are more). `near_topic`: the pool's topics the
+    corpus covers (`pool_questions`)."""
     corpus, out = Path(corpus).resolve(), Path(out).resolve()
     config_path = out / "pipeline.yaml"
     if config_path.exists():
@@ -136,7 +152,7 @@ def scaffold(
     sections = corpus_sections(corpus, fmt, work, base)
     if not sections:
         raise ValueError(f"{corpus}: no document could be read (see {work / quarantine.FILE})")
-    pool = load_evalset(POOL)
+    pool = pool_questions(near_topic)
     fit_pool, check_pool = pool[0::2], pool[1::2]  # every other one: the check set's never chose anything
     answers, left_out = judged_questions(corpus, judged, {s["id"] for s in sections}) if judged else ([], 0)
     judged_of = len(answers) if len(answers) > judged_max else 0
@@ -164,12 +180,24 @@ def scaffold(
     )
     need = base.calibration.min_per_label
     set_aside = quarantine.summary(work)
+    gated = tuple(sum(q["kind"] == "off_topic" for q in half) for half in (fit_pool, check_pool))
     files["quarantine"] = work / quarantine.FILE
     return Scaffold(
-        config_path, files, len(sections), need, (len(fit_pool), len(check_pool)), set_aside["total"],
-        set_aside["by_reason"], (len(fit_answers), len(check_answers)), judged, left_out, judged_of,
-        tuple(sorted(p.stem for p in (corpus / "qrels").glob("*.tsv"))) if fmt == "beir" and not judged else (),
-    )  # fmt: skip
+        config=config_path,
+        files=files,
+        sections=len(sections),
+        need=need,
+        pool_split=gated,
+        quarantined=set_aside["total"],
+        quarantine_reasons=set_aside["by_reason"],
+        judged=(len(fit_answers), len(check_answers)),
+        judged_split=judged,
+        judged_left_out=left_out,
+        judged_of=judged_of,
+        splits=tuple(sorted(p.stem for p in (corpus / "qrels").glob("*.tsv"))) if fmt == "beir" and not judged else (),
+        topics=dict(sorted(Counter(t for q in pool for t in q["topics"]).items())),
+        near_topic=tuple(near_topic),
+    )
 
 
 def next_steps(s: Scaffold) -> str:
@@ -210,7 +238,13 @@ def next_steps(s: Scaffold) -> str:
             f"     (section ids: {s.files['sections']}); {s.pool_split[0]} off-topic questions from the pool are"
             + (" already there" if not short else f" there, write {short} more"),
             "     read those against your corpus's domain before any night: one your domain reaches (health questions",
-            '     on a medical corpus) is "kind": "near_topic" (scored and reported, not gated) in both sets',
+            '     on a medical corpus) is "kind": "near_topic" (scored and reported, not gated) in both sets; the pool\'s',
+            f"     topics: {', '.join(f'{t} {n}' for t, n in (s.topics or {}).items())}"
+            + (
+                f"; written near_topic: {', '.join(s.near_topic)}"
+                if s.near_topic
+                else " (init with `--near-topic TOPIC,...` into a new --out writes a whole topic so)"
+            ),
             f"  2. separately and blind (before any score is seen), the check set {check}: should-answer questions",
             "     written the same way; it holds the other half of the pool's off-topic questions",
             f"  3. review {s.files['candidates']}: generated asks that borrow the corpus's names; move the ones",
