@@ -112,3 +112,37 @@ def test_on_auto_the_rule_leaves_the_demo_model_out_and_gates_on_a_signal_this_c
     unseen = next(c for c in gate["checks"] if c["name"] == "answer_model_unseen")
     assert unseen["passed"] and "it does not gate" in unseen["detail"]
     assert "answer.signal is auto" in (runs / "20261202-020000" / "report.html").read_text(encoding="utf-8")
+
+
+def test_init_judged_readies_a_beir_dataset_for_a_judged_first_night(tmp_path):
+    """`init --format beir --judged test` on a SciFact slice that carries its own queries and qrels: the first night
+    is judged (exit 0 or 1, not stopped before scoring) on the sets init wrote, the signal chosen by rule."""
+    qrels: dict[str, list[str]] = {}
+    for line in (SCIFACT / "qrels" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]:
+        query, doc, _ = line.split("\t")
+        qrels.setdefault(query, []).append(doc)
+    chosen = list(qrels)[:40]  # 20 a set: calibration.min_per_label
+    judged = {doc for q in chosen for doc in qrels[q]}
+    data = tmp_path / "data"
+    (data / "qrels").mkdir(parents=True)
+    with (SCIFACT / "corpus.jsonl").open(encoding="utf-8") as fh:
+        lines = [line for line in fh if json.loads(line)["_id"] in judged]
+    (data / "corpus.jsonl").write_text("".join(lines), encoding="utf-8")
+    queries = [line for line in (SCIFACT / "queries.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)]
+    (data / "queries.jsonl").write_text("".join(q for q in queries if json.loads(q)["_id"] in chosen))
+    (data / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q in chosen for d in qrels[q])
+    )
+    out = tmp_path / "mine"
+    assert main(["init", str(data), "--format", "beir", "--judged", "test", "--out", str(out)]) == 0
+    code = main(
+        ["--config", str(out / "pipeline.yaml"), "run", "--no-promote", "--quiet", "--run-id", "20261207-030000"]
+    )
+    assert code in (0, 1)  # judged; a night whose sets do not fit its corpus stops before scoring with 2
+    run = out / "artifacts" / "runs" / "20261207-030000"
+    rows = [json.loads(line) for line in (run / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
+    judged_rows = [(r["set"], r["kind"]) for r in rows if r["label"] == "answer" and r["set"] != "precision"]
+    assert sorted(set(judged_rows)) == [("calibration", "judged"), ("check", "judged")] and len(judged_rows) == 40
+    gate = read(run / "gate.json")
+    assert gate["signal_choice"]["signal"] in ("rerank_top", "cosine_top", "answer_support", "bm25_top")
+    assert read(run / "run.json")["answer_model_corpus"]["scope"] == "generic"  # nothing learned elsewhere
