@@ -12,7 +12,6 @@ from sourcegate.pipelines.app.beir import (
     doc_ranking,
     evaluate_systems,
     index_dataset,
-    load_queries,
     run_beir,
 )
 from sourcegate.pipelines.app.cli import DEFAULT_CONFIG
@@ -41,6 +40,7 @@ from sourcegate.pipelines.app.steps import (
     promote_step,
     validate_step,
 )
+from sourcegate.pipelines.build.beir_queries import load_queries
 from sourcegate.pipelines.config import load as load_config
 from sourcegate.pipelines.release.verdict import embedding_fingerprint
 

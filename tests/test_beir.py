@@ -7,7 +7,8 @@ import uuid
 import pytest
 
 from sourcegate.pipelines import config
-from sourcegate.pipelines.app.beir import load_queries, run_beir, system_rankings
+from sourcegate.pipelines.app.beir import run_beir, system_rankings
+from sourcegate.pipelines.build.beir_queries import load_queries
 from sourcegate.pipelines.retrieval.retriever import Candidate, Retrieval
 from tests.conftest import ROOT, SCIFACT
 

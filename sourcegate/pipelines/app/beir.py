@@ -10,7 +10,6 @@ folder, keyed by the corpus and config, so reruns skip straight to the queries.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import time
@@ -27,29 +26,12 @@ from sourcegate.evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from sourcegate.pipelines import config
 from sourcegate.pipelines.app import factories, steps
 from sourcegate.pipelines.app.run import build
+from sourcegate.pipelines.build.beir_queries import load_queries
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.retrieval.retriever import Retriever
 from sourcegate.pipelines.search.analyzer import ANALYZER_ID
 
 DEPTH = 100  # recall@100 needs lists this deep; top-18 lists would cap the union at 36
-
-
-def load_queries(dataset: Path, split: str = "test") -> tuple[dict[str, str], dict[str, dict[str, int]]]:
-    """The split's judged queries and their judgements (BEIR's layout: queries.jsonl, qrels/<split>.tsv)."""
-    path = dataset / "qrels" / f"{split}.tsv"
-    if not path.is_file():
-        have = sorted(p.stem for p in (dataset / "qrels").glob("*.tsv"))
-        raise FileNotFoundError(f"{path}: no {split!r} split in {dataset} (its qrels: {', '.join(have) or 'none'})")
-    queries = {}
-    for line in (dataset / "queries.jsonl").read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            q = json.loads(line)
-            queries[str(q["_id"])] = q["text"]
-    qrels: dict[str, dict[str, int]] = {}
-    with path.open(encoding="utf-8") as fh:
-        for row in csv.DictReader(fh, delimiter="\t"):
-            qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
-    return {q: queries[q] for q in qrels if q in queries}, qrels
 
 
 def doc_ranking(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str]:

@@ -440,7 +440,7 @@ def train_in_domain(cfg: PipelineConfig, args) -> int:
 
 def cmd_init(args) -> int:
     """Scaffold a new corpus's config and eval sets, and say what to write next."""
-    from sourcegate.pipelines.app.scaffold import JUDGED_MAX, next_steps, scaffold
+    from sourcegate.pipelines.app.scaffold import next_steps, scaffold
 
     made = scaffold(
         load_config(args),
@@ -448,7 +448,7 @@ def cmd_init(args) -> int:
         args.out,
         args.format or "markdown",
         args.judged,
-        args.judged_max or JUDGED_MAX,
+        args.judged_max,
         tuple(t.strip() for t in (args.near_topic or "").split(",") if t.strip()),
     )
     print(next_steps(made))

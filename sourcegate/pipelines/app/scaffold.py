@@ -22,7 +22,7 @@ import yaml
 from sourcegate.evals.evalset import load_evalset
 from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines import models
-from sourcegate.pipelines.build import quarantine
+from sourcegate.pipelines.build import beir_queries, quarantine
 from sourcegate.pipelines.build.chunk import chunk_documents
 from sourcegate.pipelines.build.ingest import ingest
 from sourcegate.pipelines.config import PipelineConfig
@@ -110,12 +110,11 @@ def pool_questions(near_topic: tuple[str, ...] = ()) -> list[dict]:
     return [{**q, "kind": "near_topic"} if set(q["topics"]) & set(near_topic) else q for q in pool]
 
 
-def judged_questions(dataset: Path, split: str, doc_ids: set[str]) -> tuple[list[dict], int]:
+def judged_questions(dataset: Path, split: str, doc_ids: set[str], most: int) -> tuple[list[dict], int, int]:
     """A BEIR split's judged queries as should-answer questions, in the qrels file's order, each expecting the
-    documents judged relevant that the corpus holds as read; and how many queries were left out for holding none."""
-    from sourcegate.pipelines.app.beir import load_queries  # here: the beir command's imports cost init half a second
-
-    queries, qrels = load_queries(dataset, split)
+    documents judged relevant that the corpus holds as read; at most `most` (a seeded sample, in the file's order).
+    Also how many were left out for holding no such document, and how many a sample was drawn from (0: no sample)."""
+    queries, qrels = beir_queries.load_queries(dataset, split)
     rows, left_out = [], 0
     for qid, text in queries.items():
         expected = [doc for doc, relevance in qrels[qid].items() if relevance > 0 and doc in doc_ids]
@@ -125,7 +124,9 @@ def judged_questions(dataset: Path, split: str, doc_ids: set[str]) -> tuple[list
         rows.append(
             {"id": f"{split}-{qid}", "question": text, "label": "answer", "expected": expected, "kind": "judged"}
         )
-    return rows, left_out
+    if len(rows) <= most:
+        return rows, left_out, 0
+    return [rows[i] for i in sorted(random.Random(SEED).sample(range(len(rows)), most))], left_out, len(rows)
 
 
 def scaffold(
@@ -134,12 +135,12 @@ def scaffold(
     out: str | Path,
     fmt: str = "markdown",
     judged: str | None = None,
-    judged_max: int = JUDGED_MAX,
+    judged_max: int | None = None,
     near_topic: tuple[str, ...] = (),
 ) -> Scaffold:
     """Write OUT/pipeline.yaml, OUT/evals/{fit,check,candidates}.jsonl and OUT/sections.tsv; refuse to overwrite.
     `judged` (a BEIR dataset's split): its judged queries are the should-answer questions, alternate ones in the
-    fit and the check set (a seeded sample of `judged_max` when there are more). `near_topic`: the pool's topics the
+    fit and the check set (a seeded sample of `judged_max`, default JUDGED_MAX, when there are more). `near_topic`: the pool's topics the
     corpus covers (`pool_questions`)."""
     corpus, out = Path(corpus).resolve(), Path(out).resolve()
     config_path = out / "pipeline.yaml"
@@ -154,10 +155,10 @@ def scaffold(
         raise ValueError(f"{corpus}: no document could be read (see {work / quarantine.FILE})")
     pool = pool_questions(near_topic)
     fit_pool, check_pool = pool[0::2], pool[1::2]  # every other one: the check set's never chose anything
-    answers, left_out = judged_questions(corpus, judged, {s["id"] for s in sections}) if judged else ([], 0)
-    judged_of = len(answers) if len(answers) > judged_max else 0
-    if judged_of:  # a sample, kept in the file's order
-        answers = [answers[i] for i in sorted(random.Random(SEED).sample(range(len(answers)), judged_max))]
+    doc_ids = {s["id"] for s in sections}  # a BEIR document is one section, named by its doc id
+    answers, left_out, judged_of = (
+        judged_questions(corpus, judged, doc_ids, judged_max or JUDGED_MAX) if judged else ([], 0, 0)
+    )
     fit_answers, check_answers = answers[0::2], answers[1::2]
     files = {
         "config": config_path,
@@ -194,7 +195,7 @@ def scaffold(
         judged_split=judged,
         judged_left_out=left_out,
         judged_of=judged_of,
-        splits=tuple(sorted(p.stem for p in (corpus / "qrels").glob("*.tsv"))) if fmt == "beir" and not judged else (),
+        splits=tuple(beir_queries.splits(corpus)) if fmt == "beir" and not judged else (),
         topics=dict(sorted(Counter(t for q in pool for t in q["topics"]).items())),
         near_topic=tuple(near_topic),
     )
