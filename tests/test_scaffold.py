@@ -3,6 +3,7 @@ by rule, eval sets pre-filled from the reviewed off-topic pool (fit and check ha
 apart for review, and a first night that stops before scoring while the sets cannot judge it (exit 2, what to write)."""
 
 import json
+from pathlib import Path
 
 import yaml
 
@@ -42,6 +43,25 @@ def test_init_scaffolds_a_corpus_and_its_first_night_says_what_to_write(small_co
     runs = list((out / "artifacts" / "runs").iterdir())
     assert len(runs) == 1 and not (runs[0] / "chunks.parquet").exists()  # stopped before embedding
     assert not (out / "artifacts" / "LIVE").exists()
+
+
+def test_init_writes_one_config_wherever_it_runs_and_holds_only_off_topic_to_the_gap(
+    small_corpus, tmp_path, monkeypatch, capsys
+):
+    """Run in the repository (where the demo's config/pipeline.yaml is) or in a folder of one's own, init starts from
+    the same defaults. Run elsewhere it once gated near-topic questions too, against what it tells the user."""
+    repo = Path(__file__).resolve().parents[1]
+    written = {}
+    for where in (repo, tmp_path):
+        monkeypatch.chdir(where)
+        out = tmp_path / f"from-{where.name}"
+        assert main(["init", str(small_corpus), "--out", str(out)]) == 0
+        written[where] = (out / "pipeline.yaml").read_text(encoding="utf-8").replace(str(out), "OUT")
+    capsys.readouterr()
+    assert written[repo] == written[tmp_path]
+    cfg = config.load(tmp_path / f"from-{tmp_path.name}" / "pipeline.yaml")
+    assert cfg.calibration.gate_decline_kinds == ["off_topic"]  # near_topic and borrowing: scored and reported
+    assert cfg.answer.strong_signal == "rerank_top"  # `sourced`: the cross-encoder's probability, on any corpus
 
 
 def test_init_never_overwrites_a_config(small_corpus, tmp_path, capsys):

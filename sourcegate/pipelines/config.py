@@ -169,7 +169,9 @@ class Answer(Section):
         "on any corpus)",
     )
     strong_signal: GatingSignal | None = Field(
-        None, description="the signal `sourced` rests on (null: `signal`); on its own scale"
+        "rerank_top",
+        description="the signal `sourced` rests on (null: `signal`), on its own scale: the cross-encoder's "
+        "probability by default, which means the same on any corpus (docs/decisions/0004-answer-modes-split.md)",
     )
     strong: Number = number(0.5, ">= strong (on `strong_signal`): sourced")
     adjacent: Number = number(0.14, ">= adjacent: adjacent; below: `below`")
@@ -268,7 +270,11 @@ class Calibration(Section):
     promise_coverage: Number = number(0.99, "the keep rate the report says how many questions would need", gt=0, lt=1)
     promise_confidence: Number = number(0.95, "... claimed at this confidence", gt=0, lt=1)
     min_per_label: int = Field(20, description="fewer questions of a gated label than this: too few to claim a gap")
-    gate_decline_kinds: list[str] = Field([], description="should-decline kinds held to the gap; [] = all")
+    gate_decline_kinds: list[str] = Field(
+        ["off_topic"],
+        description="should-decline kinds held to the gap ([] = all): near-topic asks overlap every signal measured "
+        "(docs/calibration.md), so they are scored and reported, not gated",
+    )
 
 
 class Regression(Section):

@@ -32,7 +32,9 @@ ALL_SIGNALS_HELP = (
 OPENSEARCH_CLIENT_LOGGER = "opensearch"  # opensearch-py's per-request log (a warning with a traceback per failure)
 
 
-def load_config(args) -> PipelineConfig:
+def load_config(args, default: str | None = DEFAULT_CONFIG) -> PipelineConfig:
+    """The config of `--config`, else `default` when it exists (the repository's), else the defaults; with the
+    command line's overrides."""
     overrides = {}
     for attr, key in (
         ("backend", "backend.kind"),
@@ -50,7 +52,7 @@ def load_config(args) -> PipelineConfig:
         if not sep or not key:
             raise config_mod.ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. retrieval.rrf_k=10")
         overrides[key.strip()] = yaml.safe_load(value)  # typed as in the YAML file: 10, 0.6, null, [a, b]
-    path = args.config if args.config or not Path(DEFAULT_CONFIG).exists() else DEFAULT_CONFIG
+    path = args.config or (default if default and Path(default).exists() else None)
     return config_mod.load(path, overrides)
 
 
@@ -442,8 +444,9 @@ def cmd_init(args) -> int:
     """Scaffold a new corpus's config and eval sets, and say what to write next."""
     from sourcegate.pipelines.app.scaffold import next_steps, scaffold
 
+    # From the defaults wherever it runs, never the repository's demo config: one config for a new corpus.
     made = scaffold(
-        load_config(args),
+        load_config(args, default=None),
         args.corpus_dir,
         args.out,
         args.format or "markdown",
