@@ -141,6 +141,27 @@ def test_a_gating_signal_that_could_not_be_computed_is_said_first_and_exits_2():
     assert decide(Retrieval("q", [], [], False, {"answer_support": 0.5}), proven).applied
 
 
+def test_unproven_answers_with_what_a_failed_night_chose_when_the_config_is_the_one_it_ran_with():
+    """Under `answer.signal: auto` the config names no signal: the night chose one and placed its threshold, and a
+    verdict that did not pass still records that choice. --unproven answers with it; with another config, with the
+    config as it is, and an `auto` nothing chose is declined saying so (it once said "could not be computed")."""
+    auto = config.replace(SHIPPED, {"answer.signal": "auto"})
+    night = decision.proven(auto, {"shipped": {"signal": "cosine_top", "threshold": 0.4}})
+    failed = {"passed": False, "decision": night}
+    assert decision.unproven(failed, auto) == (night, "the decision its night chose")
+    used, basis = decision.unproven(failed, config.replace(auto, {"answer.strong": 0.9}))
+    assert basis == "the config as it is" and (used["signal"], used["strong"]) == ("auto", 0.9)
+    answer = decide(Retrieval("q", [], [], False, {"rerank_top": 0.9, "cosine_top": 0.8}), used)
+    assert answer.mode == "decline" and not answer.applied
+    assert cli.query_notice(Serving(None, used, "g.json", ["it did not pass"], 0, basis), answer) == (
+        "UNPROVEN: answered with the config as it is, not a proven decision: it did not pass | NOT APPLIED: the "
+        "decision could not be applied: its gating signal is `auto`, which only a night chooses, and no verdict of "
+        "this version records a choice, so the question is declined"
+    )
+    answer = decide(Retrieval("q", [], [], False, {"rerank_top": 0.9, "cosine_top": 0.8}), night)
+    assert answer.applied and answer.mode == "sourced"  # the night's cosine_top at 0.4, sourced on rerank_top
+
+
 # --- a live version with a real verdict -------------------------------------------------------------------------
 
 
@@ -276,7 +297,7 @@ def test_a_run_without_a_passed_verdict_is_served_only_unproven(served, capsys):
     assert query(served, "--index", run, options=strict) == 2
     assert f"the verdict at {run}/gate.json did not pass" in capsys.readouterr().err
     assert query(served, "--index", run, "--unproven", options=strict) == 0
-    assert capsys.readouterr().out.startswith("UNPROVEN: ")
+    assert capsys.readouterr().out.startswith("UNPROVEN: answered with the decision its night chose, ")
 
 
 @pytest.mark.models

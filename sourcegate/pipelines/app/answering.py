@@ -55,13 +55,15 @@ def query_notice(serving, answer) -> str | None:
     signal missing (a decline that measured nothing)."""
     notes = []
     if serving.overridden:
-        notes.append(
-            "UNPROVEN: answered with the config as it is, not a proven decision: " + "; ".join(serving.overridden)
-        )
+        basis = serving.unproven_basis or "the config as it is"
+        notes.append(f"UNPROVEN: answered with {basis}, not a proven decision: " + "; ".join(serving.overridden))
     if not answer.applied:
         decision = "the decision" if serving.overridden else f"the proven decision ({serving.proven_by})"
-        notes.append(
-            f"NOT APPLIED: {decision} could not be applied: its gating signal {serving.decision['signal']} could "
-            "not be computed (see the log, -v), so the question is declined"
+        signal = serving.decision["signal"]
+        why = (
+            "its gating signal is `auto`, which only a night chooses, and no verdict of this version records a choice"
+            if signal == "auto"
+            else f"its gating signal {signal} could not be computed (see the log, -v)"
         )
+        notes.append(f"NOT APPLIED: {decision} could not be applied: {why}, so the question is declined")
     return " | ".join(notes) or None

@@ -117,14 +117,16 @@ def retriever_for(cfg: PipelineConfig, searcher, required: bool = True, wanted: 
 @dataclass
 class Serving:
     """What answers a query: the retriever, the decision `answer.decide` applies, the verdict it was proven by,
-    what differs from that verdict's decision (empty unless answering `unproven`, which serves the config), and
-    how many text vectors the verdict's night lent (its bound text_vectors.parquet; 0: every text is encoded)."""
+    what differs from that verdict's decision (empty unless answering `unproven`), what an unproven answer uses
+    (`decision.unproven`), and how many text vectors the verdict's night lent (its bound text_vectors.parquet; 0:
+    every text is encoded)."""
 
     retriever: object
     decision: dict
     proven_by: str
     overridden: list[str] = field(default_factory=list)
     kept_vectors: int = 0
+    unproven_basis: str = ""
 
 
 def verdict_of(cfg: PipelineConfig, version: str) -> tuple[dict | None, str]:
@@ -144,7 +146,8 @@ def serving_for(
 
     The version is opened (and verified) first; then a config value or a model on disk that differs from the
     decision, or a version without a passed verdict, is refused (decision.NotProven) unless `unproven`, which
-    answers with the config as it is and lists what differs. A question computes the signals the decision reads
+    answers with the config as it is (or the decision a failed verdict's night chose with that config) and lists
+    what differs. A question computes the signals the decision reads
     (its gating and strong signals, and the cheap ones beside them); `all_signals`: every signal a night measures."""
     from sourcegate.evals.answer_modes import signals_read
     from sourcegate.pipelines.retrieval.retriever import ENCODED_SIGNALS
@@ -167,8 +170,9 @@ def serving_for(
         decision, overridden = {}, [str(exc)]
     if overridden and not unproven:
         raise decisions.refusal(where, overridden)
+    basis = ""
     if overridden:
-        decision = decisions.proven(cfg, None)  # the config as it is, proven by nothing
+        decision, basis = decisions.unproven(gate, cfg)
     loading = preload_cross_encoders(cfg)  # only for a version that can be served
     get_embedder(cfg.embedding)  # torch's import and the bi-encoder, beside the cross-encoders' sessions
     loading.join()
@@ -182,7 +186,7 @@ def serving_for(
             lent = kept_text_vectors(retriever, gate, Path(tmp))
     else:
         lent = kept_text_vectors(retriever, gate, Path(where).parent)
-    return Serving(retriever, decision, where, overridden, lent)
+    return Serving(retriever, decision, where, overridden, lent, basis)
 
 
 def preload_cross_encoders(cfg: PipelineConfig) -> threading.Thread:

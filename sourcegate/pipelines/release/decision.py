@@ -106,6 +106,16 @@ def of_verdict(gate: Mapping | None, where: str) -> dict:
     return dict(gate["decision"])
 
 
+def unproven(gate: Mapping | None, cfg: PipelineConfig) -> tuple[dict, str]:
+    """What `--unproven` answers with, and how to name it: the decision a verdict that did not pass records, when
+    the config is the one its night ran with (under `answer.signal: auto` the night chose the signal and placed its
+    threshold, which the config alone names neither of); else the config as it is."""
+    recorded = (gate or {}).get("decision")
+    if recorded and not mismatches(recorded, cfg):
+        return dict(recorded), "the decision its night chose"
+    return proven(cfg, None), "the config as it is"
+
+
 def shown(value) -> str:
     if value is None:
         return "null"
