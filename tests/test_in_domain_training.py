@@ -245,10 +245,13 @@ def test_the_bi_encoder_finds_a_fit_question_asked_in_other_words_and_drop_judge
 
 
 @pytest.mark.models
-def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_they_were_made(demo_index, tmp_path):
+def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_they_were_made(
+    demo_index, tmp_path, recwarn, caplog
+):
     import pyarrow.parquet as pq
 
     from sourcegate.pipelines.app.factories import answer_scorer_for, retriever_for
+    from sourcegate.pipelines.training.export import BENIGN, PREPROCESS_HINT
     from sourcegate.pipelines.training.in_domain import leave_out_judged, train_in_domain
     from sourcegate.pipelines.training.synthetic_pairs import pseudo_queries
 
@@ -279,6 +282,9 @@ def test_a_model_trained_on_questions_made_from_the_corpus_alone_records_how_the
     assert len(recipe["trained_on"]) == 4 and asked["question"].lower() not in recipe["trained_on_questions"]
     model = answer_scorer_for(str(out))
     assert model.trained_on == frozenset(recipe["trained_on"]) and recipe["steps"] == 1
+    # the exporters' notes that do not apply to this model are not shown to the user (they once looked like faults)
+    assert not [w for w in recwarn if str(w.message).startswith(BENIGN)]
+    assert PREPROCESS_HINT not in caplog.text
 
 
 def test_train_in_domain_wants_labelled_sets_or_synthetic_questions(tmp_path, capsys):

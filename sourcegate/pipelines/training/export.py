@@ -7,8 +7,11 @@ word-embedding table a model shares with the packaged cross-encoder (answer_supp
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,32 @@ def _configure_tokenizer(tk, max_length: int = MAX_LENGTH):
     tk.no_padding()
     tk.enable_truncation(max_length=max_length, strategy="only_second")
     return tk
+
+
+# What the exporters say on every export of this model, none of which applies to it (a user reading a training's
+# output took them for faults): the tracer fixes the attention mask's padding branch, which one unpadded pair per run
+# never takes; BERT indexes with no negative index; the quantiser suggests shape inference for image models.
+BENIGN = ("Converting a tensor to a Python boolean", "Exporting aten::index operator of advanced indexing")
+PREPROCESS_HINT = "Please consider to run pre-processing before quantization"
+
+
+class _WithoutHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(PREPROCESS_HINT)
+
+
+@contextmanager
+def _quiet_exporters():
+    """The BENIGN warnings and the quantiser's hint left out; every other warning is shown."""
+    hint = _WithoutHint()
+    logging.getLogger().addFilter(hint)
+    try:
+        with warnings.catch_warnings():
+            for message in BENIGN:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        logging.getLogger().removeFilter(hint)
 
 
 def export_fp32(model_dir: str | os.PathLike, out_path: str | os.PathLike, max_length: int = MAX_LENGTH) -> dict:
@@ -50,7 +79,7 @@ def export_fp32(model_dir: str | os.PathLike, out_path: str | os.PathLike, max_l
     dummy = tuple(torch.ones((2, 16), dtype=torch.int64) for _ in INPUT_NAMES)
     dyn = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
     dyn["logits"] = {0: "batch"}
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporters():
         torch.onnx.export(
             wrapper,
             dummy,
@@ -83,7 +112,8 @@ def export_int8(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fp32_path = Path(fp32_path) if fp32_path else out_path.with_name("model.fp32.onnx")
     exported = export_fp32(model_dir, fp32_path, max_length)
-    quantize_dynamic(str(fp32_path), str(out_path), weight_type=QuantType.QInt8, per_channel=per_channel)
+    with _quiet_exporters():
+        quantize_dynamic(str(fp32_path), str(out_path), weight_type=QuantType.QInt8, per_channel=per_channel)
     if fp32_path.parent != out_path.parent:
         (out_path.parent / TOKENIZER_NAME).write_bytes((fp32_path.parent / TOKENIZER_NAME).read_bytes())
     return {
