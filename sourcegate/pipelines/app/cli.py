@@ -436,7 +436,11 @@ def train_in_domain(cfg: PipelineConfig, args) -> int:
             f"made from the corpus: {made['pseudo_queries']} inverse-cloze questions from {made['sections']} sections, "
             f"{made['borrowing']} asks borrowing its names, {len(made['left_out'])} left out as copies of judged ones"
         )
-    print(f"use it: --set answerability.answer_model_path={out}")
+    where = args.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else "your config")
+    print(
+        f"use it: answerability.answer_model_path: {out.resolve()} in {where} (or --set); under answer.signal: auto "
+        "a night gates on it only where the rule chooses it on the fit set"
+    )
     return 0
 
 
