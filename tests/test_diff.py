@@ -101,3 +101,22 @@ def test_report_section_since_the_live_version_escapes_and_lists_crossed_first(r
     assert "3 of 5 questions moved; 1 crossed a threshold" in page
     assert "question q2 &lt;b&gt;?" in page and "<b>?" not in page
     assert page.index("calibration/q2") < page.index("calibration/d1")
+
+
+def test_scores_of_two_gating_signals_are_never_subtracted(tmp_path, capsys):
+    """Under `answer.signal: auto` a night may gate on another signal than the night before: its scores are on
+    another scale, so only modes and ranks are compared, and the diff and the report say the signal changed."""
+    from sourcegate.evals.report import render_report
+
+    a = write_run(tmp_path / "a", [row("q1", 0.9, "sourced"), row("q2", 0.4, "adjacent")])
+    later = [row("q1", 0.31, "sourced"), row("q2", 0.2, "decline")]
+    b = write_run(tmp_path / "b", [{**r, "gating_signal": "cosine_top"} for r in later])
+    d = diff_runs(a, b)
+    assert d["signal_changed"] and d["signals"] == {"a": ["rerank_top"], "b": ["cosine_top"]}
+    assert [r["id"] for r in d["moved"]] == ["q2"]  # q1: same mode and rank; 0.9 and 0.31 are not comparable
+    assert d["moved"][0]["delta"] is None and d["by_kind"]["calibration/single"]["mean_delta"] is None
+    text = format_diff(d)
+    assert "gating signal changed: rerank_top -> cosine_top" in text
+    assert "score rerank_top 0.4 -> cosine_top 0.2 (-)" in text
+    page = render_report({"n": {"answer": 2, "decline": 0}, "signals": {}}, None, {"passed": True, "checks": []}, {}, d)
+    assert "The gating signal changed: rerank_top → cosine_top" in page

@@ -19,17 +19,22 @@ _COLUMNS = (
 )
 _JOIN = f"""
 WITH a AS (SELECT * FROM read_json($a, format = 'newline_delimited', columns = {_COLUMNS})),
-     b AS (SELECT * FROM read_json($b, format = 'newline_delimited', columns = {_COLUMNS}))
+     b AS (SELECT * FROM read_json($b, format = 'newline_delimited', columns = {_COLUMNS})),
+     j AS (
 SELECT coalesce(b.set, a.set) AS set, coalesce(b.id, a.id) AS id, coalesce(b.kind, a.kind) AS kind,
        coalesce(b.label, a.label) AS label, coalesce(b.question, a.question) AS question,
-       a.gating_score AS score_a, b.gating_score AS score_b, b.gating_score - a.gating_score AS delta,
+       a.gating_signal AS signal_a, b.gating_signal AS signal_b,
+       a.gating_score AS score_a, b.gating_score AS score_b,
+       -- two scores are compared only on one signal: under answer.signal auto a night may choose another
+       CASE WHEN a.gating_signal = b.gating_signal THEN b.gating_score - a.gating_score END AS delta,
        a.mode AS mode_a, b.mode AS mode_b, a.labelled_rank AS rank_a, b.labelled_rank AS rank_b,
        a.id IS NULL AS only_b, b.id IS NULL AS only_a,
        a.mode IS DISTINCT FROM b.mode AS crossed,
-       a.gating_score IS DISTINCT FROM b.gating_score OR a.labelled_rank IS DISTINCT FROM b.labelled_rank
-         OR a.mode IS DISTINCT FROM b.mode AS moved
-FROM a FULL OUTER JOIN b ON a.set = b.set AND a.id = b.id
-ORDER BY crossed DESC, abs(coalesce(delta, 0)) DESC, set, id
+       a.id IS NULL OR b.id IS NULL OR a.labelled_rank IS DISTINCT FROM b.labelled_rank
+         OR a.mode IS DISTINCT FROM b.mode
+         OR (a.gating_signal = b.gating_signal AND a.gating_score IS DISTINCT FROM b.gating_score) AS moved
+FROM a FULL OUTER JOIN b ON a.set = b.set AND a.id = b.id)
+SELECT * FROM j ORDER BY crossed DESC, abs(coalesce(delta, 0)) DESC, set, id
 """
 
 
@@ -55,10 +60,13 @@ def diff_runs(run_a: str | os.PathLike, run_b: str | os.PathLike) -> dict[str, A
     finally:
         con.close()
     moved = [r for r in rows if r["moved"]]
+    signals = {side: sorted({r[f"signal_{side}"] for r in rows if r[f"signal_{side}"]}) for side in "ab"}
     return {
         "a": str(run_a),
         "b": str(run_b),
         "n": len(rows),
+        "signals": signals,  # each run's gating signal: scores are compared only where they are one
+        "signal_changed": signals["a"] != signals["b"],
         "crossed": [r for r in moved if r["crossed"]],
         "moved": moved,
         "by_kind": _by_kind(rows),
@@ -86,9 +94,23 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def _scored(row: dict[str, Any], side: str) -> str:
+    """A run's gating score, named by its signal when the two runs' signals differ."""
+    signal = row[f"signal_{side}"] if row["signal_a"] != row["signal_b"] and row[f"signal_{side}"] else ""
+    return f"{signal} {_num(row[f'score_{side}'])}".lstrip()
+
+
+def signal_change(diff: dict[str, Any]) -> str:
+    """The line saying the runs gated on different signals, whose scores are not compared."""
+    a, b = (", ".join(diff["signals"][side]) or "-" for side in "ab")
+    return f"gating signal changed: {a} -> {b}; scores on different signals are not compared (modes and ranks are)"
+
+
 def format_diff(diff: dict[str, Any], limit: int = 50) -> str:
     """Plain text for the terminal: crossed questions, then the other moves, then per kind."""
     lines = [f"{diff['a']} -> {diff['b']}: {len(diff['moved'])} of {diff['n']} questions moved"]
+    if diff.get("signal_changed"):
+        lines.append(signal_change(diff))
     for title, rows in (
         ("crossed a threshold (answer mode changed)", diff["crossed"]),
         ("score or rank moved", [r for r in diff["moved"] if not r["crossed"]]),
@@ -96,8 +118,8 @@ def format_diff(diff: dict[str, Any], limit: int = 50) -> str:
         lines.append(f"\n{title}: {len(rows)}")
         for r in rows[:limit]:
             lines.append(
-                f"  {r['set']}/{r['id']} [{r['kind']}, {r['label']}] score {_num(r['score_a'])} -> "
-                f"{_num(r['score_b'])} ({_num(r['delta'])}), mode {r['mode_a'] or '-'} -> {r['mode_b'] or '-'}, "
+                f"  {r['set']}/{r['id']} [{r['kind']}, {r['label']}] score {_scored(r, 'a')} -> "
+                f"{_scored(r, 'b')} ({_num(r['delta'])}), mode {r['mode_a'] or '-'} -> {r['mode_b'] or '-'}, "
                 f"labelled rank {r['rank_a'] or '-'} -> {r['rank_b'] or '-'}"
             )
         if len(rows) > limit:
