@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from sourcegate.pipelines import config
+from sourcegate.pipelines.app.cli import main
 
 
 def test_shipped_config_loads_with_every_key(tmp_path):
@@ -55,6 +56,15 @@ def test_bad_config_is_a_clear_error_naming_the_key(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(config.ConfigError, match=re.escape(message)):
         config.load(path)
+
+
+def test_a_config_that_is_not_yaml_is_one_line_naming_where(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text("corpus:\n  path: [unclosed\n")
+    assert main(["--config", str(path), "run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: not valid YAML: while parsing a flow sequence" in err
+    assert "expected ',' or ']', but got '<stream end>' at line 3, column 1" in err
 
 
 def test_overrides_use_dotted_keys():

@@ -338,10 +338,17 @@ def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = N
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
     return _validated(PipelineConfig, raw, overrides)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error on one line, as every exit-2 message is: what, and where (line and column, from 1)."""
+    mark = getattr(exc, "problem_mark", None)
+    what = " ".join(filter(None, (getattr(exc, "context", None), getattr(exc, "problem", None)))) or str(exc)
+    return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark else " ".join(what.split())
 
 
 M = TypeVar("M", bound=BaseModel)
