@@ -112,8 +112,6 @@ def test_config_schema_command_prints_the_schema_the_shipped_config_satisfies(ca
     import jsonschema
     import yaml
 
-    from sourcegate.pipelines.app.cli import main
-
     assert main(["config-schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     jsonschema.Draft202012Validator.check_schema(schema)
