@@ -12,6 +12,8 @@ from sourcegate.evals.evalset import load_evalset, question_key
 from sourcegate.pipelines.versions.manifest import sha256_file
 from tests.promotable import promotable_config
 
+ROOT = Path(__file__).resolve().parents[1]
+
 RIDERS = "config/evals/riders.jsonl"
 
 
@@ -206,6 +208,37 @@ def test_near_duplicates_are_copies_or_a_word_or_two_away_and_nothing_else():
     found = near_duplicates(items, others)
     assert [(a, b) for a, b, _ in found] == [("copy", "o-1"), ("near", "o-1"), ("turns", "o-2")]
     assert found[0][2] == 1.0 and 0.8 <= found[1][2] < 1.0
+
+
+def test_near_duplicates_find_what_difflib_pair_by_pair_finds():
+    """The numpy bounds let through every pair difflib's own bounds let through, so the finds are the same: the
+    fit set and the training sets of the shipped model, each reworded a little, plus empty and one-letter texts."""
+    import difflib
+    import random
+
+    from sourcegate.evals.evalset import NEAR, load_evalset, near_duplicates, question_text
+
+    def pair_by_pair(items, others):
+        found = []
+        for item in items:
+            for other in others:
+                score = difflib.SequenceMatcher(None, question_text(other), question_text(item), autojunk=False)
+                if score.real_quick_ratio() >= NEAR and score.quick_ratio() >= NEAR and score.ratio() >= NEAR:
+                    found.append((item["id"], other["id"], round(score.ratio(), 3)))
+                    break
+        return found
+
+    rng = random.Random(13)
+    others = [
+        q for name in ("riders.jsonl", "riders-train.jsonl") for q in load_evalset(ROOT / "config" / "evals" / name)
+    ]
+    fit = load_evalset(ROOT / "config" / "evals" / "calibration.jsonl")
+    reworded = [{**q, "id": f"r-{q['id']}", "question": q["question"].replace(" the ", " a ", 1)} for q in others]
+    odd = [{"id": "empty", "question": ""}, {"id": "one", "question": "a"}, {"id": "é", "question": "Übergang?"}]
+    items = fit + rng.sample(reworded, 150) + odd
+    found = near_duplicates(items, others + odd[:2])
+    assert found == pair_by_pair(items, others + odd[:2])
+    assert len(found) > 150 and ("empty", "empty", 1.0) in found
 
 
 def test_paraphrases_are_the_nearest_other_at_or_over_the_bar_and_read_the_conversation():

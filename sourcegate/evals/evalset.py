@@ -79,19 +79,44 @@ NEAR = 0.8  # difflib ratio at which two questions are one reworded (the bar the
 
 def near_duplicates(items: list[dict], others: list[dict], ratio: float = NEAR) -> list[tuple[str, str, float]]:
     """(item id, other id, ratio) for each item whose text is within `ratio` of an other's (the first such
-    other, in order): an exact copy under a new id, or the same question reworded by a word or two."""
-    texts = [(o["id"], question_text(o)) for o in others]
+    other, in order): an exact copy under a new id, or the same question reworded by a word or two.
+
+    difflib's two cheap upper bounds of the ratio (lengths, then shared characters) are computed for every pair at
+    once with numpy, as difflib computes them (2.0 * matches / length, the same floats); only the pairs both let
+    through are matched. A night asks this of its fit and check sets against every question its answer model
+    trained on (the demo's fit and precision sets against the shipped model's 1,176: 3.5 s pair by pair, 1.9 s so;
+    9,844 of the 548,016 pairs pass both bounds)."""
+    texts = [question_text(o) for o in others]
+    asked = [question_text(item) for item in items]
+    if not texts or not asked:
+        return []
+    alphabet = {ch: i for i, ch in enumerate(sorted(set("".join(texts + asked))))}
+    other_counts, other_lengths = _char_counts(texts, alphabet)
+    item_counts, item_lengths = _char_counts(asked, alphabet)
     found = []
-    for item in items:
-        matcher = difflib.SequenceMatcher(None, "", question_text(item), autojunk=False)
-        for other_id, text in texts:
-            matcher.set_seq1(text)  # seq2 (the item) keeps its index across the others
-            if matcher.real_quick_ratio() >= ratio and matcher.quick_ratio() >= ratio:  # cheap upper bounds first
-                score = matcher.ratio()
-                if score >= ratio:
-                    found.append((item["id"], other_id, round(score, 3)))
-                    break
+    for item, text, counts, length in zip(items, asked, item_counts, item_lengths):
+        total = (length + other_lengths).astype(np.float64)
+        shared = np.minimum(counts, other_counts).sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):  # two empty texts: difflib's ratio is 1.0
+            real_quick = np.where(total > 0, 2.0 * np.minimum(length, other_lengths) / total, 1.0)
+            quick = np.where(total > 0, 2.0 * shared / total, 1.0)
+        matcher = difflib.SequenceMatcher(None, "", text, autojunk=False)
+        for j in np.flatnonzero((real_quick >= ratio) & (quick >= ratio)):
+            matcher.set_seq1(texts[j])  # seq2 (the item) keeps its index across the others
+            score = matcher.ratio()
+            if score >= ratio:
+                found.append((item["id"], others[j]["id"], round(score, 3)))
+                break
     return found
+
+
+def _char_counts(texts: list[str], alphabet: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each text's count of each character of `alphabet`, and its length."""
+    counts = np.zeros((len(texts), len(alphabet)), dtype=np.int64)
+    for row, text in enumerate(texts):
+        for ch in text:
+            counts[row, alphabet[ch]] += 1
+    return counts, counts.sum(axis=1)
 
 
 PARAPHRASE = 0.8  # bi-encoder cosine at which two questions are one ask in other words (docs/calibration.md)
