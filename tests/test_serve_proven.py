@@ -86,6 +86,41 @@ def test_a_config_value_or_a_model_on_disk_that_differs_is_named_with_both_value
     assert decision.mismatches(proven, own) == [f"answer model fingerprint: {was} (proven) vs missing (on disk)"]
 
 
+def test_a_model_whose_signal_an_answer_does_not_compute_is_not_part_of_what_is_served(tmp_path):
+    """A version gating (and sourcing) on rerank_top answers the same whatever answer model or combiner the config
+    names, since a query computes only the decision's signals: naming tomorrow's model for the next night does not
+    stop today's version being served. With every signal computed (--all-signals), or a decision that reads them,
+    they are compared as before."""
+    on_rerank = config.replace(SHIPPED, {"answer.signal": "rerank_top", "answer.adjacent": 0.3})
+    proven = decision.proven(on_rerank, None)
+    model = tmp_path / "tomorrow"
+    shutil.copytree(ROOT / "models" / "answer_support", model)
+    tomorrow = config.replace(
+        on_rerank,
+        {
+            "answerability.answer_model_path": str(model),
+            "answerability.answer_passages": 3,
+            "answerability.combiner": None,
+        },
+    )
+    assert decision.mismatches(proven, tomorrow, frozenset({"rerank_top"})) == []
+    every = decision.mismatches(proven, tomorrow)
+    assert [m.split(":")[0] for m in every] == [
+        "answerability.answer_passages",
+        "answer model fingerprint",
+        "answerability combiner sha256",
+    ]
+    assert [
+        m.split(":")[0] for m in decision.mismatches(proven, tomorrow, frozenset({"rerank_top", "answer_support"}))
+    ] == [
+        "answerability.answer_passages",
+        "answer model fingerprint",
+    ]
+    assert decision.mismatches(
+        proven, config.replace(tomorrow, {"answer.adjacent": 0.4}), frozenset({"rerank_top"})
+    ) == ["answer.adjacent: 0.3 (proven) vs 0.4 (config)"]
+
+
 def test_a_verdict_that_failed_or_records_no_decision_proves_nothing_to_serve():
     with pytest.raises(decision.NotProven, match="no gate verdict at x"):
         decision.of_verdict(None, "x")

@@ -165,7 +165,7 @@ def serving_for(
         gate, where = verdict_of(cfg, live)
     try:
         decision = decisions.of_verdict(gate, where)
-        overridden = decisions.mismatches(decision, cfg)
+        overridden = decisions.mismatches(decision, cfg, None if all_signals else signals_read(decision))
     except decisions.NotProven as exc:
         decision, overridden = {}, [str(exc)]
     if overridden and not unproven:

@@ -122,15 +122,39 @@ def shown(value) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
-def mismatches(decision: Mapping, cfg: PipelineConfig) -> list[str]:
+# The config keys of a model that only some signals read: an answer that computes none of them does not use it.
+ANSWER_MODEL_KEYS = ("answerability.answer_support", "answerability.answer_model_path", "answerability.answer_passages")
+COMBINER_KEYS = ("answerability.combiner",)
+
+
+def unread(computed: frozenset[str] | None) -> set[str]:
+    """What an answer computing the signals `computed` (None: every one) does not use: "answer model" unless it
+    computes `answer_support` (or the combiner, which may read it), "combiner" unless it computes `answerability`."""
+    skip = set()
+    if computed is not None and not {"answer_support", "answerability"} & computed:
+        skip.add("answer model")
+    if computed is not None and "answerability" not in computed:
+        skip.add("combiner")
+    return skip
+
+
+def mismatches(decision: Mapping, cfg: PipelineConfig, computed: frozenset[str] | None = None) -> list[str]:
     """Each config value and model on disk that differs from the proven decision, as "field: proven vs now".
 
     A reranker missing on disk is not one: at query time the reranker is a preference (its failure leaves the
-    fused order); a different reranker is."""
+    fused order); a different reranker is. `computed`: the signals an answer computes (None: every one); a model
+    none of them reads is not part of the answer, so its keys and fingerprint are not compared (a config naming
+    tomorrow's answer model still serves today's version, which gates on `rerank_top`, exactly as proven)."""
+    skip = unread(computed)
+    ignored = {
+        *LOCATIONS,
+        *(ANSWER_MODEL_KEYS if "answer model" in skip else ()),
+        *(COMBINER_KEYS if "combiner" in skip else ()),
+    }
     found = [
         f"{key}: {shown(value)} (proven) vs {shown(config_value(cfg, key))} (config)"
         for key, value in (decision.get("configured") or {}).items()
-        if key not in LOCATIONS and config_value(cfg, key) != value
+        if key not in ignored and config_value(cfg, key) != value
     ]
     now = on_disk(cfg)
     models = {  # what: (proven, on disk now)
@@ -147,6 +171,8 @@ def mismatches(decision: Mapping, cfg: PipelineConfig) -> list[str]:
     }
     for what, (was, is_now) in models.items():
         if what == "reranker fingerprint" and is_now is None:  # missing: the fused order, like any reranker failure
+            continue
+        if what.startswith("answer model") and "answer model" in skip or "combiner" in what and "combiner" in skip:
             continue
         if was != is_now:
             found.append(f"{what}: {shown(was)} (proven) vs {shown(is_now or 'missing')} (on disk)")
