@@ -81,13 +81,14 @@ def judging(cfg: PipelineConfig) -> Judging:
     )
 
 
-def open_store(cfg: PipelineConfig, root: str | Path | None = None):
+def open_store(cfg: PipelineConfig, root: str | Path | None = None, progress: bool = False):
     """The config's index store. `root`: the local artifacts folder the steps work in, when it is not
-    `cfg.artifacts` (a scratch folder staged from an object store: sourcegate/pipelines/app/staging.py)."""
+    `cfg.artifacts` (a scratch folder staged from an object store: sourcegate/pipelines/app/staging.py).
+    `progress`: a bar while OpenSearch loads (a quiet run and a DAG task show none)."""
     if cfg.backend.kind == "opensearch":
         from sourcegate.pipelines.search.opensearch import OpenSearchStore
 
-        return OpenSearchStore.from_config(cfg)
+        return OpenSearchStore.from_config(cfg, progress=progress)
     from sourcegate.pipelines.search.embedded import EmbeddedStore
 
     if root is None and is_remote(cfg.artifacts):  # serving from an object store: versions cached locally, verified

@@ -24,7 +24,7 @@ def build(run: RunFolder, cfg: PipelineConfig, progress: bool = False, shards: i
     stats = [steps.embed_step(run, cfg.embedding, s, shards, progress=progress) for s in range(shards)]
     encoded = steps.merge_step(run, cfg.embedding, stats)
     steps.validate_step(run)
-    indexed = steps.load_step(run, cfg)
+    indexed = steps.load_step(run, cfg, progress=progress)
     quarantined = run.info()["quarantine"]["total"]  # every step's
     return {"ingest": counts, "encoded": encoded, "indexed": indexed, "quarantined": quarantined}
 

@@ -246,16 +246,16 @@ def live_chunks(run: RunFolder, store) -> Path | None:
 
 
 @locked("load")
-def load_step(run: RunFolder, cfg: PipelineConfig, full: bool = False) -> int:
+def load_step(run: RunFolder, cfg: PipelineConfig, full: bool = False, progress: bool = False) -> int:
     """Load this run's index version; a complete one (a rerun) is reused if built from the same inputs,
-    refused otherwise, and never rebuilt (not even when it is live).
+    refused otherwise, and never rebuilt (not even when it is live). `progress`: OpenSearch's load bar.
 
     On OpenSearch the version is built from the live one (clone + the night's delta) when it can,
     unless `full`; run.json's `load` records the mode, the reason and the delta's counts.
     """
     run_id = run.run_id
     inputs = version_inputs(cfg, run)
-    store = open_store(cfg, run.root)
+    store = open_store(cfg, run.root, progress=progress)
     with run.timed("load"):
         existing = store.manifest(run_id)
         if existing is not None:
