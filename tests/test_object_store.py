@@ -48,6 +48,19 @@ def test_uri_and_environment_parsing():
     assert endpoint_from_env(env | {"AWS_ENDPOINT_URL_S3": "https://s3.local"})["endpoint_override"] == "s3.local"
 
 
+def test_a_run_is_named_by_its_id_or_by_the_folder_or_uri_a_night_printed():
+    from sourcegate.pipelines.app.cli import run_id_of
+
+    for named in (
+        "20261207-123435",
+        "artifacts/runs/20261207-123435",
+        "s3://b/sg/runs/20261207-123435/",
+        "runs/20261207-123435",
+    ):
+        assert run_id_of(named) == "20261207-123435"
+    assert run_id_of("s3://b/sg/20261207-123435") == "s3://b/sg/20261207-123435"  # not a run folder: refused later
+
+
 def test_write_once_refuses_other_bytes_and_keeps_same_bytes(tmp_path):
     store = local_store(tmp_path)
     src = tmp_path / "a.bin"
@@ -488,7 +501,8 @@ def test_accept_reads_a_run_on_the_store(nights, tmp_path):
     (tmp_path / "sets.yaml").write_text("sets:\n" + "".join(f"  - file: {f}\n    role: {r}\n" for f, r in roles))
     moves = [f"evals.check_moves={tmp_path / 'check_moves.jsonl'}"]
     overrides = [f"{key}={copy}" for key, copy in sets.items()] + moves + [f"answerability.combiner={fitted}"]
-    args = [a for o in overrides for a in ("--set", o)] + ["accept", nights.first, "--artifacts", nights.uri]
+    printed = f"{nights.uri}/runs/{nights.first}"  # the run as the night printed it (`artifacts: s3://…/runs/<id>`)
+    args = [a for o in overrides for a in ("--set", o)] + ["accept", printed, "--artifacts", nights.uri]
     work = tmp_path / "work"
     work.mkdir()
     out = sourcegate([*args, "--out", str(baseline)], nights.env, work, nights.config)
@@ -513,7 +527,7 @@ def test_rollback_on_the_store_is_verified_logged_and_promote_goes_forward_again
     assert n.store.get("LIVE").decode().strip() == n.first
     logged = [json.loads(n.store.get(k)) for k in sorted(n.store.listing("promotions/"))]
     assert len(logged) == records + 1 and logged[-1]["kind"] == "rollback" and logged[-1]["version"] == n.first
-    forward = sourcegate(["promote", "outage-night", "--artifacts", n.uri], n.env, tmp_path, n.config)
+    forward = sourcegate(["promote", f"{n.uri}/runs/outage-night", "--artifacts", n.uri], n.env, tmp_path, n.config)
     assert forward.returncode == 0, forward.stderr[-3000:]
     assert n.store.get("LIVE").decode().strip() == "outage-night"
     assert len(n.store.listing("promotions/")) == records + 2

@@ -32,6 +32,12 @@ ALL_SIGNALS_HELP = (
 OPENSEARCH_CLIENT_LOGGER = "opensearch"  # opensearch-py's per-request log (a warning with a traceback per failure)
 
 
+def run_id_of(named: str) -> str:
+    """A run as a user names it: its id, or the folder or URI a night printed (`<artifacts>/runs/<id>`)."""
+    parent, _, last = named.rstrip("/").rpartition("/")
+    return last if parent == rf.RUNS or parent.endswith("/" + rf.RUNS) else named
+
+
 def load_config(args, default: str | None = DEFAULT_CONFIG) -> PipelineConfig:
     """The config of `--config`, else `default` when it exists (the repository's), else the defaults; with the
     command line's overrides."""
@@ -203,6 +209,8 @@ def cmd_accept(args) -> int:
     if not remote and not args.artifacts and Path(args.run).resolve().parent.name == rf.RUNS:  # lock <artifacts>
         cfg = config_mod.replace(cfg, {"artifacts": str(Path(args.run).resolve().parent.parent)})
     config_path = Path(args.config) if args.config else Path(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).exists() else None
+    if remote:
+        args.run = run_id_of(args.run)
     reads = staging.reading((rf.PRECISION, rf.CALIBRATION), args.run) if remote else staging.Reads()
     with staging.locked_staged(cfg, f"sourcegate accept {args.run}", None, reads) as local:
         run = RunFolder(local, args.run).path if remote else Path(args.run)
@@ -311,9 +319,9 @@ def cmd_promote(args) -> int:
     from sourcegate.pipelines.app.steps import promote_step
 
     cfg = load_config(args)
-    reads = staging.STEP_READS["promote"]
-    with staging.locked_staged(cfg, f"sourcegate promote {args.run}", args.run, reads) as local:
-        version = promote_step(RunFolder(local, args.run), cfg, actor=args.actor)
+    reads, run_id = staging.STEP_READS["promote"], run_id_of(args.run)
+    with staging.locked_staged(cfg, f"sourcegate promote {run_id}", run_id, reads) as local:
+        version = promote_step(RunFolder(local, run_id), cfg, actor=args.actor)
     print(f"live index: {version}")
     return 0
 
@@ -353,9 +361,10 @@ def cmd_diff(args) -> int:
     if cfg is None or not is_remote(cfg.artifacts):
         diff = diff_runs(args.run_a, args.run_b)
     else:
-        reads = staging.reading((rf.QUESTIONS,), args.run_a, args.run_b)
+        run_a, run_b = run_id_of(args.run_a), run_id_of(args.run_b)
+        reads = staging.reading((rf.QUESTIONS,), run_a, run_b)
         with staging.staged(cfg, reads=reads, publish_after=False) as local:
-            a, b = RunFolder(local, args.run_a), RunFolder(local, args.run_b)
+            a, b = RunFolder(local, run_a), RunFolder(local, run_b)
             diff = diff_runs(a.path, b.path)
             diff |= {"a": a.published(), "b": b.published()}
     print(json.dumps(diff, indent=2, sort_keys=True) if args.json else format_diff(diff))
