@@ -108,11 +108,20 @@ def test_nightly_embed_is_mapped_over_shards(dagbag):
 def test_nightly_params(dagbag):
     params = dagbag.dags["sourcegate_nightly"].params
     assert params["config"] == "config/pipeline.yaml"
-    assert params["corpus"] == "corpus/demo"
-    assert params["backend"] == "embedded"
+    assert params["corpus"] is None and params["backend"] is None  # the config file's, whichever file it is
     assert params["full_rebuild"] is False
     assert params["shards"] == 2
-    assert params.get_param("backend").schema["enum"] == ["embedded", "opensearch"]
+    assert params.get_param("backend").schema["enum"] == [None, "embedded", "opensearch"]
+
+
+def test_a_run_of_another_config_keeps_its_corpus_and_backend_unless_a_param_says_otherwise(common, tmp_path):
+    """The UI once pre-filled corpus/demo and the demo's backend: a run of a user's config indexed the demo."""
+    own = tmp_path / "mine.yaml"
+    own.write_text("corpus:\n  path: /data/help-centre\nbackend:\n  kind: opensearch\n")
+    cfg = common.config_of({"config": str(own), "backend": None, "corpus": None})
+    assert (cfg.corpus.path, cfg.backend.kind) == ("/data/help-centre", "opensearch")
+    cfg = common.config_of({"config": str(own), "backend": "embedded", "corpus": "corpus/demo"})
+    assert (cfg.corpus.path, cfg.backend.kind) == (str(ROOT / "corpus" / "demo"), "embedded")
 
 
 def test_retries_and_asset_outlet(dagbag):

@@ -160,7 +160,7 @@ def default_config() -> config_mod.PipelineConfig:
     return config_mod.load(path)
 
 
-_DEFAULTS = default_config()
+default_config()  # a project folder without its config fails here, at parse time, naming SOURCEGATE_HOME
 
 
 def config_params() -> dict:
@@ -172,11 +172,12 @@ def config_params() -> dict:
             title="config file",
             description="pipeline config; a relative path is resolved against the project root",
         ),
-        "backend": Param(
-            _DEFAULTS.backend.kind,
-            enum=sorted(config_mod.CHOICES["backend.kind"]),
+        "backend": Param(  # empty: the config file's, so a run of another config file keeps that file's backend
+            None,
+            type=["null", "string"],
+            enum=[None, *sorted(config_mod.CHOICES["backend.kind"])],
             title="search backend",
-            description="overrides the config's backend.kind",
+            description="overrides the config's backend.kind (empty: the config file's)",
         ),
     }
 
@@ -184,11 +185,12 @@ def config_params() -> dict:
 def nightly_params() -> dict:
     return {
         **config_params(),
-        "corpus": Param(
-            _DEFAULTS.corpus.path,
-            type="string",
+        "corpus": Param(  # empty: the config file's (a default here would index the demo under another config)
+            None,
+            type=["null", "string"],
             title="corpus",
-            description="corpus folder (overrides the config's corpus.path; relative: against the project root)",
+            description="corpus folder (overrides the config's corpus.path; relative: against the project root; "
+            "empty: the config file's)",
         ),
         "full_rebuild": Param(
             False,
@@ -212,8 +214,14 @@ def nightly_params() -> dict:
 
 def cfg() -> config_mod.PipelineConfig:
     """The run's config: the `config` param's file with the run's param overrides, paths absolute."""
-    params = get_current_context()["params"]
-    overrides = {"backend.kind": params["backend"]}
+    return config_of(get_current_context()["params"])
+
+
+def config_of(params: dict) -> config_mod.PipelineConfig:
+    """The `config` param's file with the params that are set (backend, corpus) over it, paths absolute."""
+    overrides = {}
+    if params.get("backend"):
+        overrides["backend.kind"] = params["backend"]
     if params.get("corpus"):
         overrides["corpus.path"] = absolute(params["corpus"])
     return load_config(params["config"], overrides)
