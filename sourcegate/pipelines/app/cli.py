@@ -209,12 +209,11 @@ def cmd_accept(args) -> int:
     if not remote and not args.artifacts and Path(args.run).resolve().parent.name == rf.RUNS:  # lock <artifacts>
         cfg = config_mod.replace(cfg, {"artifacts": str(Path(args.run).resolve().parent.parent)})
     config_path = Path(args.config) if args.config else Path(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).exists() else None
-    if remote:
-        args.run = run_id_of(args.run)
-    reads = staging.reading((rf.PRECISION, rf.CALIBRATION), args.run) if remote else staging.Reads()
-    with staging.locked_staged(cfg, f"sourcegate accept {args.run}", None, reads) as local:
-        run = RunFolder(local, args.run).path if remote else Path(args.run)
-        source = args.run if remote else str(run)
+    named = run_id_of(args.run) if remote else args.run  # on a bucket, a run id
+    reads = staging.reading((rf.PRECISION, rf.CALIBRATION), named) if remote else staging.Reads()
+    with staging.locked_staged(cfg, f"sourcegate accept {named}", None, reads) as local:
+        run = RunFolder(local, named).path if remote else Path(named)
+        source = named if remote else str(run)
         if not (args.out or cfg.evals.baseline):
             raise ValueError("evals.baseline is null (none accepted yet): say where to write it with --out PATH")
         out = Path(args.out or cfg.evals.baseline)
