@@ -59,3 +59,25 @@ def test_a_malformed_or_missing_set_and_a_missing_baseline_are_named(tmp_path):
     missing.write_text("{}")
     with pytest.raises(PreflightError, match="the accepted baseline is empty"):
         preflight(*sections(fit, baseline=str(missing)), CHUNKS)
+
+
+def test_a_label_whose_document_the_night_set_aside_names_the_document_and_why(tmp_path):
+    """A labelled article that became empty (or unreadable) is not a stale label: the night says the document was
+    set aside and why, so the data engineer fixes the document rather than relabelling the question."""
+    from sourcegate.pipelines.build.quarantine import documents
+
+    rows = [
+        {"source": "stops/ferry.md", "reason": "empty body", "stage": "ingest"},
+        {"source": "corpus.jsonl:7", "reason": "not valid JSON", "stage": "ingest"},  # a BEIR line: no id known
+        {"source": "x.md", "doc_id": "front-matter-id", "reason": "degenerate document: …", "stage": "chunk"},
+    ]
+    aside = documents(rows)
+    assert aside == {"stops:ferry": "empty body", "front-matter-id": "degenerate document: …"}
+    gone = {"id": "g-1", "question": "q?", "label": "answer", "expected": ["gone"]}
+    fit = write(tmp_path / "fit.jsonl", answers(3, "stops:ferry#times") + [gone] + declines(3))
+    with pytest.raises(PreflightError) as err:
+        preflight(*sections(fit), CHUNKS, aside)
+    text = str(err.value)
+    assert "a-0 expects 'stops:ferry#times', whose document was set aside tonight (empty body)" in text
+    assert "g-1 expects 'gone', which is not in the corpus" in text
+    assert "fix the documents set aside (the run's quarantine.jsonl), or label each question" in text

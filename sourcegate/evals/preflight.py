@@ -35,10 +35,16 @@ def _label_counts(items: Sequence[Mapping], decline_kinds: Sequence[str]) -> tup
 
 
 def set_problems(
-    role: str, path: str | None, chunks: list[dict], need: int | None = None, decline_kinds: Sequence[str] = ()
+    role: str,
+    path: str | None,
+    chunks: list[dict],
+    need: int | None = None,
+    decline_kinds: Sequence[str] = (),
+    set_aside: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """What keeps one eval set from judging this corpus: unreadable, labels naming no section of it, and for the fit
-    set (`need` set) fewer than `need` should-answer or gated should-decline questions."""
+    """What keeps one eval set from judging this corpus: unreadable, labels naming no section of it (or a document
+    the night set aside: `set_aside`, {doc id: reason}), and for the fit set (`need` set) fewer than `need`
+    should-answer or gated should-decline questions."""
     if path is None:
         return []
     try:
@@ -46,13 +52,15 @@ def set_problems(
     except EvalSetError as exc:
         return [f"the {role} set: {exc}"]
     found = []
-    unknown = check_labels(items, chunks, str(path))
+    unknown = check_labels(items, chunks, str(path), dict(set_aside or {}))
     if unknown:
         shown = "; ".join(u.split(": ", 1)[1] for u in unknown[:SHOW])
         more = f" and {len(unknown) - SHOW} more" if len(unknown) > SHOW else ""
+        fix = "label each question with a doc id or doc#section of this corpus"
+        if any("set aside tonight" in u for u in unknown):
+            fix = f"fix the documents set aside (the run's quarantine.jsonl), or {fix}"
         found.append(
-            f"the {role} set {path}: {len(unknown)} label(s) name nothing in this corpus ({shown}{more}); "
-            "label each question with a doc id or doc#section of this corpus"
+            f"the {role} set {path}: {len(unknown)} label(s) name nothing in this corpus ({shown}{more}); {fix}"
         )
     if need:
         answer, gated = _label_counts(items, decline_kinds)
@@ -84,13 +92,14 @@ def baseline_problems(path: str | None) -> list[str]:
     return []
 
 
-def preflight(evals, calibration, chunks: list[dict]) -> None:
+def preflight(evals, calibration, chunks: list[dict], set_aside: Mapping[str, str] | None = None) -> None:
     """Raise PreflightError naming every problem of the configured eval sets and baseline (`evals` and
-    `calibration`: the config's sections, read by attribute) against this version's chunks."""
+    `calibration`: the config's sections, read by attribute) against this version's chunks (`set_aside`: the
+    documents its night quarantined, {doc id: reason})."""
     kinds = list(calibration.gate_decline_kinds or [])
-    problems = set_problems("fit", evals.calibration_set, chunks, calibration.min_per_label, kinds)
-    problems += set_problems("check", evals.check_set, chunks)
-    problems += set_problems("precision", evals.precision_set, chunks)
+    problems = set_problems("fit", evals.calibration_set, chunks, calibration.min_per_label, kinds, set_aside)
+    problems += set_problems("check", evals.check_set, chunks, set_aside=set_aside)
+    problems += set_problems("precision", evals.precision_set, chunks, set_aside=set_aside)
     problems += baseline_problems(evals.baseline)
     if problems:
         listed = "\n".join(f"  - {p}" for p in problems)

@@ -414,7 +414,8 @@ def check_eval_sets(cfg: PipelineConfig, chunks_parquet: Path) -> None:
     """The eval sets fit the corpus in `chunks_parquet` and the baseline is there, or PreflightError (exit 2)
     before anything is scored (sourcegate/evals/preflight.py)."""
     sections = pq.read_table(chunks_parquet, columns=["doc_id", "section_id"]).to_pylist()
-    preflight(cfg.evals, cfg.calibration, sections)
+    set_aside = quarantine.documents(quarantine.read(chunks_parquet.parent))  # the version's own night's
+    preflight(cfg.evals, cfg.calibration, sections, set_aside)
 
 
 def answer_model_corpus(cfg: PipelineConfig, chunks_parquet: Path) -> dict | None:

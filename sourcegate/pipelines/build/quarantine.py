@@ -29,6 +29,24 @@ def write_stage(folder: str | Path, stage: str, rows: list[dict]) -> Path:
     return write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in lines), Path(folder) / FILE)
 
 
+def documents(rows: list[dict]) -> dict[str, str]:
+    """{doc id: reason} of the set-aside documents whose id is known: recorded (chunk, duplicates) or made from a
+    corpus file's path as ingest makes it (a front-matter id of a document that could not be read stays unknown)."""
+    from sourcegate.pipelines.build.doc_ids import HostileName, id_from_path
+
+    found = {}
+    for r in rows:
+        doc_id = r.get("doc_id")
+        if doc_id is None and r.get("source") and ":" not in Path(r["source"]).name:  # not a BEIR file:line
+            try:
+                doc_id = id_from_path(Path(r["source"]).as_posix())
+            except HostileName:
+                continue
+        if doc_id:
+            found.setdefault(doc_id, r["reason"])
+    return found
+
+
 def reason_counts(rows: list[dict]) -> dict:
     """{reason kind: count}; the kind is the reason up to its first ':' or ' (' (details vary per row)."""
     out: dict[str, int] = {}
