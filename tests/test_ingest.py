@@ -239,3 +239,29 @@ def test_a_corpus_with_nothing_hidden_skips_nothing(tmp_path):
     result = ingest(DEMO, tmp_path)
     assert result.counts["skipped"] == 0 and result.counts["skipped_reasons"] == {}
     assert result.counts["documents"] + result.counts["quarantined"] == every_file_under(DEMO)
+
+
+def test_a_file_is_no_markdown_corpus(tmp_path):
+    article = tmp_path / "refunds.md"
+    article.write_text("# Refunds\n\nRefunds take five days.\n")
+    with pytest.raises(NotADirectoryError, match="is a file: a corpus is a folder of Markdown or HTML articles"):
+        ingest(article, tmp_path / "out")
+
+
+def test_a_night_on_a_corpus_that_gives_no_document_stops_naming_what_its_files_became(tmp_path, capsys):
+    """An unmounted or emptied corpus folder is never indexed: exit 2 at ingest, with run.json's counts and the
+    quarantine written first (it used to run on and fail the eval sets' labels, blaming them)."""
+    from sourcegate.pipelines.app.cli import main
+
+    corpus = tmp_path / "mounted"
+    corpus.mkdir()
+    (corpus / "notes.txt").write_text("not an article")
+    (corpus / "empty.md").write_text("# Title only\n")
+    artifacts = tmp_path / "artifacts"
+    code = main(["run", "--corpus", str(corpus), "--artifacts", str(artifacts), "--run-id", "r1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"EmptyCorpus during ingest: {corpus}: no document read: 2 file(s) quarantined, see " in err
+    info = json.loads((artifacts / "runs" / "r1" / "run.json").read_text())
+    assert info["counts"]["ingest"]["documents"] == 0 and info["quarantine"]["total"] == 2
+    assert not (artifacts / "LIVE").exists()

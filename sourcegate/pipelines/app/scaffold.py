@@ -24,7 +24,7 @@ from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines import models
 from sourcegate.pipelines.build import beir_queries, quarantine
 from sourcegate.pipelines.build.chunk import chunk_documents
-from sourcegate.pipelines.build.ingest import ingest
+from sourcegate.pipelines.build.ingest import empty_corpus, ingest
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.home import home
 from sourcegate.pipelines.training.decline_candidates import borrowing_candidates, sections_of_chunks
@@ -58,7 +58,10 @@ class Scaffold:
 def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfig) -> list[dict]:
     """The corpus's sections as the night will cut them: doc id, section id, title, heading and text. What the night
     would set aside (ingest and chunk) is set aside here too, with its reasons in `work`'s quarantine file."""
-    documents = ingest(corpus, work, fmt=fmt, max_doc_bytes=cfg.corpus.max_doc_bytes).documents
+    read = ingest(corpus, work, fmt=fmt, max_doc_bytes=cfg.corpus.max_doc_bytes)
+    if not read.counts["documents"]:
+        raise empty_corpus(corpus, read.counts, read.quarantine)
+    documents = read.documents
     tok = models.tokenizer(str(models.embedding_model_path(cfg.embedding.model_path)))
     chunking = cfg.chunking
     rows = chunk_documents(
@@ -151,8 +154,8 @@ def scaffold(
     (out / "evals").mkdir(parents=True, exist_ok=True)
     work = out / "artifacts" / "init"
     sections = corpus_sections(corpus, fmt, work, base)
-    if not sections:
-        raise ValueError(f"{corpus}: no document could be read (see {work / quarantine.FILE})")
+    if not sections:  # every document read was degenerate (ingest raises for a corpus that gave none)
+        raise ValueError(f"{corpus}: no document could be chunked (see {work / quarantine.FILE})")
     pool = pool_questions(near_topic)
     fit_pool, check_pool = pool[0::2], pool[1::2]  # every other one: the check set's never chose anything
     doc_ids = {s["id"] for s in sections}  # a BEIR document is one section, named by its doc id

@@ -31,7 +31,7 @@ from sourcegate.pipelines.app.factories import get_embedder, judging, open_store
 from sourcegate.pipelines.build import embed_backends, quarantine
 from sourcegate.pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
 from sourcegate.pipelines.build.embed import embed_shard, merge_shards
-from sourcegate.pipelines.build.ingest import ingest
+from sourcegate.pipelines.build.ingest import empty_corpus, ingest
 from sourcegate.pipelines.build.validate import validate_chunks
 from sourcegate.pipelines.config import Chunking, Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision, runs, verdict
@@ -120,6 +120,8 @@ def ingest_step(run: RunFolder, cfg: PipelineConfig, corpus: str | None = None, 
         counts={"ingest": result.counts},
         quarantine=quarantine.summary(folder),
     )
+    if not result.counts["documents"]:  # recorded first: run.json and quarantine.jsonl say what the files became
+        raise empty_corpus(corpus or cfg.corpus.path, result.counts, folder / rf.QUARANTINE)
     return result.counts
 
 

@@ -63,6 +63,20 @@ class Rejected(Exception):
     """A document that goes to quarantine; the message is the reason."""
 
 
+class EmptyCorpus(ValueError):
+    """A corpus that gave no document: an empty or unmounted folder is never indexed (exit 2, with its counts)."""
+
+
+def empty_corpus(source: str | Path, counts: dict, quarantine: Path) -> EmptyCorpus:
+    """The error for a corpus that gave no document, with what its files became instead."""
+    became = [f"{counts['quarantined']} file(s) quarantined, see {quarantine}"] if counts["quarantined"] else []
+    became += [f"{counts['skipped']} skipped"] if counts["skipped"] else []
+    return EmptyCorpus(
+        f"{source}: no document read: {', '.join(became) or 'no article file in it'}. An empty or unmounted "
+        "corpus folder is never indexed"
+    )
+
+
 @dataclass(frozen=True)
 class Skipped:
     """Corpus entries the walker does not read, by design rather than fault (docs/ingest.md "What is read"):
@@ -95,6 +109,8 @@ def ingest(
     source, out_dir = Path(source), Path(out_dir)
     if not source.exists():
         raise FileNotFoundError(f"corpus source not found: {source}")
+    if fmt == "markdown" and not source.is_dir():
+        raise NotADirectoryError(f"corpus source {source} is a file: a corpus is a folder of Markdown or HTML articles")
     out_dir.mkdir(parents=True, exist_ok=True)
     reader = read_corpus_folder if fmt == "markdown" else read_beir_corpus
     rejected: list[dict] = []
