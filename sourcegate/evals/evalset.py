@@ -168,15 +168,11 @@ def check_labels(
     """Expected ids that name nothing in the corpus: a stale label is an error, not a zero. `set_aside`: {doc id:
     reason} of documents the night quarantined, named as such (the document is to fix, not the label)."""
     known = {c["doc_id"] for c in chunks} | {f"{c['doc_id']}#{c['section_id']}" for c in chunks}
-    aside = set_aside or {}
+
+    def missing(label: str) -> str:
+        reason = (set_aside or {}).get(label.split("#")[0])
+        return f"whose document was set aside tonight ({reason})" if reason else "which is not in the corpus"
+
     return [
-        f"{source}: {it['id']} expects {e!r}, "
-        + (
-            f"whose document was set aside tonight ({aside[e.split('#')[0]]})"
-            if e.split("#")[0] in aside
-            else "which is not in the corpus"
-        )
-        for it in items
-        for e in it["expected"]
-        if e not in known
+        f"{source}: {it['id']} expects {e!r}, {missing(e)}" for it in items for e in it["expected"] if e not in known
     ]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sourcegate.artifact_io import run_folder as rf
 from sourcegate.artifact_io import write_text
+from sourcegate.pipelines.build.doc_ids import HostileName, id_from_path
 
 FILE = rf.QUARANTINE
 
@@ -32,8 +33,6 @@ def write_stage(folder: str | Path, stage: str, rows: list[dict]) -> Path:
 def documents(rows: list[dict]) -> dict[str, str]:
     """{doc id: reason} of the set-aside documents whose id is known: recorded (chunk, duplicates) or made from a
     corpus file's path as ingest makes it (a front-matter id of a document that could not be read stays unknown)."""
-    from sourcegate.pipelines.build.doc_ids import HostileName, id_from_path
-
     found = {}
     for r in rows:
         doc_id = r.get("doc_id")
