@@ -265,3 +265,16 @@ def test_a_night_on_a_corpus_that_gives_no_document_stops_naming_what_its_files_
     info = json.loads((artifacts / "runs" / "r1" / "run.json").read_text())
     assert info["counts"]["ingest"]["documents"] == 0 and info["quarantine"]["total"] == 2
     assert not (artifacts / "LIVE").exists()
+
+
+def test_a_night_never_writes_inside_the_corpus_it_reads(small_corpus, tmp_path, capsys):
+    """Artifacts (or init's --out) inside the corpus folder: the next night would ingest its own reports as
+    articles. Refused before anything is read, and init leaves nothing behind."""
+    from sourcegate.pipelines.app.cli import main
+
+    with pytest.raises(ValueError, match="is inside the corpus folder"):
+        ingest(small_corpus, small_corpus / "artifacts" / "runs" / "r1")
+    before = sorted(p.name for p in small_corpus.iterdir())
+    assert main(["init", str(small_corpus), "--out", str(small_corpus / "sourcegate")]) == 2
+    assert "is inside the corpus folder" in capsys.readouterr().err
+    assert sorted(p.name for p in small_corpus.iterdir()) == before

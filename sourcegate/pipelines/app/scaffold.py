@@ -151,9 +151,9 @@ def scaffold(
         raise FileExistsError(f"{config_path} exists: init writes a new corpus's files and never overwrites them")
     if judged and fmt != "beir":
         raise ValueError(f"--judged {judged}: judged queries come from a BEIR dataset's qrels (--format beir)")
-    (out / "evals").mkdir(parents=True, exist_ok=True)
     work = out / "artifacts" / "init"
-    sections = corpus_sections(corpus, fmt, work, base)
+    sections = corpus_sections(corpus, fmt, work, base)  # first: a corpus it refuses leaves nothing written
+    (out / "evals").mkdir(parents=True, exist_ok=True)
     if not sections:  # every document read was degenerate (ingest raises for a corpus that gave none)
         raise ValueError(f"{corpus}: no document could be chunked (see {work / quarantine.FILE})")
     pool = pool_questions(near_topic)

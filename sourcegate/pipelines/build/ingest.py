@@ -111,6 +111,11 @@ def ingest(
         raise FileNotFoundError(f"corpus source not found: {source}")
     if fmt == "markdown" and not source.is_dir():
         raise NotADirectoryError(f"corpus source {source} is a file: a corpus is a folder of Markdown or HTML articles")
+    if fmt == "markdown" and out_dir.resolve().is_relative_to(source.resolve()):
+        raise ValueError(
+            f"{out_dir} is inside the corpus folder {source}: the next night would read its own files (config, eval "
+            "sets, reports) as articles; keep the artifacts folder (and init's --out) outside the corpus"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     reader = read_corpus_folder if fmt == "markdown" else read_beir_corpus
     rejected: list[dict] = []
