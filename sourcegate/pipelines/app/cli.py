@@ -38,9 +38,13 @@ def run_id_of(named: str) -> str:
     return last if parent == rf.RUNS or parent.endswith("/" + rf.RUNS) else named
 
 
+def config_file(args, default: str | None = DEFAULT_CONFIG) -> str | None:
+    """The config file a command reads: `--config`, else `default` when it exists (the repository's), else none."""
+    return args.config or (default if default and Path(default).exists() else None)
+
+
 def load_config(args, default: str | None = DEFAULT_CONFIG) -> PipelineConfig:
-    """The config of `--config`, else `default` when it exists (the repository's), else the defaults; with the
-    command line's overrides."""
+    """The config of `config_file` (none: the defaults), with the command line's overrides."""
     overrides = {}
     for attr, key in (
         ("backend", "backend.kind"),
@@ -58,8 +62,7 @@ def load_config(args, default: str | None = DEFAULT_CONFIG) -> PipelineConfig:
         if not sep or not key:
             raise config_mod.ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. retrieval.rrf_k=10")
         overrides[key.strip()] = yaml.safe_load(value)  # typed as in the YAML file: 10, 0.6, null, [a, b]
-    path = args.config or (default if default and Path(default).exists() else None)
-    return config_mod.load(path, overrides)
+    return config_mod.load(config_file(args, default), overrides)
 
 
 def cmd_run(args) -> int:
@@ -208,7 +211,7 @@ def cmd_accept(args) -> int:
     remote = is_remote(cfg.artifacts)
     if not remote and not args.artifacts and Path(args.run).resolve().parent.name == rf.RUNS:  # lock <artifacts>
         cfg = config_mod.replace(cfg, {"artifacts": str(Path(args.run).resolve().parent.parent)})
-    config_path = Path(args.config) if args.config else Path(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).exists() else None
+    config_path = Path(path) if (path := config_file(args)) else None
     named = run_id_of(args.run) if remote else args.run  # on a bucket, a run id
     reads = staging.reading((rf.PRECISION, rf.CALIBRATION), named) if remote else staging.Reads()
     with staging.locked_staged(cfg, f"sourcegate accept {named}", None, reads) as local:
@@ -444,7 +447,7 @@ def train_in_domain(cfg: PipelineConfig, args) -> int:
             f"made from the corpus: {made['pseudo_queries']} inverse-cloze questions from {made['sections']} sections, "
             f"{made['borrowing']} asks borrowing its names, {len(made['left_out'])} left out as copies of judged ones"
         )
-    where = args.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else "your config")
+    where = config_file(args) or "your config"
     print(
         f"use it: answerability.answer_model_path: {out.resolve()} in {where} (or --set); under answer.signal: auto "
         "a night gates on it only where the rule chooses it on the fit set"
