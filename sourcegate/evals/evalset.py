@@ -26,7 +26,11 @@ def load_evalset(path: str | Path) -> list[dict]:
     if not path.exists():
         raise EvalSetError(f"{path}: eval set not found")
     items, seen = [], set()
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark (Notepad writes one) is no content
+    except UnicodeDecodeError as exc:
+        raise EvalSetError(f"{path}: not UTF-8 (byte {exc.start}); save the file as UTF-8") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

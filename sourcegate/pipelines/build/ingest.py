@@ -477,6 +477,8 @@ def _short(value, limit: int = 80) -> str:
 
 # --- BEIR corpus.jsonl ------------------------------------------------------------
 
+BOM = "\ufeff".encode()
+
 
 def read_beir_corpus(source: Path, max_doc_bytes: int):
     """Yield (corpus.jsonl:line, document | Rejected). `source` is the dataset folder or the file."""
@@ -484,6 +486,8 @@ def read_beir_corpus(source: Path, max_doc_bytes: int):
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             origin = f"{path.name}:{lineno}"
+            if lineno == 1:
+                raw = raw.removeprefix(BOM)  # a file saved by a Windows tool: its first document is no less a document
             if not raw.strip():
                 continue
             try:

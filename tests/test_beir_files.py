@@ -1,0 +1,78 @@
+"""A BEIR dataset's files as other hands write them: a byte-order mark, a qrels file without its header, Windows line
+ends read as the format means them; what the format does not allow is named by file and line (no model needed)."""
+
+import json
+
+import pytest
+
+from sourcegate.evals.evalset import EvalSetError, load_evalset
+from sourcegate.pipelines.build.beir_queries import DatasetError, load_queries
+from sourcegate.pipelines.build.ingest import read_beir_corpus
+
+BOM = "\ufeff"
+QUERIES = [{"_id": "1", "text": "what causes croup"}, {"_id": 2, "text": "is coffee bad for you"}]
+JUDGED = ["1\td-1\t1", "2\td-2\t2", "2\td-3\t0"]
+
+
+def dataset(folder, queries=None, qrels=None, header=True, prefix="", newline="\n"):
+    (folder / "qrels").mkdir(parents=True)
+    lines = [json.dumps(q) for q in QUERIES] if queries is None else queries
+    (folder / "queries.jsonl").write_text(prefix + newline.join(lines) + newline, encoding="utf-8", newline="")
+    rows = (["query-id\tcorpus-id\tscore"] if header else []) + (JUDGED if qrels is None else qrels)
+    (folder / "qrels" / "test.tsv").write_text(prefix + newline.join(rows) + newline, encoding="utf-8", newline="")
+    return folder
+
+
+EXPECTED = ({"1": "what causes croup", "2": "is coffee bad for you"}, {"1": {"d-1": 1}, "2": {"d-2": 2, "d-3": 0}})
+
+
+@pytest.mark.parametrize(
+    "how", [{}, {"prefix": BOM}, {"header": False}, {"newline": "\r\n"}, {"prefix": BOM, "header": False}]
+)
+def test_queries_and_qrels_read_the_same_with_a_byte_order_mark_windows_line_ends_or_no_header(tmp_path, how):
+    assert load_queries(dataset(tmp_path / "data", **how)) == EXPECTED
+
+
+@pytest.mark.parametrize(
+    "queries, qrels, where, says",
+    [
+        (['{"_id": "1", "text": "croup"}', '{"_id": "2", "text": '], None, "queries.jsonl:2", "not valid JSON"),
+        (['{"_id": "1", "text": "croup"}', '{"text": "no id"}'], None, "queries.jsonl:2", 'needs an "_id"'),
+        (['{"_id": "1"}'], None, "queries.jsonl:1", "query '1' needs a \"text\""),
+        (None, ["1\td-1\t1", "2\td-2\tyes"], r"test.tsv:3", "found \\['2', 'd-2', 'yes'\\]"),
+        (None, ["1\td-1"], r"test.tsv:2", "three tab-separated fields"),
+    ],
+)
+def test_what_the_format_does_not_allow_is_named_by_file_and_line(tmp_path, queries, qrels, where, says):
+    with pytest.raises(DatasetError, match=f"{where}: .*{says}"):
+        load_queries(dataset(tmp_path / "data", queries=queries, qrels=qrels))
+
+
+def test_a_qrels_file_whose_first_line_is_neither_header_nor_judgement_says_what_it_expected(tmp_path):
+    data = dataset(tmp_path / "data", header=False, qrels=["qid\tdocid\trel", *JUDGED])
+    with pytest.raises(DatasetError, match=r"test.tsv:1: expected the header query-id, corpus-id, score or a judg"):
+        load_queries(data)
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    data = dataset(tmp_path / "data")
+    (data / "queries.jsonl").write_bytes('{"_id": "1", "text": "café"}\n'.encode("latin-1"))
+    with pytest.raises(DatasetError, match=r"queries.jsonl: not UTF-8 \(byte 25\)"):
+        load_queries(data)
+
+
+def test_the_first_document_of_a_corpus_saved_with_a_byte_order_mark_is_read(tmp_path):
+    docs = [{"_id": "d-1", "title": "Croup", "text": "Croup is a viral infection."}, {"_id": "d-2", "text": "Coffee."}]
+    (tmp_path / "corpus.jsonl").write_bytes((BOM + "".join(json.dumps(d) + "\n" for d in docs)).encode())
+    read = list(read_beir_corpus(tmp_path, 10_000))
+    assert [(origin, doc["doc_id"]) for origin, doc in read] == [("corpus.jsonl:1", "d-1"), ("corpus.jsonl:2", "d-2")]
+    assert read[0][1]["title"] == "Croup"
+
+
+def test_an_eval_set_saved_with_a_byte_order_mark_loads_and_one_not_in_utf8_is_named(tmp_path):
+    line = json.dumps({"id": "a-1", "question": "when does the 40 run", "label": "answer", "expected": ["x"]})
+    (tmp_path / "fit.jsonl").write_text(BOM + line + "\n", encoding="utf-8")
+    assert [q["id"] for q in load_evalset(tmp_path / "fit.jsonl")] == ["a-1"]
+    (tmp_path / "check.jsonl").write_bytes(line.replace("when", "whén").encode("latin-1") + b"\n")
+    with pytest.raises(EvalSetError, match=r"check.jsonl: not UTF-8 \(byte \d+\); save the file as UTF-8"):
+        load_evalset(tmp_path / "check.jsonl")
