@@ -211,6 +211,7 @@ def test_check_shipped_lists_exactly_the_wrongly_declined():
     assert r["wrongly_declined"][0] == {
         "id": "a-000",
         "question": "answerable 0",
+        "kind": "fact",
         "score": 0.3,
         "fix": "threshold <= 0.3",
     }
@@ -285,6 +286,23 @@ def test_calibrate_artifact_is_json_and_deterministic():
     assert out["shipped"]["coverage"] == 1.0 and out["shipped"]["strong_threshold"] == 0.6
     assert out["questions"][3]["signals"]["term_coverage"] is None
     assert len(out["questions"]) == 200
+
+
+def test_each_signal_is_also_read_on_the_decline_kinds_the_gap_holds():
+    recs = records([0.5, 0.7, 0.9], [0.1, 0.2], signal="cosine_top")
+    recs += [{"id": "n-000", "question": "near", "label": D, "kind": "near_topic", "signals": {"cosine_top": 0.95}}]
+    config = dict(CONFIG, signals=["cosine_top"], pair=None, gating=None, min_per_label=1)
+    everything = calibrate(recs, config)["signals"]["cosine_top"]
+    assert everything["has_gap"] is False and "gated" not in everything  # no kinds named: every decline is gated
+    read = calibrate(recs, dict(config, gate_decline_kinds=["offtopic"]))["signals"]["cosine_top"]
+    assert read["gap"] == pytest.approx(0.5 - 0.95) and read["has_gap"] is False  # the column weighing every kind
+    assert read["gated"] == {
+        "n": {"answer": 3, "decline": 2},
+        "gap": pytest.approx(0.5 - 0.2),
+        "has_gap": True,
+        "auc": 1.0,
+        "declined_at_full_coverage": 1.0,
+    }
 
 
 def test_reranker_off_skips_signal_with_note():

@@ -154,6 +154,20 @@ def test_answer_modes_per_set_and_kind_are_counted_and_shown(page, artifacts):
     assert "Answer modes per set and kind" in page and "answer/&lt;b&gt;odd&lt;/b&gt;" in page
 
 
+def test_the_signal_table_reads_each_signal_on_the_kinds_the_gap_holds_and_errors_name_their_kind():
+    records = make_records()
+    for r in records[1::4]:
+        r["kind"] = "near_topic" if r["label"] == "decline" else r["kind"]
+    calibration = calibrate(records, dict(CONFIG, gate_decline_kinds=["near_topic"]))
+    page = render_report(calibration, *make_artifacts()[1:])
+    assert "the gap check holds only near_topic questions to the gap" in page and "<th>near_topic only</th>" in page
+    gated = calibration["signals"]["rerank_top"]["gated"]
+    assert gated["n"]["decline"] == sum(r["kind"] == "near_topic" for r in records)
+    wrong = calibration["shipped"]["wrongly_answered"][0]
+    assert f"<td>{wrong['id']}</td><td>{wrong['kind']}</td>" in page.replace("&lt;", "<").replace("&gt;", ">")
+    assert "only</th>" not in render_report(*make_artifacts())  # no kinds named: one scope, no extra column
+
+
 def test_skipped_signal_is_reported_not_hidden():
     page = render_report(*make_artifacts(rerank=False))
     assert "skipped: no question has a rerank_top score (reranker off?)" in page

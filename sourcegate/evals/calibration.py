@@ -283,7 +283,12 @@ def check_shipped(records: Sequence[Mapping], signal: str, threshold: float) -> 
     def listing(mask: np.ndarray, descending: bool) -> list[dict[str, Any]]:
         order = np.flatnonzero(mask)[np.argsort(-scores[mask] if descending else scores[mask], kind="stable")]
         return [
-            {"id": records[i]["id"], "question": records[i].get("question", ""), "score": float(scores[i])}
+            {
+                "id": records[i]["id"],
+                "question": records[i].get("question", ""),
+                "kind": records[i].get("kind"),
+                "score": float(scores[i]),
+            }
             for i in order
         ]
 
@@ -337,6 +342,26 @@ def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: f
     for row in out.values():
         row["recall"] = row["declined"] / row["n"]
     return dict(sorted(out.items()))
+
+
+def gated_figures(scores: np.ndarray, is_answer: np.ndarray, in_scope: np.ndarray) -> dict[str, Any] | None:
+    """One signal against the should-decline kinds the gap holds (`in_scope`: should-answer, or a gated kind): the
+    gap, the AUC and the share declined at full coverage, as the gate would read them if it gated on this signal.
+    The signal table's other columns weigh every should-decline question; None when a side has no score."""
+    scored = np.isfinite(scores) & in_scope
+    answer, decline = scores[scored & is_answer], scores[scored & ~is_answer]
+    if not len(answer) or not len(decline):
+        return None
+    gap = float(answer.min() - decline.max())
+    return jsonable(
+        {
+            "n": {ANSWER: len(answer), DECLINE: len(decline)},
+            "gap": gap,
+            "has_gap": gap > 0,
+            "auc": roc_auc(answer, decline),
+            "declined_at_full_coverage": float((decline < answer.min()).mean()),
+        }
+    )
 
 
 def gating_scope(
@@ -448,6 +473,8 @@ def calibrate(
     matrix = _signal_matrix(records, names)
     column = {name: matrix[:, i] for i, name in enumerate(names)}
     is_answer = _answer_mask(records)
+    kinds = config.get("gate_decline_kinds") or []
+    in_scope = is_answer | np.array([r.get("kind") in kinds for r in records], bool)
 
     signals = {}
     for name in config["signals"]:
@@ -460,6 +487,8 @@ def calibrate(
         result = calibrate_signal(name, column[name][scored], is_answer[scored], ids=ids, **options)
         if not scored.all():
             result["warnings"].append(f"{int((~scored).sum())} questions have no {name} score and were left out")
+        if kinds:
+            result["gated"] = gated_figures(column[name], is_answer, in_scope)
         signals[name] = result
 
     pair = None
@@ -484,7 +513,6 @@ def calibrate(
         shipped = check_shipped(records, gating["signal"], gating["adjacent"])
         shipped["strong_threshold"] = gating.get("strong")
         shipped["decline_recall_by_kind"] = decline_recall_by_kind(records, gating["signal"], gating["adjacent"])
-        kinds = config.get("gate_decline_kinds") or []
         gated = gating_scope(records, gating["signal"], kinds, options, config.get("cross_fit_folds", 5))
 
     result = {
