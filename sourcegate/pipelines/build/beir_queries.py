@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 QRELS_COLUMNS = ["query-id", "corpus-id", "score"]
 
@@ -88,4 +91,13 @@ def load_queries(dataset: Path, split: str = "test") -> tuple[dict[str, str], di
     qrels: dict[str, dict[str, int]] = {}
     for _, (query_id, corpus_id, score) in qrels_rows(path):
         qrels.setdefault(query_id, {})[corpus_id] = int(score)
+    missing = [q for q in qrels if q not in queries]
+    if len(missing) == len(qrels):  # measures over no query would read as 0.0, not as "nothing measured"
+        found = (
+            f"it judges {len(qrels)} queries, none of them in queries.jsonl (first: {missing[0]!r})" if qrels else ""
+        )
+        raise DatasetError(f"{path}: no judged query to measure: {found or 'it holds no judgement'}")
+    if missing:
+        log.warning("%s judges %d queries that queries.jsonl does not hold (first: %r): left out", path, len(missing),
+                    missing[0])  # fmt: skip
     return {q: queries[q] for q in qrels if q in queries}, qrels
