@@ -88,3 +88,14 @@ def test_a_split_whose_judged_queries_are_not_in_queries_jsonl_is_refused_not_me
     (data / "qrels" / "test.tsv").write_text("1\td-1\t1\n7\td-1\t1\n")
     assert load_queries(data) == ({"1": "what causes croup"}, {"1": {"d-1": 1}, "7": {"d-1": 1}})
     assert "judges 1 queries that queries.jsonl does not hold (first: '7'): left out" in caplog.text
+
+
+def test_ids_that_are_uris_or_page_titles_are_read_and_their_judgements_still_name_their_documents(tmp_path):
+    ids = ["<dbpedia:Paris>", "AC/DC", "C# (language)", "MED-10", "31715818", "x" * 250]
+    docs = [{"_id": doc_id, "title": f"t{i}", "text": f"Document {i}."} for i, doc_id in enumerate(ids)]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    read = [doc["doc_id"] for _, doc in read_beir_corpus(tmp_path, 10_000)]
+    assert read[:5] == ["_+3Cdbpedia:Paris+3E", "AC+2FDC", "C+23_(language)", "MED-10", "31715818"]
+    assert len(read[5]) == 200 and read[5].startswith("x" * 150)  # bounded, as a long file name is
+    data = dataset(tmp_path / "data", qrels=[f"1\t{doc_id}\t1" for doc_id in ids])
+    assert list(load_queries(data)[1]["1"]) == read  # the judgements name the documents ingest made

@@ -199,7 +199,7 @@ def test_ingest_in_small_batches_writes_what_one_batch_writes(tmp_path, small_co
 
     outs = {rows: ingest(DATA / "bad_beir", tmp_path / f"beir-{rows}", fmt="beir", rows=rows) for rows in (None, 2)}
     a, b = outs[None], outs[2]
-    assert a.counts == b.counts and a.counts["documents"] == 2 and a.counts["quarantine_reasons"]["duplicate id"]
+    assert a.counts == b.counts and a.counts["documents"] == 4 and a.counts["quarantine_reasons"]["duplicate id"]
     assert (a.quarantine.read_text() == b.quarantine.read_text()) and pq.read_table(a.documents).equals(
         pq.read_table(b.documents)
     )

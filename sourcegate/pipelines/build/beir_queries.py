@@ -12,6 +12,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+from sourcegate.pipelines.build.doc_ids import HostileName, id_from_beir
+
 log = logging.getLogger(__name__)
 
 QRELS_COLUMNS = ["query-id", "corpus-id", "score"]
@@ -71,6 +73,15 @@ def qrels_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
         yield lineno, row
 
 
+def document_id(corpus_id: str) -> str:
+    """The id ingest gives the document of a judgement's corpus id (`doc_ids.id_from_beir`); an id ingest refuses
+    stays as written: its document was set aside, so the judgement names nothing in the index."""
+    try:
+        return id_from_beir(corpus_id)
+    except HostileName:
+        return corpus_id
+
+
 def _is_int(text: str) -> bool:
     try:
         int(text)
@@ -90,7 +101,7 @@ def load_queries(dataset: Path, split: str = "test") -> tuple[dict[str, str], di
     queries = read_queries(dataset / "queries.jsonl")
     qrels: dict[str, dict[str, int]] = {}
     for _, (query_id, corpus_id, score) in qrels_rows(path):
-        qrels.setdefault(query_id, {})[corpus_id] = int(score)
+        qrels.setdefault(query_id, {})[document_id(corpus_id)] = int(score)
     missing = [q for q in qrels if q not in queries]
     if len(missing) == len(qrels):  # measures over no query would read as 0.0, not as "nothing measured"
         found = (

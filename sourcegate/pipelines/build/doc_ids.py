@@ -41,15 +41,28 @@ class HostileName(ValueError):
 def id_from_path(relative: str | PurePosixPath) -> str:
     """The document id of the corpus file at `relative` (a POSIX path under the corpus root)."""
     parts = PurePosixPath(relative).with_suffix("").parts
-    doc_id = ":".join(_id_part(unicodedata.normalize("NFC", part)) for part in parts)
+    return _bounded(":".join(_id_part(unicodedata.normalize("NFC", part)) for part in parts))
+
+
+def id_from_beir(raw: str) -> str:
+    """The document id of a BEIR line's `_id`: itself when it is already in the alphabet (every id of SciFact and
+    NFCorpus), else mapped as one part of a path is (steps 1-5 and 7), so a collection whose ids are URIs or page
+    titles is read, not quarantined: '<dbpedia:Paris>' -> '_+3Cdbpedia:Paris+3E'. The qrels' corpus ids are
+    mapped by this same function (`beir_queries.load_queries`), so judgements still name their documents."""
+    return _bounded(_id_part(unicodedata.normalize("NFC", raw), "_id"))
+
+
+def _bounded(doc_id: str) -> str:
     if len(doc_id) > MAX_ID_CHARS:
         digest = hashlib.sha256(doc_id.encode("utf-8")).hexdigest()[:_HASH_CHARS]
         doc_id = f"{doc_id[: MAX_ID_CHARS - _HASH_CHARS - 1]}-{digest}"
     return doc_id
 
 
-def _id_part(name: str) -> str:
-    _refuse_hostile(name)
+def _id_part(name: str, what: str = "file name") -> str:
+    if not name:
+        raise HostileName(f"{what} is empty")
+    _refuse_hostile(name, what)
     mapped = "".join(_id_chars(ch) for ch in name)
     return mapped if unicodedata.category(mapped[0])[0] in "LN" or mapped[0] == "_" else "_" + mapped
 
@@ -62,13 +75,13 @@ def _id_chars(ch: str) -> str:
     return "".join(f"+{byte:02X}" for byte in ch.encode("utf-8"))
 
 
-def _refuse_hostile(name: str) -> None:
+def _refuse_hostile(name: str, what: str = "file name") -> None:
     for i, ch in enumerate(name):
         category = unicodedata.category(ch)
         if "\udc80" <= ch <= "\udcff":  # os.fsdecode's surrogateescape: a byte that is not UTF-8
-            raise HostileName(f"file name is not UTF-8: byte 0x{ord(ch) - 0xDC00:02X} at character {i}")
+            raise HostileName(f"{what} is not UTF-8: byte 0x{ord(ch) - 0xDC00:02X} at character {i}")
         if category[0] == "C":  # noncharacters are unassigned (Cn); a tab or newline is a control (Cc)
-            raise HostileName(f"file name holds {_kind(category)} U+{ord(ch):04X} at character {i}")
+            raise HostileName(f"{what} holds {_kind(category)} U+{ord(ch):04X} at character {i}")
 
 
 def _kind(category: str) -> str:

@@ -26,7 +26,7 @@ from sourcegate.artifact_io import run_folder as rf
 from sourcegate.artifact_io import write_jsonl
 from sourcegate.pipelines.batches import batch_rows, write_batches
 from sourcegate.pipelines.build import quarantine as quarantine_file
-from sourcegate.pipelines.build.doc_ids import ID_PUNCTUATION, MAX_ID_CHARS, HostileName, id_from_path
+from sourcegate.pipelines.build.doc_ids import ID_PUNCTUATION, MAX_ID_CHARS, HostileName, id_from_beir, id_from_path
 from sourcegate.pipelines.build.html import HTML_SUFFIXES, NoText, decode_html, parse_html
 
 DOCUMENT_SCHEMA = pa.schema(
@@ -518,4 +518,8 @@ def parse_beir_line(raw: bytes, max_doc_bytes: int) -> dict:
         raise Rejected("empty body")
     # BEIR titles are optional by format (many datasets have none), so no title is allowed here.
     title = (obj.get("title") or "").strip()
-    return document(str(doc_id), title, text, "plain", "beir" if title else "none")
+    try:
+        mapped = id_from_beir(str(doc_id))  # a URI or a page title as an id is read, not quarantined
+    except HostileName as exc:
+        raise Rejected(f"unsafe id: {exc}") from None
+    return document(mapped, title, text, "plain", "beir" if title else "none")
