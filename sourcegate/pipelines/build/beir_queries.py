@@ -91,7 +91,9 @@ def _is_int(text: str) -> bool:
 
 
 def load_queries(dataset: Path, split: str = "test") -> tuple[dict[str, str], dict[str, dict[str, int]]]:
-    """The split's judged queries and their judgements; a split the dataset lacks is named with the ones it has."""
+    """The split's judged queries and their judgements, both for the queries `queries.jsonl` holds (a judged query it
+    lacks cannot be searched: counted as 0 it would only lower every system's mean); a split the dataset lacks is
+    named with the ones it has."""
     dataset = Path(dataset)
     path = dataset / "qrels" / f"{split}.tsv"
     if not path.is_file():
@@ -111,4 +113,4 @@ def load_queries(dataset: Path, split: str = "test") -> tuple[dict[str, str], di
     if missing:
         log.warning("%s judges %d queries that queries.jsonl does not hold (first: %r): left out", path, len(missing),
                     missing[0])  # fmt: skip
-    return {q: queries[q] for q in qrels if q in queries}, qrels
+    return {q: queries[q] for q in qrels if q in queries}, {q: judged for q, judged in qrels.items() if q in queries}
