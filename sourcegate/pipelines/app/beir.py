@@ -26,7 +26,7 @@ from sourcegate.evals.metrics import mrr, ndcg_at, precision_at, recall_at
 from sourcegate.pipelines import config
 from sourcegate.pipelines.app import factories, steps
 from sourcegate.pipelines.app.run import build
-from sourcegate.pipelines.build.beir_queries import load_queries
+from sourcegate.pipelines.build.beir_queries import document_id, load_queries
 from sourcegate.pipelines.config import PipelineConfig
 from sourcegate.pipelines.retrieval.retriever import Retriever
 from sourcegate.pipelines.search.analyzer import ANALYZER_ID
@@ -36,6 +36,14 @@ DEPTH = 100  # recall@100 needs lists this deep; top-18 lists would cap the unio
 
 def doc_ranking(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(doc_of[c] for c in chunk_ids))
+
+
+def without_own(docs: list[str], query_id: str) -> list[str]:
+    """The ranking less the query's own id: BEIR's evaluation ignores a document whose id is the query's
+    (`ignore_identical_ids`, its default), which matters where queries are corpus documents (ArguAna's
+    counter-arguments, Quora's duplicate questions): there the query's own text would rank first."""
+    own = document_id(query_id)
+    return [doc for doc in docs if doc != own]
 
 
 def dataset_config(cfg: PipelineConfig, dataset: Path, out: Path) -> tuple[PipelineConfig, str]:
@@ -145,6 +153,7 @@ def run_beir(
     )
     runs = {"bm25": {}, "dense": {}, "hybrid": {}, "hybrid+rerank": {}}
     latency = {name: [] for name in runs}
+    identical = {name: 0 for name in runs}  # queries whose own id was among the system's documents
     items = list(queries.items())
     if progress:
         from tqdm import tqdm
@@ -153,7 +162,9 @@ def run_beir(
     for qid, text in items:
         retrieval = deep.retrieve(text)
         for name, chunk_ids in system_rankings(retrieval).items():
-            runs[name][qid] = doc_ranking(chunk_ids, doc_of)
+            docs = doc_ranking(chunk_ids, doc_of)
+            runs[name][qid] = without_own(docs, qid)
+            identical[name] += len(runs[name][qid]) < len(docs)
         for name, seconds in system_latency(retrieval.timings).items():
             latency[name].append(seconds)
     systems = evaluate_systems(runs, qrels)
@@ -172,6 +183,7 @@ def run_beir(
         "rerank_weight": cfg.retrieval.rerank_weight,
         "reranker": getattr(scorer, "model_id", None),
         "index_seconds": round(t_index, 1),
+        "identical_ids_ignored": identical,  # BEIR's ignore_identical_ids: queries whose own document was dropped
         "systems": systems,
     }
     if decline:
