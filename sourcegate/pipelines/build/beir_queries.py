@@ -54,8 +54,8 @@ def read_queries(path: Path) -> dict[str, str]:
     return queries
 
 
-def qrels_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """(line number, [query id, corpus id, score]) of a qrels file; its header line is optional, as long as the
+def qrels_rows(path: Path) -> Iterator[list[str]]:
+    """[query id, corpus id, score] of each judgement of a qrels file; its header line is optional, as long as the
     first line is either the header or a judgement (three tab-separated fields, the last an integer)."""
     rows = csv.reader(text_lines(path), delimiter="\t")
     for lineno, row in enumerate(rows, 1):
@@ -70,7 +70,7 @@ def qrels_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
                 f"{path}:{lineno}: expected {expected} (three tab-separated fields: query id, corpus id, "
                 f"integer score), found {row!r}"
             )
-        yield lineno, row
+        yield row
 
 
 def document_id(corpus_id: str) -> str:
@@ -102,15 +102,18 @@ def load_queries(dataset: Path, split: str = "test") -> tuple[dict[str, str], di
         )
     queries = read_queries(dataset / "queries.jsonl")
     qrels: dict[str, dict[str, int]] = {}
-    for _, (query_id, corpus_id, score) in qrels_rows(path):
+    for query_id, corpus_id, score in qrels_rows(path):
         qrels.setdefault(query_id, {})[document_id(corpus_id)] = int(score)
+    if not qrels:
+        raise DatasetError(f"{path}: no judgement: nothing to measure")
     missing = [q for q in qrels if q not in queries]
-    if len(missing) == len(qrels):  # measures over no query would read as 0.0, not as "nothing measured"
-        found = (
-            f"it judges {len(qrels)} queries, none of them in queries.jsonl (first: {missing[0]!r})" if qrels else ""
+    if len(missing) == len(qrels):  # measures over no query would read 0.0, not "nothing measured"
+        raise DatasetError(
+            f"{path}: none of its {len(qrels)} judged queries is in queries.jsonl (first: {missing[0]!r}): "
+            "nothing to measure"
         )
-        raise DatasetError(f"{path}: no judged query to measure: {found or 'it holds no judgement'}")
     if missing:
-        log.warning("%s judges %d queries that queries.jsonl does not hold (first: %r): left out", path, len(missing),
-                    missing[0])  # fmt: skip
+        log.warning(
+            "%s: %d judged queries are not in queries.jsonl (first: %r): left out", path, len(missing), missing[0]
+        )
     return {q: queries[q] for q in qrels if q in queries}, {q: judged for q, judged in qrels.items() if q in queries}

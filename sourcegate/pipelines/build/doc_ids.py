@@ -46,9 +46,9 @@ def id_from_path(relative: str | PurePosixPath) -> str:
 
 def id_from_beir(raw: str) -> str:
     """The document id of a BEIR line's `_id`: itself when it is already in the alphabet (every id of SciFact and
-    NFCorpus), else mapped as one part of a path is (steps 1-5 and 7), so a collection whose ids are URIs or page
-    titles is read, not quarantined: '<dbpedia:Paris>' -> '_+3Cdbpedia:Paris+3E'. The qrels' corpus ids are
-    mapped by this same function (`beir_queries.load_queries`), so judgements still name their documents."""
+    NFCorpus), else mapped as one part of a path is (steps 1-5 and 7, no suffix dropped), so a collection whose ids
+    are URIs or page titles is read, not quarantined: '<dbpedia:Paris>' -> '_+3Cdbpedia:Paris+3E'. The qrels' corpus
+    ids are mapped by this same function (`beir_queries.document_id`), so judgements still name their documents."""
     return _bounded(_id_part(unicodedata.normalize("NFC", raw), "_id"))
 
 
