@@ -77,6 +77,17 @@ def test_a_title_line_loses_only_a_closing_run_of_hashes(tmp_path):
     assert docs == {"csharp": "Learn C#", "closed": "Fares", "tight": "Fares##"}  # CommonMark: a space before it
 
 
+def test_a_setext_title_is_the_title_and_not_part_of_the_lead(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "hours.md").write_text("Library Hours\n=============\n\nOpen at 9.\n\nWeekends\n--------\n\nAt 10.\n")
+    (corpus / "plain.md").write_text("Open at 9.\n\na = b\n")  # no underline: no title, named from the file
+    docs = {d["doc_id"]: d for d in pq.read_table(ingest(corpus, tmp_path / "out").documents).to_pylist()}
+    assert (docs["hours"]["title"], docs["hours"]["title_source"]) == ("Library Hours", "heading")
+    assert docs["hours"]["body"] == "Open at 9.\n\nWeekends\n--------\n\nAt 10."  # its sections as before
+    assert (docs["plain"]["title"], docs["plain"]["title_source"]) == ("Plain", "file_name")
+
+
 def test_a_title_that_is_not_a_string_is_quarantined_not_stringified(tmp_path):
     reasons = _bad_corpus_reasons(tmp_path)
     assert reasons["list-title.md"] == "title is not a string: YAML list ['Fares', 'Passes'] (quote it)"

@@ -268,6 +268,7 @@ def diff_manifest(con, documents: Path, previous_documents: str | Path | None, r
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
 _TITLE_LINE = re.compile(r"\A\s*#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*(?:\r?\n|\Z)")  # "# C#" keeps its "#"
+_SETEXT_TITLE = re.compile(r"\A\s*([^#\s][^\n]*?)[ \t]*\n {0,3}=+[ \t]*(?:\n|\Z)")  # "Title" over a line of "="
 
 
 def read_corpus_folder(root: Path, max_doc_bytes: int):
@@ -386,7 +387,7 @@ def parse_markdown(data: bytes) -> tuple[str, str, str, str]:
         text = text[m.end() :]
     title = _front_matter_string(meta, "title")
     source = "front_matter" if title else ""
-    m = _TITLE_LINE.match(text)
+    m = _TITLE_LINE.match(text) or _SETEXT_TITLE.match(text)
     if m:
         title, source = (title, source) if title else (m.group(1).strip(), "heading")
         text = text[m.end() :]
