@@ -148,9 +148,10 @@ def run_beir(
     searcher = factories.open_store(bcfg).open(version)
     depth = rerank_depth or cfg.retrieval.rerank_depth
     retriever, scorer = factories.retriever_for(cfg, searcher)
-    deep = Retriever.from_config(
-        searcher, retriever.embedder, scorer, cfg, bm25_top_n=DEPTH, knn_top_n=DEPTH, rerank_depth=depth
-    )
+    deep = Retriever.from_config(  # its measures read the rankings alone: no answer signal is computed
+        searcher, retriever.embedder, scorer, cfg, wanted=frozenset(), bm25_top_n=DEPTH, knn_top_n=DEPTH,
+        rerank_depth=depth,
+    )  # fmt: skip
     runs = {"bm25": {}, "dense": {}, "hybrid": {}, "hybrid+rerank": {}}
     latency = {name: [] for name in runs}
     identical = {name: 0 for name in runs}  # queries whose own id was among the system's documents
