@@ -39,7 +39,11 @@ def test_defaults_fill_missing_keys(tmp_path):
         ("colour: blue\n", "unknown key colour"),
         ("evals:\n  ks: [1, a]\n", "evals.ks[1]: expected int, got str 'a'"),
         ("evals:\n  regression:\n    alpha: 1\n", "evals.regression.alpha: 1 is not strictly within (0, 1)"),
-        ("evals:\n  regression:\n    max_losses: -1\n", "evals.regression.max_losses: -1 is too small"),
+        ("evals:\n  regression:\n    max_losses: -1\n", "evals.regression.max_losses: -1 must be >= 0"),
+        ("embedding:\n  batch_size: 0\n", "embedding.batch_size: 0 must be >= 1"),
+        ("retrieval:\n  knn_top_n: 0\n", "retrieval.knn_top_n: 0 must be >= 1"),
+        ("lock:\n  lease_s: 0\n", "lock.lease_s: 0 must be > 0"),
+        ("chunking:\n  overlap_tokens: 128\n", "chunking.overlap_tokens must be under half of chunking.max_tokens"),
         ("lock:\n  timeout_s: soon\n", "lock.timeout_s: expected int or float, got str 'soon'"),
         ("embedding:\n  model_path: 3\n", "embedding.model_path: expected str or null, got int 3"),
         (

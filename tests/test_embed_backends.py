@@ -254,7 +254,7 @@ def test_mean_pooling_ignores_padding_and_normalises():
 
 
 def test_the_packaged_model_truncates_at_256_tokens():
-    assert embed_backends._max_seq_length(models.embedding_model_path(None)) == 256
+    assert models.max_seq_length(models.embedding_model_path(None)) == 256
 
 
 def test_a_beir_index_is_cached_per_backend_and_torch_keeps_its_key(tmp_path, make_cfg):

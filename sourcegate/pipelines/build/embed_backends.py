@@ -211,7 +211,7 @@ class Bf16Embedder(_Variant):
         self.backend = "torch-bf16"
         self._encoder = plain_transformer(self.path)
         if self._encoder:
-            self.max_tokens = _max_seq_length(self.path)
+            self.max_tokens = models.max_seq_length(self.path)
             self.dimension = self._encoder.hidden_size  # mean pooling keeps the width
         else:
             from sourcegate.pipelines.build.embed import Embedder
@@ -314,7 +314,7 @@ class OnnxEmbedder(_Variant):
         self.backend = backend
         self.path = models.embedding_model_path(model_path)
         self.batch_size = batch_size  # kept for the interface: texts are run one at a time (see the module doc)
-        self.max_tokens = _max_seq_length(self.path)
+        self.max_tokens = models.max_seq_length(self.path)
         self.onnx_path = ensure_export(self.path, backend)
         options = ort.SessionOptions()
         options.intra_op_num_threads = 2
@@ -343,13 +343,3 @@ def mean_pool_normalize(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
     m = mask.astype(np.float32)[:, None]
     pooled = (tokens * m).sum(axis=0) / max(float(m.sum()), 1e-9)
     return (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
-
-
-def _max_seq_length(model_dir: Path) -> int:
-    """The folder's sentence-transformers max_seq_length (what its torch model truncates at)."""
-    config = model_dir / "sentence_bert_config.json"
-    if config.exists():
-        value = json.loads(config.read_text()).get("max_seq_length")
-        if value:
-            return int(value)
-    return int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 512))
