@@ -108,7 +108,8 @@ class Chunking(Section):
     max_tokens: int = Field(
         256,
         ge=16,
-        description="the embedding model's sequence budget (at most its max_seq_length: checked by the chunk step)",
+        description="tokens a chunk holds: the embedding model's sequence budget (past it, a logged choice: the "
+        "dense leg reads a chunk's first max_seq_length tokens, BM25 and the reranker all of it)",
     )
     overlap_tokens: int = Field(
         32, ge=0, description="tokens repeated between split pieces of a long section, so no sentence is cut off"

@@ -33,7 +33,7 @@ from sourcegate.pipelines.build.chunk import PreviousChunks, chunk_batches, chun
 from sourcegate.pipelines.build.embed import embed_shard, merge_shards
 from sourcegate.pipelines.build.ingest import empty_corpus, ingest
 from sourcegate.pipelines.build.validate import validate_chunks
-from sourcegate.pipelines.config import Chunking, ConfigError, Embedding, PipelineConfig
+from sourcegate.pipelines.config import Chunking, Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision, runs, verdict
 from sourcegate.pipelines.release.lock import held_since, locked
 from sourcegate.pipelines.retrieval import combiner, learned_corpus
@@ -132,11 +132,12 @@ def chunk_step(run: RunFolder, chunking: Chunking, embedding: Embedding) -> int:
     folder = run.path
     model_dir = str(models.embedding_model_path(embedding.model_path))
     budget = models.max_seq_length(Path(model_dir))
-    if chunking.max_tokens > budget:  # a longer chunk's tail would be cut off by the model, unseen by the dense leg
-        raise ConfigError(
-            f"chunking.max_tokens {chunking.max_tokens} is more than the embedding model reads of a text ({budget} "
-            f"tokens, {model_dir}): set it to at most {budget}"
-        )
+    if chunking.max_tokens > budget:  # a choice (BM25 and the reranker read longer chunks), but never a silent one
+        log.warning(
+            "chunking.max_tokens %d is more than the embedding model reads of a text (%d tokens): the dense leg "
+            "sees only the first %d tokens of a longer chunk; BM25 and the reranker read all of it",
+            chunking.max_tokens, budget, budget,
+        )  # fmt: skip
     settings = chunking.max_tokens, chunking.overlap_tokens, chunking.max_split_pieces
     key = chunker_key(Path(model_dir) / "tokenizer.json", *settings)
     prev = run.previous()
