@@ -281,6 +281,12 @@ def test_a_night_on_a_corpus_that_gives_no_document_stops_naming_what_its_files_
     info = json.loads((artifacts / "runs" / "r1" / "run.json").read_text())
     assert info["counts"]["ingest"]["documents"] == 0 and info["quarantine"]["total"] == 2
     assert not (artifacts / "LIVE").exists()
+    assert "BEIR" not in err
+    (corpus / "corpus.jsonl").write_text('{"_id": "d1", "text": "A document."}\n')  # a BEIR dataset, read as articles
+    assert main(["run", "--corpus", str(corpus), "--artifacts", str(artifacts), "--run-id", "r2", "--quiet"]) == 2
+    assert "It holds corpus.jsonl: a BEIR dataset is read with corpus.format: beir (--format beir)." in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_night_never_writes_inside_the_corpus_it_reads(small_corpus, tmp_path, capsys):

@@ -60,7 +60,7 @@ def corpus_sections(corpus: str | Path, fmt: str, work: Path, cfg: PipelineConfi
     would set aside (ingest and chunk) is set aside here too, with its reasons in `work`'s quarantine file."""
     read = ingest(corpus, work, fmt=fmt, max_doc_bytes=cfg.corpus.max_doc_bytes)
     if not read.counts["documents"]:
-        raise empty_corpus(corpus, read.counts, read.quarantine)
+        raise empty_corpus(corpus, read.counts, read.quarantine, fmt)
     documents = read.documents
     tok = models.tokenizer(str(models.embedding_model_path(cfg.embedding.model_path)))
     chunking = cfg.chunking

@@ -121,7 +121,7 @@ def ingest_step(run: RunFolder, cfg: PipelineConfig, corpus: str | None = None, 
         quarantine=quarantine.summary(folder),
     )
     if not result.counts["documents"]:  # recorded first: run.json and quarantine.jsonl say what the files became
-        raise empty_corpus(corpus or cfg.corpus.path, result.counts, folder / rf.QUARANTINE)
+        raise empty_corpus(corpus or cfg.corpus.path, result.counts, folder / rf.QUARANTINE, fmt or cfg.corpus.format)
     return result.counts
 
 

@@ -67,13 +67,16 @@ class EmptyCorpus(ValueError):
     """A corpus that gave no document: an empty or unmounted folder is never indexed (exit 2, with its counts)."""
 
 
-def empty_corpus(source: str | Path, counts: dict, quarantine: Path) -> EmptyCorpus:
-    """The error for a corpus that gave no document, with what its files became instead."""
+def empty_corpus(source: str | Path, counts: dict, quarantine: Path, fmt: str = "markdown") -> EmptyCorpus:
+    """The error for a corpus that gave no document, with what its files became instead (and, for a BEIR dataset
+    read as a folder of articles, the format that reads it)."""
     became = [f"{counts['quarantined']} file(s) quarantined, see {quarantine}"] if counts["quarantined"] else []
     became += [f"{counts['skipped']} skipped"] if counts["skipped"] else []
+    beir = fmt == "markdown" and (Path(source) / "corpus.jsonl").is_file()
+    hint = " It holds corpus.jsonl: a BEIR dataset is read with corpus.format: beir (--format beir)." if beir else ""
     return EmptyCorpus(
         f"{source}: no document read: {', '.join(became) or 'no article file in it'}. An empty or unmounted "
-        "corpus folder is never indexed"
+        f"corpus folder is never indexed.{hint}"
     )
 
 
