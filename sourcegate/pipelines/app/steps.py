@@ -131,7 +131,10 @@ def chunk_step(run: RunFolder, chunking: Chunking, embedding: Embedding) -> int:
     unchanged documents."""
     folder = run.path
     model_dir = str(models.embedding_model_path(embedding.model_path))
-    budget = models.max_seq_length(Path(model_dir))
+    try:
+        budget = models.max_seq_length(Path(model_dir))
+    except (OSError, ValueError):  # a folder without its model config: the embed step says what is wrong with it
+        budget = chunking.max_tokens
     if chunking.max_tokens > budget:  # a choice (BM25 and the reranker read longer chunks), but never a silent one
         log.warning(
             "chunking.max_tokens %d is more than the embedding model reads of a text (%d tokens): the dense leg "
