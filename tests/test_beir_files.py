@@ -110,3 +110,12 @@ def test_a_query_whose_id_is_a_corpus_document_does_not_find_itself_as_beir_eval
     assert without_own(["q-7", "d-1", "d-2"], "q-7") == ["d-1", "d-2"]  # ArguAna, Quora: the query is a document
     assert without_own(["d-1", "_+3Cq+3E"], "<q>") == ["d-1"]  # its id mapped as ingest maps it
     assert without_own(["d-1", "d-2"], "q-7") == ["d-1", "d-2"]
+
+
+def test_a_beir_document_with_a_title_and_no_text_is_read_as_its_title():
+    from sourcegate.pipelines.build.ingest import Rejected, parse_beir_line
+
+    doc = parse_beir_line(b'{"_id": "c-1", "title": "Coronavirus spike protein structure", "text": ""}', 10_000)
+    assert (doc["body"], doc["title"], doc["title_source"]) == ("Coronavirus spike protein structure", "", "none")
+    with pytest.raises(Rejected, match="empty body"):  # neither: nothing to read
+        parse_beir_line(b'{"_id": "c-2", "title": " ", "text": ""}', 10_000)

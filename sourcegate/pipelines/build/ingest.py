@@ -517,11 +517,12 @@ def parse_beir_line(raw: bytes, max_doc_bytes: int) -> dict:
     for key in ("title", "text"):
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise Rejected(f"{key} is not a string: JSON {type(obj[key]).__name__} {_short(obj[key])}")
-    text = (obj.get("text") or "").strip()
+    text, title = ((obj.get(key) or "").strip() for key in ("text", "title"))
+    if not text and title:  # BEIR reads a document as title + text: a title alone is a document (TREC-COVID has many)
+        text, title = title, ""
     if not text:
         raise Rejected("empty body")
     # BEIR titles are optional by format (many datasets have none), so no title is allowed here.
-    title = (obj.get("title") or "").strip()
     try:
         mapped = id_from_beir(str(doc_id))  # a URI or a page title as an id is read, not quarantined
     except HostileName as exc:
