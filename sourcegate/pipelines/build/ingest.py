@@ -518,7 +518,7 @@ def parse_beir_line(raw: bytes, max_doc_bytes: int) -> dict:
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise Rejected(f"{key} is not a string: JSON {type(obj[key]).__name__} {_short(obj[key])}")
     text, title = ((obj.get(key) or "").strip() for key in ("text", "title"))
-    if not text and title:  # BEIR reads a document as title + text: a title alone is a document (TREC-COVID has many)
+    if not text and title:  # BEIR reads a document as title + text: a title alone is a document
         text, title = title, ""
     if not text:
         raise Rejected("empty body")
