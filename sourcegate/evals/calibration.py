@@ -344,6 +344,12 @@ def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: f
     return dict(sorted(out.items()))
 
 
+def held_to_gap(record: Mapping, kinds: Sequence[str]) -> bool:
+    """Whether the gap check holds this question: every should-answer one, and the should-decline ones of the gated
+    `kinds` (`calibration.gate_decline_kinds`; none named: all of them)."""
+    return record["label"] == ANSWER or not kinds or record.get("kind") in kinds
+
+
 def gated_figures(scores: np.ndarray, is_answer: np.ndarray, in_scope: np.ndarray) -> dict[str, Any] | None:
     """One signal against the should-decline kinds the gap holds (`in_scope`: should-answer, or a gated kind): the
     gap, the AUC and the share declined at full coverage, as the gate would read them if it gated on this signal.
@@ -373,7 +379,7 @@ def gating_scope(
     every other should-decline question is still swept and reported, and its decline
     recall is tracked against the accepted baseline by the gate.
     """
-    scope = [r for r in records if r["label"] == ANSWER or not decline_kinds or r.get("kind") in decline_kinds]
+    scope = [r for r in records if held_to_gap(r, decline_kinds)]
     scores = np.array([np.nan if r["signals"].get(signal) is None else r["signals"][signal] for r in scope], float)
     scored = np.isfinite(scores)
     ids = [i for i, ok in zip((r["id"] for r in scope), scored) if ok]
@@ -409,7 +415,7 @@ def calibrate_check(records: Sequence[Mapping], config: Mapping[str, Any]) -> di
     """
     gating = config["gating"]
     kinds = config.get("gate_decline_kinds") or []
-    gated = [r for r in records if r["label"] == ANSWER or not kinds or r.get("kind") in kinds]
+    gated = [r for r in records if held_to_gap(r, kinds)]
     shipped = check_shipped(gated, gating["signal"], gating["adjacent"])
     return {
         "signal": gating["signal"],
@@ -474,7 +480,7 @@ def calibrate(
     column = {name: matrix[:, i] for i, name in enumerate(names)}
     is_answer = _answer_mask(records)
     kinds = config.get("gate_decline_kinds") or []
-    in_scope = is_answer | np.array([r.get("kind") in kinds for r in records], bool)
+    in_scope = np.array([held_to_gap(r, kinds) for r in records], bool)
 
     signals = {}
     for name in config["signals"]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from sourcegate.artifact_io import jsonable
-from sourcegate.evals.calibration import gating_scope, signal_options
+from sourcegate.evals.calibration import gating_scope, held_to_gap, signal_options
 from sourcegate.evals.placement import place
 from sourcegate.evals.sweep import ANSWER
 
@@ -40,7 +40,7 @@ SPREAD = (10, 90)  # percentiles whose range a gap is measured against
 
 def _scores(records: Sequence[Mapping], name: str, decline_kinds: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """The signal's should-answer and gated should-decline scores."""
-    scope = [r for r in records if r["label"] == ANSWER or not decline_kinds or r.get("kind") in decline_kinds]
+    scope = [r for r in records if held_to_gap(r, decline_kinds)]
     answer = np.array([r["signals"][name] for r in scope if r["label"] == ANSWER], float)
     return answer, np.array([r["signals"][name] for r in scope if r["label"] != ANSWER], float)
 

@@ -42,8 +42,7 @@ def without_own(docs: list[str], query_id: str) -> list[str]:
     """The ranking less the query's own id: BEIR's evaluation ignores a document whose id is the query's
     (`ignore_identical_ids`, its default), which matters where queries are corpus documents (ArguAna's
     counter-arguments, Quora's duplicate questions): there the query's own text would rank first."""
-    own = document_id(query_id)
-    return [doc for doc in docs if doc != own]
+    return [doc for doc in docs if doc != query_id]
 
 
 def dataset_config(cfg: PipelineConfig, dataset: Path, out: Path) -> tuple[PipelineConfig, str]:
@@ -162,9 +161,10 @@ def run_beir(
         items = tqdm(items, desc="beir queries", unit="q")
     for qid, text in items:
         retrieval = deep.retrieve(text)
+        own = document_id(qid)  # the query's id as ingest names a document
         for name, chunk_ids in system_rankings(retrieval).items():
             docs = doc_ranking(chunk_ids, doc_of)
-            runs[name][qid] = without_own(docs, qid)
+            runs[name][qid] = without_own(docs, own)
             identical[name] += len(runs[name][qid]) < len(docs)
         for name, seconds in system_latency(retrieval.timings).items():
             latency[name].append(seconds)
