@@ -81,3 +81,38 @@ def test_a_label_whose_document_the_night_set_aside_names_the_document_and_why(t
     assert "a-0 expects 'stops:ferry#times', whose document was set aside tonight (empty body)" in text
     assert "g-1 expects 'gone', which is not in the corpus" in text
     assert "fix the documents set aside (the run's quarantine.jsonl), or label each question" in text
+
+
+def test_a_removed_document_and_a_renamed_section_are_each_named_with_what_to_do(tmp_path):
+    """A corpus update removes an article or renames a heading: the labels naming them say which happened (the run
+    that found the article deleted; the sections its document has now), and a removed article's questions are
+    said to be questions the corpus no longer answers. What was removed is read only when a label needs it."""
+    asked = []
+
+    def removed():
+        asked.append(1)
+        return {"photos": "20261206-010000"}
+
+    fit = write(tmp_path / "fit.jsonl", answers(3) + declines(3))
+    preflight(*sections(fit), CHUNKS, removed=removed)
+    assert not asked  # every label's document is here: nothing to look up
+    chunks = CHUNKS + [{"doc_id": "fares", "section_id": "day"}]
+    stale = [
+        {"id": f"s-{i}", "question": f"s {i}?", "label": "answer", "expected": [label]}
+        for i, label in enumerate(["photos#permits", "fares#nights", "bikes#rack"])
+    ]
+    fit = write(tmp_path / "fit.jsonl", answers(3) + stale + declines(3))
+    with pytest.raises(PreflightError) as err:
+        preflight(*sections(fit), chunks, removed=removed)
+    text = str(err.value)
+    assert (
+        "expects 'photos#permits', whose document was removed from the corpus (found deleted by run 20261206-010000)"
+        in text
+    )
+    assert "expects 'fares#nights', a section fares does not have (its sections: night, day)" in text
+    assert "expects 'bikes#rack', a section bikes does not have (it has none: label it 'bikes')" in text
+    assert 'relabel it {"label": "decline", "kind": "near_topic"} (without "expected") or delete it' in text
+    fit = write(tmp_path / "fit.jsonl", answers(3) + stale[1:] + declines(3))
+    with pytest.raises(PreflightError) as err:
+        preflight(*sections(fit), chunks, removed=removed)
+    assert "relabel it" not in str(err.value)  # no document removed: no such advice

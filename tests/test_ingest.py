@@ -300,3 +300,22 @@ def test_a_night_never_writes_inside_the_corpus_it_reads(small_corpus, tmp_path,
     assert main(["init", str(small_corpus), "--out", str(small_corpus / "sourcegate")]) == 2
     assert "is inside the corpus folder" in capsys.readouterr().err
     assert sorted(p.name for p in small_corpus.iterdir()) == before
+
+
+def test_a_document_removed_nights_ago_is_still_named_removed_with_the_run_that_found_it(tmp_path, small_corpus):
+    """A night diffs against the night before, so only the first night after an article's removal counts it
+    deleted; the eval sets still naming it fail every night until fixed, and each should say the document was
+    removed (and when), not that the label names something this corpus never had."""
+    from sourcegate.artifact_io.run_folder import RunFolder
+    from sourcegate.pipelines.build.ingest import removed_documents
+
+    nights = [RunFolder(tmp_path, f"20261201-00000{i}") for i in range(4)]
+    gone = sorted(small_corpus.glob("*.md"))[1]
+    previous = None
+    for i, night in enumerate(nights[:3]):
+        if i == 1:
+            gone.unlink()
+        previous = ingest(small_corpus, night.path, previous_documents=previous).documents
+    assert removed_documents(nights[0]) == {}
+    assert removed_documents(nights[2]) == {gone.stem: nights[1].run_id}  # night 2 diffed against a corpus without it
+    assert removed_documents(RunFolder(tmp_path, "20261130-000000")) == {}  # only runs up to the night asked about

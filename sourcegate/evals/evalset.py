@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,9 @@ def copies(items: list[dict], others: list[dict], vectors=None) -> list[tuple[st
     return found
 
 
+SECTIONS_SHOWN = 4  # a renamed section's document: this many of its sections named, enough to spot the new name
+
+
 def section_label(doc_id: str, section_id: str) -> str:
     """How a label names a section: `doc_id#section_id`, or the bare doc id for an article with no sections."""
     return f"{doc_id}#{section_id}" if section_id else doc_id
@@ -167,15 +171,37 @@ def relevant(expected: list[str], doc_id: str, section_id: str) -> bool:
 
 
 def check_labels(
-    items: list[dict], chunks: list[dict], source: str, set_aside: dict[str, str] | None = None
+    items: list[dict],
+    chunks: list[dict],
+    source: str,
+    set_aside: Mapping[str, str] | None = None,
+    removed: Callable[[], Mapping[str, str]] | None = None,
 ) -> list[str]:
-    """Expected ids that name nothing in the corpus: a stale label is an error, not a zero. `set_aside`: {doc id:
-    reason} of documents the night quarantined, named as such (the document is to fix, not the label)."""
+    """Expected ids that name nothing in the corpus: a stale label is an error, not a zero. Each says why, so the
+    maintainer knows what to fix: a document the night quarantined (`set_aside`, {doc id: reason}: fix the
+    document), a section its document does not have (renamed or dropped: its sections are named), a document
+    removed from the corpus (`removed()`, {doc id: the run that found it deleted}, asked only when a label names a
+    document absent tonight), or one this corpus never had."""
     known = {c["doc_id"] for c in chunks} | {f"{c['doc_id']}#{c['section_id']}" for c in chunks}
+    sections: dict[str, list[str]] = {}
+    for c in chunks:
+        held = sections.setdefault(c["doc_id"], [])
+        if c["section_id"] and c["section_id"] not in held:
+            held.append(c["section_id"])
 
     def missing(label: str) -> str:
-        reason = (set_aside or {}).get(label.split("#")[0])
-        return f"whose document was set aside tonight ({reason})" if reason else "which is not in the corpus"
+        doc = label.split("#")[0]
+        if (set_aside or {}).get(doc):
+            return f"whose document was set aside tonight ({set_aside[doc]})"
+        if doc in sections and not sections[doc]:
+            return f"a section {doc} does not have (it has none: label it {doc!r})"
+        if doc in sections:
+            shown = ", ".join(sections[doc][:SECTIONS_SHOWN]) + (", …" if len(sections[doc]) > SECTIONS_SHOWN else "")
+            return f"a section {doc} does not have (its sections: {shown})"
+        gone = removed() if removed else {}
+        if doc in gone:
+            return f"whose document was removed from the corpus (found deleted by run {gone[doc]})"
+        return "which is not in the corpus"
 
     return [
         f"{source}: {it['id']} expects {e!r}, {missing(e)}" for it in items for e in it["expected"] if e not in known

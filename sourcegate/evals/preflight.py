@@ -8,7 +8,7 @@ files and the version's chunk list, and stops the night with exit 2 saying what 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sourcegate.evals.evalset import EvalSetError, check_labels, load_evalset
@@ -20,6 +20,10 @@ HOW_TO_WRITE = (
     'should-decline ones {"id": "o-001", "question": "...", "label": "decline", "kind": "off_topic"}; '
     "`sourcegate init CORPUS --out DIR` scaffolds the files with a reviewed pool of off-topic questions, generated "
     "candidates to review, and the corpus's section ids (docs/calibration.md, 'Your own corpus')"
+)
+RETIRED = (
+    "a should-answer question whose document was removed asks what this corpus no longer answers: relabel it "
+    '{"label": "decline", "kind": "near_topic"} (without "expected") or delete it'
 )
 SHOW = 5  # unknown labels named per set (all are counted)
 
@@ -41,10 +45,11 @@ def set_problems(
     need: int | None = None,
     decline_kinds: Sequence[str] = (),
     set_aside: Mapping[str, str] | None = None,
+    removed: Callable[[], Mapping[str, str]] | None = None,
 ) -> list[str]:
-    """What keeps one eval set from judging this corpus: unreadable, labels naming no section of it (or a document
-    the night set aside: `set_aside`, {doc id: reason}), and for the fit set (`need` set) fewer than `need`
-    should-answer or gated should-decline questions."""
+    """What keeps one eval set from judging this corpus: unreadable, labels naming no section of it (each says why:
+    evalset.check_labels), and for the fit set (`need` set) fewer than `need` should-answer or gated should-decline
+    questions."""
     if path is None:
         return []
     try:
@@ -52,13 +57,15 @@ def set_problems(
     except EvalSetError as exc:
         return [f"the {role} set: {exc}"]
     found = []
-    unknown = check_labels(items, chunks, str(path), dict(set_aside or {}))
+    unknown = check_labels(items, chunks, str(path), dict(set_aside or {}), removed)
     if unknown:
         shown = "; ".join(u.split(": ", 1)[1] for u in unknown[:SHOW])
         more = f" and {len(unknown) - SHOW} more" if len(unknown) > SHOW else ""
         fix = "label each question with a doc id or doc#section of this corpus"
         if any("set aside tonight" in u for u in unknown):
             fix = f"fix the documents set aside (the run's quarantine.jsonl), or {fix}"
+        if any("removed from the corpus" in u for u in unknown):
+            fix += f"; {RETIRED}"
         found.append(
             f"the {role} set {path}: {len(unknown)} label(s) name nothing in this corpus ({shown}{more}); {fix}"
         )
@@ -92,14 +99,22 @@ def baseline_problems(path: str | None) -> list[str]:
     return []
 
 
-def preflight(evals, calibration, chunks: list[dict], set_aside: Mapping[str, str] | None = None) -> None:
+def preflight(
+    evals,
+    calibration,
+    chunks: list[dict],
+    set_aside: Mapping[str, str] | None = None,
+    removed: Callable[[], Mapping[str, str]] | None = None,
+) -> None:
     """Raise PreflightError naming every problem of the configured eval sets and baseline (`evals` and
     `calibration`: the config's sections, read by attribute) against this version's chunks (`set_aside`: the
-    documents its night quarantined, {doc id: reason})."""
+    documents its night quarantined, {doc id: reason}; `removed()`: the documents removed from the corpus, {doc id:
+    the run that found it deleted}, asked only when a label names a document absent tonight)."""
     kinds = list(calibration.gate_decline_kinds or [])
-    problems = set_problems("fit", evals.calibration_set, chunks, calibration.min_per_label, kinds, set_aside)
-    problems += set_problems("check", evals.check_set, chunks, set_aside=set_aside)
-    problems += set_problems("precision", evals.precision_set, chunks, set_aside=set_aside)
+    seen = {"set_aside": set_aside, "removed": removed}
+    problems = set_problems("fit", evals.calibration_set, chunks, calibration.min_per_label, kinds, **seen)
+    problems += set_problems("check", evals.check_set, chunks, **seen)
+    problems += set_problems("precision", evals.precision_set, chunks, **seen)
     problems += baseline_problems(evals.baseline)
     if problems:
         listed = "\n".join(f"  - {p}" for p in problems)

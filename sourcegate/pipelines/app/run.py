@@ -20,7 +20,7 @@ def build(run: RunFolder, cfg: PipelineConfig, progress: bool = False, shards: i
     counts = steps.ingest_step(run, cfg)
     steps.chunk_step(run, cfg.chunking, cfg.embedding)
     if judged:
-        steps.check_eval_sets(cfg, run / rf.CHUNKS_TEXT)
+        steps.check_eval_sets(cfg, run, run / rf.CHUNKS_TEXT)
     stats = [steps.embed_step(run, cfg.embedding, s, shards, progress=progress) for s in range(shards)]
     encoded = steps.merge_step(run, cfg.embedding, stats)
     steps.validate_step(run)

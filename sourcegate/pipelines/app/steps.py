@@ -11,6 +11,7 @@ rollback and cleanup (the verdict's binding, the store) the whole config.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import shutil
@@ -31,7 +32,7 @@ from sourcegate.pipelines.app.factories import get_embedder, judging, open_store
 from sourcegate.pipelines.build import embed_backends, quarantine
 from sourcegate.pipelines.build.chunk import PreviousChunks, chunk_batches, chunker_key, write_chunks
 from sourcegate.pipelines.build.embed import embed_shard, merge_shards
-from sourcegate.pipelines.build.ingest import empty_corpus, ingest
+from sourcegate.pipelines.build.ingest import empty_corpus, ingest, removed_documents
 from sourcegate.pipelines.build.validate import validate_chunks
 from sourcegate.pipelines.config import Chunking, Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision, runs, verdict
@@ -422,12 +423,13 @@ def cleanup_step(root: Path, cfg: PipelineConfig) -> dict:
 # --- evaluation and the gate -----------------------------------------------------------
 
 
-def check_eval_sets(cfg: PipelineConfig, chunks_parquet: Path) -> None:
-    """The eval sets fit the corpus in `chunks_parquet` and the baseline is there, or PreflightError (exit 2)
-    before anything is scored (sourcegate/evals/preflight.py)."""
+def check_eval_sets(cfg: PipelineConfig, night: RunFolder, chunks_parquet: Path) -> None:
+    """The eval sets fit the corpus in `chunks_parquet` (the version `night` built) and the baseline is there, or
+    PreflightError (exit 2) before anything is scored (sourcegate/evals/preflight.py)."""
     sections = pq.read_table(chunks_parquet, columns=["doc_id", "section_id"]).to_pylist()
-    set_aside = quarantine.documents(quarantine.read(chunks_parquet.parent))  # the version's own night's
-    preflight(cfg.evals, cfg.calibration, sections, set_aside)
+    set_aside = quarantine.documents(quarantine.read(night.path))  # the version's own night's
+    removed = functools.cache(lambda: removed_documents(night))  # read only if a label names a document not here
+    preflight(cfg.evals, cfg.calibration, sections, set_aside, removed)
 
 
 def answer_model_corpus(cfg: PipelineConfig, chunks_parquet: Path) -> dict | None:
@@ -445,7 +447,7 @@ def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = Non
     folder = run.mkdir()
     target = run.sibling(version or run.run_id)  # the version evaluated
     version = target.run_id
-    check_eval_sets(cfg, target.loadable_chunks())  # before any model loads or question is scored
+    check_eval_sets(cfg, target, target.loadable_chunks())  # before any model loads or question is scored
     searcher = open_store(cfg, run.root).open(version)  # verified: a corrupt or incomplete version is never evaluated
     retriever, scorer = retriever_for(cfg, searcher)
     facts = verdict.evaluated(cfg, searcher.manifest, verdict.eval_sets(cfg))

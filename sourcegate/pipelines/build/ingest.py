@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from sourcegate.artifact_io import run_folder as rf
@@ -265,6 +266,21 @@ def diff_manifest(con, documents: Path, previous_documents: str | Path | None, r
         previous = "SELECT NULL::VARCHAR AS doc_id, NULL::VARCHAR AS content_hash WHERE false"
     reader = con.sql(DIFF.format(previous=previous), params=params).to_arrow_reader(batch_rows(rows))
     return (pa.Table.from_batches([b]) for b in reader)
+
+
+def removed_documents(night: rf.RunFolder) -> dict[str, str]:
+    """{doc id: the run whose ingest found it deleted} for every document a run of this artifacts folder up to
+    `night` found deleted, newest first (a document removed three nights ago is still removed tonight, though the
+    nights between diffed against a corpus without it). The caller asks only of documents absent tonight."""
+    runs = sorted((p.parent.name for p in (night.root / rf.RUNS).glob(f"*/{rf.INGEST_MANIFEST}")), reverse=True)
+    removed: dict[str, str] = {}
+    for run_id in (r for r in runs if rf.RUN_ID.match(r) and r <= night.run_id):
+        path = night.sibling(run_id) / rf.INGEST_MANIFEST
+        for doc_id in (
+            pq.read_table(path, columns=["doc_id"], filters=[("status", "=", "deleted")]).column(0).to_pylist()
+        ):
+            removed.setdefault(doc_id, run_id)
+    return removed
 
 
 # --- a corpus folder: Markdown and HTML articles ------------------------------------
