@@ -177,3 +177,34 @@ def test_a_config_value_is_rewritten_in_place_its_comment_kept_and_a_folded_old_
     assert "  adjacent: 0.00123      # `placement: tightest` (0.04 logit below" in written  # its comment kept
     with pytest.raises(ValueError, match="has no key no_such_key"):
         with_value(text, "answer.no_such_key", 1)
+
+
+def test_a_corpus_that_outgrew_the_model_in_one_night_is_retrained_on_that_nights_version(tmp_path):
+    """Nine new articles in one night take the model from every section to 84%: that night fails
+    `answer_model_corpus` and LIVE stays on the corpus the model knows whole. Retraining on LIVE would learn nothing
+    new and no night would pass again, so the failed night's version is the one retrained on; a newest night that
+    failed for another reason, or none after LIVE, leaves LIVE."""
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app import retrain_step
+
+    cfg = config.load(ROOT / "config" / "pipeline.yaml", {"artifacts": str(tmp_path)})
+
+    def night(run_id: str, started: str, failed: str | None = None) -> None:
+        folder = tmp_path / "runs" / run_id
+        folder.mkdir(parents=True)
+        (folder / "chunks.parquet").write_bytes(b"")
+        (folder / "run.json").write_text(json.dumps({"started_at": f"2026-12-0{started}T00:00:00+00:00"}))
+        if failed:
+            checks = [{"name": "threshold_gap", "passed": True}, {"name": failed, "passed": False}]
+            (folder / "gate.json").write_text(json.dumps({"passed": False, "checks": checks}))
+
+    night("20261201-000000", "1")
+    assert retrain_step.retrain_version(cfg, "20261201-000000")[0] == "20261201-000000"
+    night("20261202-000000", "2", failed="precision_regression")
+    version, why = retrain_step.retrain_version(cfg, "20261201-000000")
+    assert version == "20261201-000000" and "did not fail for the answer model's share" in why
+    night("manual", "3", failed="answer_model_corpus")  # ordered by creation, not by name
+    version, why = retrain_step.retrain_version(cfg, "20261201-000000")
+    assert version == "manual" and "learned too little of it" in why
+    (tmp_path / "runs" / "recal-20261204-000000-retrained").mkdir()  # a candidate's folder builds no version
+    assert retrain_step.retrain_version(cfg, "20261201-000000")[0] == "manual"

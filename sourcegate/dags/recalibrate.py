@@ -3,7 +3,9 @@ the answer model when the corpus outgrew it.
 
 No reindexing and no promotion: live_version -> evaluate -> gate. Beside it, live_version -> corpus_share ->
 retrain -> judge -> ship: when the configured corpus-specific answer model learned less than
-`answerability.retrain_below_share` of the live version's sections, it is retrained by its recipe on that version,
+`answerability.retrain_below_share` of the live version's sections, it is retrained by its recipe on that version
+(or on the newest night's, when that night failed its gate because the model learned too little of it: the corpus
+outgrew the model in one step, and no night passes until it learns it; retrain_step.retrain_version),
 judged in the run folder `recal-…-retrained` and shipped only through accept when the fit set has a gap and the check
 set passes (sourcegate/pipelines/app/retrain_step.py); otherwise corpus_share skips the rest, or ship keeps the old model, and
 the task log and `retrain.json` say why. Runs when the eval sets asset
@@ -92,11 +94,12 @@ def recalibrate_tasks() -> None:
         return enforce_gate(in_store("gate", steps.gate_step, run=recal_run_id()))
 
     @task.short_circuit(task_id="corpus_share")
-    def corpus_share(version: str) -> dict | bool:
+    def corpus_share(live_version: str) -> dict | bool:
         from sourcegate.pipelines.app import retrain_step
 
+        version, which = retrain_step.retrain_version(cfg(), live_version)
         decided = retrain_step.needed(cfg(), version)
-        log.info("retrain: %s", decided["why"])
+        log.info("retrain: measured on %s: %s", which, decided["why"])
         return {**decided, "version": version} if decided["retrain"] else False
 
     @task(task_id="retrain")

@@ -288,7 +288,7 @@ def _pct_share(share: Mapping) -> str:
     new = f", {share['new_sections']} new and {share['changed_sections']} changed section(s)"
     return (
         f"{share['sections']:.0%} of today's {share['n_sections']} sections and {share['chunks']:.0%} of its "
-        f"{share['n_chunks']} chunks{new if share['new_sections'] or share['changed_sections'] else ''}"
+        f"{share['n_chunks']} distinct chunk texts{new if share['new_sections'] or share['changed_sections'] else ''}"
     )
 
 
@@ -312,8 +312,12 @@ def check_answer_model_corpus(calibration: Mapping, gating_signal: str) -> dict[
     return _check(
         "answer_model_corpus",
         False,
-        detail + ": it does not gate this corpus. Set answer.signal: auto (the gating signal is then chosen by rule "
-        "from the fit set among the others) or retrain it on this corpus (sourcegate train-in-domain).",
+        detail
+        + ": it does not gate this corpus. Retrain it on this night's version: trigger the sourcegate_recalibrate "
+        "DAG (it retrains by the model's recipe on the newest night that failed for this, judges the new model and "
+        "ships it through accept), or `sourcegate retrain MODEL --index RUN_DIR --out DIR`, then `calibrate` and "
+        "`accept` it; or set answer.signal: auto (the gating signal is then chosen by rule from the fit set among the "
+        "others).",
         **corpus,
     )
 

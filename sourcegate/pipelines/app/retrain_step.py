@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from sourcegate.artifact_io import read_json, write_json
+from sourcegate.artifact_io import run_folder as rf
 from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.evals.check_set import threshold_of
 from sourcegate.pipelines import config as config_mod
 from sourcegate.pipelines.app.accepting import accept_run, file_value
 from sourcegate.pipelines.app.steps import answer_model_corpus, evaluate_step, gate_step
 from sourcegate.pipelines.config import PipelineConfig
+from sourcegate.pipelines.release import runs
 from sourcegate.pipelines.release.lock import writer_lock
 from sourcegate.pipelines.retrieval.answer_support import AnswerSupportModel
 from sourcegate.pipelines.training import retrain
@@ -68,6 +70,29 @@ def needed(cfg: PipelineConfig, version: str) -> dict[str, Any]:
         why = f"{folder} {learned} (retrained below {below:.0%})"
         return {"retrain": False, "why": why, "corpus": corpus}
     return {"retrain": True, "why": f"{folder} {learned}: below {below:.0%}", "model": str(folder), "corpus": corpus}
+
+
+def retrain_version(cfg: PipelineConfig, live: str) -> tuple[str, str]:
+    """The version to retrain on, and why: the live one, unless the newest night built after it failed its gate
+    because the answer model learned too little of that night's corpus. Then the corpus moved past the model in one
+    step (past `min_corpus_share` before `retrain_below_share` was ever reached on a live version): no night passes
+    until the model learns the new corpus, and a model retrained on LIVE would learn only the corpus it knows."""
+    nights = [
+        r.name
+        for r in runs.list_runs(Path(cfg.artifacts) / rf.RUNS)
+        if (Path(cfg.artifacts) / rf.RUNS / r.name / rf.CHUNKS).exists()
+    ]
+    newest = nights[-1] if nights and live in nights and nights[-1] != live else None
+    if newest is None:
+        return live, "the live version (no night built after it)"
+    gate_path = RunFolder(cfg.artifacts, newest) / rf.GATE
+    checks = read_json(gate_path).get("checks", []) if gate_path.exists() else []
+    if any(c["name"] == "answer_model_corpus" and not c["passed"] for c in checks):
+        return (
+            newest,
+            f"night {newest}, newer than live {live}: its gate failed as the answer model learned too little of it",
+        )
+    return live, f"the live version (the newest night, {newest}, did not fail for the answer model's share)"
 
 
 def train_candidate(cfg: PipelineConfig, recal_run: str, version: str, model: str | Path) -> dict[str, Any]:
