@@ -40,6 +40,19 @@ def test_multi_turn_prepends_prior_turns():
     )
 
 
+def test_a_long_history_keeps_its_newest_words_and_never_pushes_the_question_out():
+    """The models read a query's first 256 tokens and the turns come first: a whole transcript sent as context would
+    leave the question unread. Its newest CONTEXT_WORDS words are kept; a history within that is as it always was."""
+    from sourcegate.pipelines.retrieval.retriever import CONTEXT_WORDS
+
+    transcript = [f"turn {i}: " + "we talked about the airport line and its fares " * 4 for i in range(20)]
+    query = effective_query("and on Sundays?", transcript)
+    assert query.endswith(" and on Sundays?") and len(query.split()) == CONTEXT_WORDS + 3
+    assert query.split()[:CONTEXT_WORDS] == " ".join(transcript).split()[-CONTEXT_WORDS:]
+    short = ["Is the  night bus\nfree?", "  ", "From the airport?"]  # spacing within the bound is kept as sent
+    assert effective_query("And Sundays?", short) == "Is the  night bus\nfree? From the airport? And Sundays?"
+
+
 def test_term_coverage_and_margin():
     assert term_coverage("How much is the bus fare?", "Bus fare: $2") == pytest.approx(2 / 3)  # much, bus, fare
     assert margin([0.8, 0.2]) == pytest.approx(0.75) and margin([0.5]) == 1.0 and margin([]) == 0.0

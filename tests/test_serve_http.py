@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -47,6 +48,11 @@ def test_a_question_and_its_prior_turns_are_read_from_a_json_object():
         (b'{"question": "where", "context": "the 5"}', '"context" must be a list of strings'),
         (b'{"question": "where", "context": [1]}', '"context" must be a list of strings'),
         (b'{"question": "where", "k": 5}', "unknown field(s) k"),
+        (b'{"question": "x", "context": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", "nests too deeply"),
+        (b'{"question": "\\u200b???"}', "has no letter or digit"),
+        (b'{"question": "' + b"where " * 400 + b'"}', '"question" is 2400 characters; at most 2000'),
+        (b'{"question": "bikes \\ud800 on trains"}', '"question" is not valid Unicode: surrogates not allowed'),
+        (b'{"question": "bikes?", "context": ["\\udfff"]}', '"context" is not valid Unicode'),
     ],
 )
 def test_a_body_that_is_not_a_question_is_refused_naming_what_is_wrong(body, named):
@@ -93,7 +99,8 @@ class Served:
         return request(self.url + path, body)
 
     def stop(self) -> int:
-        self.proc.terminate()
+        if self.proc.poll() is None:
+            self.proc.terminate()
         try:
             return self.proc.wait(timeout=60)
         finally:
@@ -189,3 +196,26 @@ def test_without_a_live_version_health_and_query_are_503_saying_why(night, tmp_p
         assert status == 503 and "no live version" in body["error"]
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.models
+def test_a_stop_answers_the_questions_already_taken_before_the_process_exits(night):
+    """A rolling restart sends SIGTERM while clients wait: the questions the server already took are answered (the
+    process exits 0 after them), not cut off with a reset."""
+    import concurrent.futures as cf
+
+    server = Served(night["config"], night["artifacts"])
+    questions = [
+        f"{q} (asked during a restart)" for q in (BIKE, "How much is a day pass?", "Where do I find lost items?")
+    ]
+    try:
+        with cf.ThreadPoolExecutor(len(questions)) as pool:
+            asked = [pool.submit(server.post, "/query", json.dumps({"question": q}).encode()) for q in questions]
+            time.sleep(0.3)  # accepted at once; the three take seconds through the models, one at a time
+            server.proc.terminate()
+            answers = [a.result(timeout=120) for a in asked]
+        code = server.proc.wait(timeout=60)  # once, by the one SIGTERM (a second one stops at once)
+    finally:
+        server.stop()
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert sorted(body["question"] for _, _, body in answers) == sorted(questions) and code == 0

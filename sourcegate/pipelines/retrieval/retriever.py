@@ -123,9 +123,18 @@ def rerank_head(
     return result, order
 
 
+CONTEXT_WORDS = 64  # prior-turn words a question reads, the newest; every eval set's context holds at most 12
+
+
 def effective_query(question: str, context: Sequence[str] = ()) -> str:
-    """Multi-turn: the prior turns are prepended so a follow-up keeps its subject."""
-    return " ".join([*(c.strip() for c in context if c.strip()), question.strip()])
+    """Multi-turn: the prior turns are prepended so a follow-up keeps its subject. Only their newest CONTEXT_WORDS
+    words: the models read a question's first 256 tokens, so a long history would push the question itself out of
+    what they read (a chat's whole transcript sent as context). Within the bound, the text is as it always was."""
+    turns = [c.strip() for c in context if c.strip()]
+    words = " ".join(turns).split()
+    if len(words) > CONTEXT_WORDS:
+        turns = [" ".join(words[-CONTEXT_WORDS:])]
+    return " ".join([*turns, question.strip()])
 
 
 def term_coverage(query: str, text: str) -> float:
