@@ -88,6 +88,8 @@ def test_nightly_structure(dagbag):
     assert downstream_map(dag) == inverted(NIGHTLY_UPSTREAM)
     assert dag.max_active_runs == 1
     assert dag.catchup is False
+    # a backfill would build today's corpus under N past run ids beside the night (its own max_active_runs)
+    assert {t.value for t in dag.allowed_run_types} == {"scheduled", "manual", "operator_triggered"}
     assert dag.start_date is not None and dag.start_date.year < 2026
     assert dag.timetable.expression == "0 2 * * *"
 
@@ -285,3 +287,47 @@ def test_a_deployment_points_the_dags_at_its_store_with_sourcegate_artifacts(com
     assert common.load_config(None, {"artifacts": "/elsewhere"}).artifacts == "/elsewhere"  # explicit wins
     monkeypatch.delenv("SOURCEGATE_ARTIFACTS")
     assert common.load_config().artifacts == str(common.PROJECT_ROOT / "artifacts")
+
+
+def test_a_task_waits_its_own_time_for_the_lock_and_a_refusal_is_never_retried(common, monkeypatch, tmp_path):
+    """The nightly and recalibrate DAGs share the store's lock and a recalibration's evaluate holds it for minutes:
+    a task waits at least DAG_LOCK_WAIT_S, also in the steps given only a config section (chunk, embed, merge and
+    validate waited the CLI's 30 s, whatever the config said), without changing the config a verdict judges. A
+    refusal that the same inputs would repeat (a rerun of a night whose corpus changed) fails the task at once; a
+    fault of the moment is left to the task's retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from sourcegate.artifact_io.run_folder import RunFolder
+    from sourcegate.pipelines.release import lock
+    from sourcegate.pipelines.versions.manifest import VersionConflict
+
+    config = common.load_config(None, {"artifacts": str(tmp_path)})
+    assert config.lock.timeout_s == 30.0  # as judged: the DAG's wait is not a config value
+    monkeypatch.setattr(common, "cfg", lambda: config)
+    monkeypatch.setattr(common, "run_id", lambda *a: "20260101-020000")
+    waits = []
+
+    @lock.locked("probe")
+    def section_step(where, chunking):
+        waits.append(lock.timeout_of(lock.PipelineConfig()))
+
+    def whole_config_step(run: RunFolder, cfg):
+        waits.append(lock.timeout_of(cfg))
+        section_step(run, cfg.chunking)
+        return "done"
+
+    assert common.in_store("validate", whole_config_step) == "done"
+    assert waits == [common.DAG_LOCK_WAIT_S, common.DAG_LOCK_WAIT_S]
+    assert lock.timeout_of(config) == 30.0  # outside a task: the config's own wait
+
+    def conflict(run, cfg):
+        raise VersionConflict("version 20260101-020000 was built from other inputs: run again with a new run id")
+
+    with pytest.raises(AirflowFailException, match="validate: VersionConflict: version 20260101-020000"):
+        common.in_store("validate", conflict)
+
+    def flaky(run, cfg):
+        raise ConnectionError("node restarting")
+
+    with pytest.raises(ConnectionError):
+        common.in_store("validate", flaky)

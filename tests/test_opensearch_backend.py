@@ -526,7 +526,8 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
         "from sourcegate.pipelines.search.opensearch.client import client_from_airflow\n"
         "c = client_from_airflow()\n"
         "conn = c.transport.connection_pool.connections[0]\n"
-        "print(conn.host, repr(c))\n"
+        "t = c.transport\n"
+        "print(conn.host, repr(c), conn.timeout, t.max_retries, t.retry_on_timeout, bool(getattr(getattr(conn, 'session', None), 'verify', None)))\n"
     )
     env = {
         **os.environ,
@@ -534,10 +535,27 @@ def test_client_from_airflow_uses_the_connection(tmp_path):
         "AIRFLOW_CONN_OPENSEARCH_DEFAULT": f"opensearch://indexer:{SECRET}@search.internal:9201",
     }
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "http://search.internal:9201" in proc.stdout
-    assert SECRET not in proc.stdout and SECRET not in proc.stderr
+
+    def client_line(env: dict) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert SECRET not in proc.stdout and SECRET not in proc.stderr
+        return proc.stdout
+
+    out = client_line(env)
+    assert "http://search.internal:9201" in out and out.split()[-4:-1] == ["60", "3", "True"]  # the CLI's defaults
+    tls = {**env, "AIRFLOW_CONN_OPENSEARCH_DEFAULT": env["AIRFLOW_CONN_OPENSEARCH_DEFAULT"] + "?use_ssl=true"}
+    assert client_line(tls).split()[-1] == "True"  # certificates verified unless the connection says otherwise
+    unverified = {
+        **env,
+        "AIRFLOW_CONN_OPENSEARCH_DEFAULT": tls["AIRFLOW_CONN_OPENSEARCH_DEFAULT"] + "&verify_certs=false",
+    }
+    assert client_line(unverified).split()[-1] == "False"
+    undefined = {k: v for k, v in env.items() if k != "AIRFLOW_CONN_OPENSEARCH_DEFAULT"}
+    out = client_line({**undefined, "OPENSEARCH_URL": "http://from-env.internal:9203"})
+    assert "http://from-env.internal:9203" in out  # the default connection undefined: the environment, as the CLI
 
 
 @pytest.mark.opensearch

@@ -96,6 +96,7 @@ def test_a_candidate_that_passed_ships_through_accept_and_retires_the_check_set_
     folder = Path(workspace["cfg"].artifacts) / "runs" / f"{RECAL}-retrained"
     record = json.loads((folder / retrain_step.RECORD).read_text())
     record["judged"] = {**record["judged"], "ship": True}
+    record.pop("shipped", None)  # as a new judgement leaves it (the test before shipped nothing)
     (folder / retrain_step.RECORD).write_text(json.dumps(record))
     check_ids = [q["id"] for q in load_evalset(root / "evals" / "check.jsonl")]
 
@@ -116,6 +117,14 @@ def test_a_candidate_that_passed_ships_through_accept_and_retires_the_check_set_
     assert baseline["threshold"] == record["judged"]["threshold"]
     moves = [json.loads(x) for x in (root / "check_moves.jsonl").read_text().splitlines()]
     assert moves[-1]["moved"] == check_ids and moves[-1]["accepted_from"] == f"runs/{RECAL}-retrained"
+    # the task retried: after its record (said again), or after the config switched and before the record
+    assert retrain_step.ship(after, RECAL, config_file, ROOT) == shipped
+    record = json.loads((folder / retrain_step.RECORD).read_text())
+    (folder / retrain_step.RECORD).write_text(json.dumps({k: v for k, v in record.items() if k != "shipped"}))
+    again = retrain_step.ship(config.load(config_file), RECAL, config_file, ROOT)
+    assert again["shipped"] is True and again["model"] == str(dest)
+    assert [p.name for p in (root / "models").iterdir() if p.name.startswith("tiny-")] == [f"tiny-{RECAL}-retrained"]
+    assert config.load(config_file).answerability.answer_model_path == str(dest)
 
 
 def test_a_retrain_is_asked_only_of_a_corpus_specific_model_below_the_configured_share(tmp_path):

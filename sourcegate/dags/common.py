@@ -62,6 +62,26 @@ RETRY_ARGS = {
 # is never retried.
 DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=10)}
 
+# A writing task waits this long for the store's lock at least (lock.timeout_s, if longer): the nightly and the
+# recalibrate DAGs share the lock, and a recalibration's evaluate holds it for minutes; a step that waited only the
+# CLI's 30 s would fail a night that merely overlapped one.
+DAG_LOCK_WAIT_S = 3600.0
+
+
+def refusals() -> tuple[type[BaseException], ...]:
+    """Errors that are a decision on the task's inputs, not a fault of the moment: a rerun of a night whose inputs
+    changed (VersionConflict), a verdict that does not bind what is promoted (VerdictMismatch), a config, eval set or
+    corpus the night cannot judge. Failed at once, never retried (a retry waits minutes to fail the same way)."""
+    from sourcegate.evals.preflight import PreflightError
+    from sourcegate.pipelines.build.ingest import EmptyCorpus
+    from sourcegate.pipelines.config import ConfigError
+    from sourcegate.pipelines.release.decision import NotProven
+    from sourcegate.pipelines.release.verdict import VerdictMismatch
+    from sourcegate.pipelines.versions.manifest import VersionConflict
+
+    return (VersionConflict, VerdictMismatch, NotProven, PreflightError, ConfigError, EmptyCorpus)
+
+
 # Config values that are file system paths (None is left alone: "use the packaged model").
 PATH_KEYS = (
     "corpus.path",
@@ -105,7 +125,11 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     conn_id = cfg.backend.opensearch.airflow_conn_id or OPENSEARCH_CONN_ID
     aws_conn_id = cfg.artifacts_airflow_conn_id or AWS_CONN_ID
     return config_mod.replace(
-        cfg, {"backend.opensearch.airflow_conn_id": conn_id, "artifacts_airflow_conn_id": aws_conn_id}
+        cfg,
+        {
+            "backend.opensearch.airflow_conn_id": conn_id,
+            "artifacts_airflow_conn_id": aws_conn_id,
+        },
     )
 
 
@@ -235,10 +259,16 @@ def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | N
     Airflow connection (store_connection); a local artifacts folder as is."""
     from sourcegate.artifact_io.run_folder import RunFolder
     from sourcegate.pipelines.app.staging import task_staged
+    from sourcegate.pipelines.config import Lock
+    from sourcegate.pipelines.release.lock import task_locking
 
     config, run = cfg(), run or run_id()
-    with store_connection(config), task_staged(config, step, run, shard) as root:
-        return call(RunFolder(root, run), config)
+    waits = Lock(timeout_s=max(config.lock.timeout_s, DAG_LOCK_WAIT_S), lease_s=config.lock.lease_s)
+    try:
+        with store_connection(config), task_locking(waits), task_staged(config, step, run, shard) as root:
+            return call(RunFolder(root, run), config)
+    except refusals() as exc:  # the same inputs give the same refusal: a retry would only wait to fail again
+        raise AirflowFailException(f"{step}: {type(exc).__name__}: {exc}") from exc
 
 
 def params() -> dict:

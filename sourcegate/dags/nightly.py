@@ -41,6 +41,9 @@ def nightly_dag(dag_id: str = "sourcegate_nightly", schedule=NIGHTLY_SCHEDULE, s
         "params": nightly_params(),
         "tags": ["sourcegate"],
         "doc_md": __doc__,
+        # No backfills: a night builds today's corpus whatever its logical date, so a backfill would build N copies
+        # of today under past run ids, beside the scheduled night (backfills have their own max_active_runs)
+        "allowed_run_types": ["scheduled", "manual", "operator_triggered"],
         **kwargs,
     }
 

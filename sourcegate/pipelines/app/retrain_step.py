@@ -150,7 +150,8 @@ def judge(cfg: PipelineConfig, recal_run: str, version: str) -> dict[str, Any]:
     gate = gate_step(run, judged)
     decided = verdict(gate)
     threshold = threshold_of(read_json(folder / "calibration.json"))
-    write_json({**read_json(folder / RECORD), "judged": {**decided, "threshold": threshold}}, folder / RECORD)
+    earlier = {k: v for k, v in read_json(folder / RECORD).items() if k != "shipped"}  # judged anew: ship anew
+    write_json({**earlier, "judged": {**decided, "threshold": threshold}}, folder / RECORD)
     return {**decided, "threshold": threshold, "run": run.run_id}
 
 
@@ -162,12 +163,24 @@ def ship(cfg: PipelineConfig, recal_run: str, config_path: Path, root: Path) -> 
     retrained = candidate(cfg, recal_run)
     run, folder = retrained.run_id, retrained.path
     record = read_json(folder / RECORD)
+    if record.get("shipped"):  # a retried task: shipped (or kept) already, said once
+        return record["shipped"]
     judged = record.get("judged") or {}
     if not judged.get("ship"):
         record["shipped"] = {"shipped": False, "why": f"the old model stays: {judged.get('why', 'not judged')}"}
         write_json(record, folder / RECORD)
         return record["shipped"]
     old = Path(AnswerSupportModel.folder_of(cfg.answerability.answer_model_path))
+    if old.name.endswith(f"-{run}"):  # a try that switched the config and died before its record: it shipped
+        shipped = {
+            "shipped": True,
+            "model": str(old),
+            "config_written": True,
+            "check_retired": None,
+            "next_check": None,
+        }
+        write_json({**record, "shipped": shipped}, folder / RECORD)
+        return shipped
     dest = old.parent / f"{old.name}-{run}"
     in_file = file_value(config_path, "answerability.answer_model_path")
     also: dict[str, Any] = {"answerability.answer_model_path": str(Path(in_file).parent / dest.name)}

@@ -36,13 +36,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
 from sourcegate.artifact_io import write_json
 from sourcegate.artifact_io.run_folder import RunFolder
 from sourcegate.pipelines import faults
-from sourcegate.pipelines.config import PipelineConfig
+from sourcegate.pipelines.config import Lock, PipelineConfig
 from sourcegate.pipelines.release.object_lock import Lease, acquire_object
 from sourcegate.pipelines.search.opensearch.health import LOCK_INDEX
 from sourcegate.pipelines.versions.holder import POLL_S, LockHeld, describe, holder_record, is_stale
@@ -66,12 +67,29 @@ class _Hold:
 _held: dict[tuple[str, int], _Hold] = {}  # (lock key, thread id) -> this thread's hold
 
 
-def command_line() -> str:
-    return " ".join(["sourcegate", *sys.argv[1:]]) if sys.argv and "pipelines" in sys.argv[0] else " ".join(sys.argv)
+_task_locking: ContextVar[Lock | None] = ContextVar("sourcegate_task_locking", default=None)
+
+
+@contextmanager
+def task_locking(settings: Lock) -> Iterator[None]:
+    """Within it, every lock waits at least `settings.timeout_s`, and a step given only a config section locks by
+    `settings` (its wait, its lease) instead of the defaults: a DAG task knows the whole config even where its step
+    takes a section, and waits as a scheduled task may (common.in_store). The config itself is left as it is (a
+    verdict judges it)."""
+    token = _task_locking.set(settings)
+    try:
+        yield
+    finally:
+        _task_locking.reset(token)
 
 
 def timeout_of(cfg: PipelineConfig) -> float:
-    return float(cfg.lock.timeout_s)
+    task = _task_locking.get()
+    return max(float(cfg.lock.timeout_s), float(task.timeout_s) if task else 0.0)
+
+
+def command_line() -> str:
+    return " ".join(["sourcegate", *sys.argv[1:]]) if sys.argv and "pipelines" in sys.argv[0] else " ".join(sys.argv)
 
 
 # --- the artifacts folder lock (flock) ------------------------------------------------------------
@@ -350,12 +368,15 @@ def locked(step: str, *, shared: bool = False):
     """Decorator for a step `f(where, settings, ...)`: run it under the writer lock of the artifacts folder it works
     in. `where` is a run folder (its `root`) or, for a step over the whole store, that folder itself. A step given
     the whole config (`settings`) also takes the OpenSearch alias lock and waits the configured time; a step given a
-    section writes only its run folder: the folder lock, waiting the default time."""
+    section writes only its run folder: the folder lock, waiting the time `task_locking` set, else the default."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def inner(where, *args, **kwargs):
-            cfg = args[0] if args and isinstance(args[0], PipelineConfig) else PipelineConfig()
+            if args and isinstance(args[0], PipelineConfig):
+                cfg = args[0]
+            else:
+                cfg = PipelineConfig(lock=_task_locking.get() or Lock())
             root = where.root if isinstance(where, RunFolder) else Path(where)  # TypeError for anything else
             try:
                 with writer_lock(cfg, f"{command_line()} [{step}]", shared=shared, root=root):

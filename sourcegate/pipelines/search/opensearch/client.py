@@ -134,12 +134,34 @@ def client_from_env(env: Mapping[str, str] | None = None) -> OpenSearch:
     return config_from_env(env).client()
 
 
-def client_from_airflow(conn_id: str = "opensearch_default") -> OpenSearch:
-    """An ``OpenSearch`` client from an Airflow connection (``OpenSearchHook``)."""
-    from airflow.providers.opensearch.hooks.opensearch import OpenSearchHook
+DEFAULT_CONN_ID = "opensearch_default"
 
+
+def client_from_airflow(conn_id: str = DEFAULT_CONN_ID) -> OpenSearch:
+    """An ``OpenSearch`` client from an Airflow connection (``OpenSearchHook``), with the CLI's defaults where the
+    connection is silent: certificates verified (the hook's own default is not to verify: basic-auth credentials
+    would cross an unverified TLS link), a DEFAULT_TIMEOUT timeout retried 3 times (its client's is 10 s, never
+    retried). The default connection left undefined: the environment (``OPENSEARCH_*``), as the CLI reads it; any
+    other connection the config names must exist."""
+    from airflow.providers.opensearch.hooks.opensearch import OpenSearchHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        hook = OpenSearchHook(open_search_conn_id=conn_id, log_query=False)
+    except AirflowNotFoundException:
+        if conn_id != DEFAULT_CONN_ID:
+            raise
+        log.info("Airflow connection %r is not defined: OpenSearch from the environment (OPENSEARCH_*)", conn_id)
+        return client_from_env()
+    extra = hook.conn.extra_dejson
+    if "verify_certs" not in extra:
+        hook.verify_certs = True
+    if extra.get("timeout") is None:
+        hook.timeout = DEFAULT_TIMEOUT
     log.info("OpenSearch client from Airflow connection %r", conn_id)
-    return OpenSearchHook(open_search_conn_id=conn_id, log_query=False).client
+    client = hook.client
+    client.transport.max_retries, client.transport.retry_on_timeout = 3, True
+    return client
 
 
 def client_for(section: config.OpenSearch) -> OpenSearch:
