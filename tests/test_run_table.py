@@ -98,3 +98,31 @@ def test_sourcegate_runs_reads_the_promotions_log(tmp_path, capsys):
     append_record(promotion_record("live", None, "sha256:g", "cli"), tmp_path / "promotions.jsonl")
     assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["promoted"] is True
+
+
+def test_a_night_that_stopped_says_where_and_why_in_its_folder_and_in_the_listing(tmp_path):
+    """A night stopped by an error (a preflight refusal, a node down) left a folder with no verdict: `runs` said
+    "no verdict", as for a night still building. It now records the step and the error's start (one line, a URL's
+    password masked) and is listed as stopped there."""
+    from sourcegate.artifact_io.run_folder import RunFolder
+    from sourcegate.evals.preflight import PreflightError
+    from sourcegate.pipelines.app.steps import STOP_CHARS, record_stop
+    from sourcegate.pipelines.release.lock import mark_step
+
+    run = RunFolder(tmp_path, "20260105-020000")
+    record_stop(run, RuntimeError("no folder yet"))  # a night stopped before its folder: nothing to say it in
+    assert not run.exists()
+    write_run(tmp_path, run.run_id, {"started_at": "2026-01-05T02:00:00+00:00"})
+    refused = PreflightError("the night cannot be judged as configured:\n  - the fit set fit.jsonl: 3 label(s) …")
+    mark_step(refused, "preflight")
+    record_stop(run, refused)
+    stopped = run.info()["stopped"]
+    assert stopped == {
+        "step": "preflight",
+        "error": "PreflightError: the night cannot be judged as configured: - the fit set fit.jsonl: 3 label(s) …",
+    }
+    assert {r["run"]: r["verdict"] for r in list_runs(tmp_path)} == {run.run_id: "stopped: preflight"}
+    record_stop(run, ConnectionError("cannot reach https://admin:hunter2@search.internal:9200/_bulk " + "x" * 400))
+    error = run.info()["stopped"]["error"]
+    assert "hunter2" not in error and "https://admin:***@search.internal" in error
+    assert len(error) == STOP_CHARS and error.endswith("…") and run.info()["stopped"]["step"] == "run"

@@ -268,7 +268,21 @@ def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | N
         with store_connection(config), task_locking(waits), task_staged(config, step, run, shard) as root:
             return call(RunFolder(root, run), config)
     except refusals() as exc:  # the same inputs give the same refusal: a retry would only wait to fail again
+        _record_stop(config, run, exc)
         raise AirflowFailException(f"{step}: {type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:
+        _record_stop(config, run, exc)
+        raise
+
+
+def _record_stop(config: config_mod.PipelineConfig, run: str, exc: BaseException) -> None:
+    """A local artifacts folder's run says where its night stopped (`sourcegate runs`); on an object store the
+    task's scratch folder is not published when its step fails, and the task log says it."""
+    from sourcegate.artifact_io.run_folder import RunFolder
+    from sourcegate.pipelines.app.steps import record_stop
+
+    if not is_remote(config.artifacts):
+        record_stop(RunFolder(config.artifacts, run), exc)
 
 
 def params() -> dict:

@@ -38,6 +38,14 @@ def run_pipeline(cfg: PipelineConfig, run_id: str | None = None, progress: bool 
 
 
 def _run_locked(run: RunFolder, cfg: PipelineConfig, progress: bool, promote: bool) -> dict:
+    try:
+        return _night(run, cfg, progress, promote)
+    except BaseException as exc:  # an interrupt too: the folder says the night stopped, and where
+        steps.record_stop(run, exc)
+        raise
+
+
+def _night(run: RunFolder, cfg: PipelineConfig, progress: bool, promote: bool) -> dict:
     built = build(run, cfg, progress=progress, judged=True)
     steps.evaluate_step(run, cfg, progress=progress)
     gate = steps.gate_step(run, cfg)

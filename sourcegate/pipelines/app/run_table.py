@@ -42,6 +42,7 @@ SELECT info.run,
        j ->> '$.started_at' AS started,
        j ->> '$.backend' AS backend,
        CASE WHEN j IS NULL THEN 'unreadable'
+            WHEN g IS NULL AND (j ->> '$.stopped.step') IS NOT NULL THEN 'stopped: ' || (j ->> '$.stopped.step')
             WHEN g IS NULL THEN 'no verdict'
             WHEN TRY_CAST(g ->> '$.passed' AS BOOLEAN) THEN 'passed'
             ELSE 'failed' END AS verdict,

@@ -11,9 +11,11 @@ rollback and cleanup (the verdict's binding, the store) the whole config.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
+import re
 import shutil
 import time
 from datetime import UTC, datetime
@@ -26,7 +28,7 @@ from sourcegate.artifact_io import run_folder as rf
 from sourcegate.artifact_io.run_folder import RUN_ID, RunFolder
 from sourcegate.evals import check_log
 from sourcegate.evals.harness import evaluate, gate_for_dir
-from sourcegate.evals.preflight import preflight
+from sourcegate.evals.preflight import PreflightError, preflight
 from sourcegate.pipelines import faults, models
 from sourcegate.pipelines.app.factories import get_embedder, judging, open_store, retriever_for
 from sourcegate.pipelines.build import embed_backends, quarantine
@@ -36,7 +38,7 @@ from sourcegate.pipelines.build.ingest import empty_corpus, ingest, removed_docu
 from sourcegate.pipelines.build.validate import validate_chunks
 from sourcegate.pipelines.config import Chunking, Embedding, PipelineConfig
 from sourcegate.pipelines.release import decision, runs, verdict
-from sourcegate.pipelines.release.lock import held_since, locked
+from sourcegate.pipelines.release.lock import held_since, locked, mark_step, step_of
 from sourcegate.pipelines.retrieval import combiner, learned_corpus
 from sourcegate.pipelines.retrieval.answer_support import AnswerSupportModel
 from sourcegate.pipelines.versions import code, promotions
@@ -420,6 +422,21 @@ def cleanup_step(root: Path, cfg: PipelineConfig) -> dict:
     return runs.retain_runs(Path(root) / rf.RUNS, store, b.retention, b.keep_failed_days, before=held_since(root))
 
 
+STOP_CHARS = 300  # of a stopped night's error kept in run.json, on one line: enough to know what to fix
+USERINFO = re.compile(r"(\w+://[^/:@\s]*):[^/@\s]*@")  # a URL's password in an error's text
+
+
+def record_stop(run: RunFolder, exc: BaseException) -> None:
+    """A night that stopped says in its run.json where and why (`stopped`: the step, the error's start on one line,
+    a URL's password masked), so `sourcegate runs` lists it as stopped, not as a night with no verdict and no reason."""
+    if not run.exists():
+        return
+    error = USERINFO.sub(r"\1:***@", " ".join(f"{type(exc).__name__}: {exc}".split()))
+    error = error if len(error) <= STOP_CHARS else error[: STOP_CHARS - 1] + "…"
+    with contextlib.suppress(OSError, ValueError):
+        run.update_info(stopped={"step": step_of(exc) or "run", "error": error})
+
+
 # --- evaluation and the gate -----------------------------------------------------------
 
 
@@ -429,7 +446,11 @@ def check_eval_sets(cfg: PipelineConfig, night: RunFolder, chunks_parquet: Path)
     sections = pq.read_table(chunks_parquet, columns=["doc_id", "section_id"]).to_pylist()
     set_aside = quarantine.documents(quarantine.read(night.path))  # the version's own night's
     removed = functools.cache(lambda: removed_documents(night))  # read only if a label names a document not here
-    preflight(cfg.evals, cfg.calibration, sections, set_aside, removed)
+    try:
+        preflight(cfg.evals, cfg.calibration, sections, set_aside, removed)
+    except PreflightError as exc:
+        mark_step(exc, "preflight")
+        raise
 
 
 def answer_model_corpus(cfg: PipelineConfig, chunks_parquet: Path) -> dict | None:
