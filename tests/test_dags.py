@@ -90,6 +90,8 @@ def test_nightly_structure(dagbag):
     assert dag.catchup is False
     # a backfill would build today's corpus under N past run ids beside the night (its own max_active_runs)
     assert {t.value for t in dag.allowed_run_types} == {"scheduled", "manual", "operator_triggered"}
+    # retention runs after a failed gate too, and the run's state stays promote's (a failed gate fails the run)
+    assert dag.task_dict["cleanup"].is_teardown and not dag.task_dict["cleanup"].on_failure_fail_dagrun
     assert dag.start_date is not None and dag.start_date.year < 2026
     assert dag.timetable.expression == "0 2 * * *"
 

@@ -99,7 +99,7 @@ def test_a_key_with_dot_dot_in_a_cached_version_is_refused(s3_server, s3_env, tm
     with pytest.raises(UnsafeKey, match="escape.txt"):
         CachedStore(uri, cache).local("v1")
     assert not list(tmp_path.rglob("escape.txt"))
-    assert [p.name for p in cache.iterdir()] == []  # its own download folder removed too
+    assert [p.name for p in cache.iterdir() if p.name != ".pins"] == []  # its own download folder removed too
 
 
 # --- the lease -------------------------------------------------------------------------------------
@@ -329,6 +329,64 @@ def test_two_processes_filling_one_cache_entry_both_serve_and_leave_one_intact_e
     outs = [r.communicate(timeout=120) for r in readers]
     assert [r.returncode for r in readers] == [0, 0], [err for _, err in outs]
     assert [out.strip() for out, _ in outs] == ["3", "3"]
-    entries = sorted(p.name for p in cache.iterdir())
+    entries = sorted(p.name for p in cache.iterdir() if p.name != ".pins")
     assert len(entries) == 1 and ".part" not in entries[0]  # one entry, no download folder left behind
     EmbeddedStore(cache / entries[0] / "runs", cache / entries[0] / "LIVE").verify("v1")  # intact
+
+
+def test_the_cache_keeps_what_is_in_use_and_the_entries_used_last_and_evicts_the_rest(tmp_path):
+    """A long-running `serve` following promotions on an object store downloaded every night's version into the
+    cache and never removed one. An entry a process reads is pinned (a shared flock) and never evicted; beyond the
+    KEEP used last, the others go when the next entry is filled."""
+    import os
+
+    from sourcegate.pipelines.app import version_cache as vc
+
+    root = tmp_path / "cache"
+    entries = [root / (f"{i}" * 64) for i in range(5)]  # oldest first
+    for age, entry in enumerate(reversed(entries)):
+        (entry / "runs").mkdir(parents=True)
+        os.utime(entry, (1_000_000 - age * 100, 1_000_000 - age * 100))
+    (root / f"{'0' * 64}.part-1-x").mkdir()  # a download in progress is no entry
+    reading = vc.Pin(entries[0])  # a process still reads the oldest
+    assert vc.evict(root, keep=2) == [entries[1].name, entries[2].name]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir() and vc.ENTRY.fullmatch(p.name)) == sorted(
+        e.name for e in (entries[0], entries[3], entries[4])
+    )
+    assert vc.evict(root, keep=2) == []  # still read
+    reading.release()
+    assert vc.evict(root, keep=2) == [entries[0].name]
+    assert (root / f"{'0' * 64}.part-1-x").is_dir()
+
+
+@pytest.mark.s3
+def test_a_served_version_is_never_evicted_and_the_one_before_goes_once_unread(
+    s3_server, s3_env, tmp_path, monkeypatch
+):
+    """As `serve` follows LIVE: it opens each new version while the one before may still answer, then drops it."""
+    from sourcegate.pipelines.app import version_cache as vc
+    from sourcegate.pipelines.search.embedded import EmbeddedStore
+    from tests.test_embedded_backend import synthetic_chunks
+
+    monkeypatch.setattr(vc, "KEEP", 1)
+    uri = s3_server.bucket("cache-evict") + "/n"
+    store = ObjectStore.from_uri(uri)
+    built = EmbeddedStore(tmp_path / "built" / "runs", tmp_path / "built" / "LIVE")
+    for n, version in enumerate(("v1", "v2", "v3")):
+        synthetic_chunks(tmp_path / f"{version}.parquet", n=8 + n)  # other rows: another manifest, another entry
+        built.load(version, str(tmp_path / f"{version}.parquet"))
+        index = tmp_path / "built" / "runs" / version / "index"
+        for path in sorted(p for p in index.rglob("*") if p.is_file()):
+            store.upload(path, f"runs/{version}/index/{path.relative_to(index).as_posix()}")
+    cache = tmp_path / "cache"
+
+    def entries() -> int:
+        return sum(1 for p in cache.iterdir() if vc.ENTRY.fullmatch(p.name))
+
+    first = vc.CachedStore(uri, cache).open("v1")
+    second = vc.CachedStore(uri, cache).open("v2")
+    assert entries() == 2  # v1 is still read
+    del first
+    third = vc.CachedStore(uri, cache).open("v3")
+    assert entries() == 2  # v1 evicted; v2 still read, v3 the one used last
+    assert len(second.bm25("airport refund", 3)) == 3 and len(third.bm25("airport refund", 3)) == 3

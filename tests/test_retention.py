@@ -122,3 +122,32 @@ def test_a_version_is_ordered_by_its_manifest_creation_time(tmp_path):
     (folder / "index").mkdir()
     write_json({"created": datetime.fromtimestamp(NOW - 3 * DAY_S, UTC).isoformat()}, folder / "index" / MANIFEST_FILE)
     assert created_at(folder) == NOW - 3 * DAY_S  # the manifest, once the version has one, decides
+
+
+def test_a_night_whose_gate_failed_still_runs_retention_and_a_dry_run_does_not(tmp_path, monkeypatch):
+    """A streak of failed nights kept every version until the next pass (retention ran only after a promotion): a
+    week of failures on a large corpus is a week of full indexes. Retention now follows every judged night that may
+    promote; `--no-promote` (a dry run) changes nothing beyond its own folder. (The steps are stand-ins: what is
+    tested is when retention is asked for; retention itself is tested above.)"""
+    from types import SimpleNamespace
+
+    from sourcegate.artifact_io.run_folder import RunFolder
+    from sourcegate.pipelines.app import run as night
+
+    calls = []
+    counts = {k: 0 for k in ("documents", "added", "changed", "deleted", "unchanged")}
+    monkeypatch.setattr(
+        night, "build", lambda *a, **k: {"ingest": counts, "encoded": 0, "indexed": 0, "quarantined": 0}
+    )
+    monkeypatch.setattr(night.steps, "evaluate_step", lambda *a, **k: None)
+    monkeypatch.setattr(night.steps, "gate_step", lambda *a, **k: {"passed": False, "reasons": ["no gap"]})
+    monkeypatch.setattr(night.steps, "promote_step", lambda *a, **k: calls.append("promote"))
+    monkeypatch.setattr(night.steps, "cleanup_step", lambda *a, **k: calls.append("cleanup"))
+    monkeypatch.setattr(night, "gating_signal_text", lambda gate: "")
+    monkeypatch.setattr(night.factories, "open_store", lambda *a: SimpleNamespace(live=lambda: None))
+    run = RunFolder(tmp_path, "20260106-020000")
+    assert night._night(run, None, progress=False, promote=True)["passed"] is False
+    assert calls == ["cleanup"]
+    calls.clear()
+    night._night(run, None, progress=False, promote=False)
+    assert calls == []

@@ -1,7 +1,8 @@
 """sourcegate_nightly: rebuild the retrieval index, evaluate it, promote it only if the gate passes.
 
 ingest -> chunk -> embed (mapped over shards) -> merge -> validate -> load a NEW index version
--> evaluate -> gate -> promote (alias swap; emits the live-index asset) -> cleanup (retention).
+-> evaluate -> gate -> promote (alias swap; emits the live-index asset) -> cleanup (retention; a teardown, so it
+also runs after a failed gate, and the run's state is promote's).
 
 The run id (run folder and index version) is the logical date, `YYYYMMDD-HHMMSS` (UTC): re-running
 a night reuses its folder and, once loaded, its index version (never rebuilt: a rerun from other
@@ -123,4 +124,7 @@ def nightly_tasks() -> None:
     shards = chunk()
     ingest() >> shards
     shard_stats = embed.partial(shards=shards).expand(shard=shards)
-    merge(shard_stats) >> validate() >> load() >> evaluate() >> gate() >> promote() >> cleanup()
+    # cleanup is a teardown: it runs once promote is done whatever its state (retention also after a failed gate,
+    # so a streak of failed nights does not keep every version until the next pass), and the run's state stays
+    # promote's: a failed gate still fails the run
+    merge(shard_stats) >> validate() >> load() >> evaluate() >> gate() >> promote() >> cleanup().as_teardown()

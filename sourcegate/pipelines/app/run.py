@@ -51,6 +51,7 @@ def _night(run: RunFolder, cfg: PipelineConfig, progress: bool, promote: bool) -
     gate = steps.gate_step(run, cfg)
     if gate["passed"] and promote:  # --no-promote: a dry-run night; `sourcegate promote RUN` can finish it
         steps.promote_step(run, cfg)
+    if promote:  # retention after a failed gate too: a streak of failed nights keeps only backend.keep_failed_days
         steps.cleanup_step(run.root, cfg)
     c = built["ingest"]
     summary = (

@@ -8,19 +8,28 @@ hash, so a version that changed on the store (it never should, G1) can never be 
 
 Several `query` processes may share one cache: each downloads into a folder of its own
 (`<hash>.part-<pid>-<random>`) and renames it into place in one step. The first rename wins; a later one
-finds the entry there, keeps it and removes only its own folder, so an entry is never deleted or replaced
-under a process serving it. Keys and the version name become local paths only through
-object_store.local_path.
+finds the entry there, keeps it and removes only its own folder. Keys and the version name become local paths only
+through object_store.local_path.
+
+The cache keeps the KEEP entries used last, and every entry a process reads: a process holds a shared `flock` on
+the entry's pin (`.pins/<hash>`) from before it looks the entry up until its searcher is gone, and a fill evicts an
+older entry only when it gets that pin exclusively (at once, never waiting). A long-running `serve` following
+promotions on an object store so holds one version's copy, not one per night it ever served; an entry is never
+deleted under a process reading it, and one evicted just before a process pins it is downloaded again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 from sourcegate.artifact_io import run_folder as rf
@@ -30,6 +39,10 @@ from sourcegate.pipelines.versions import segments
 from sourcegate.pipelines.versions.object_store import ObjectStore, local_path
 
 CACHE_ENV = "SOURCEGATE_CACHE"
+KEEP = 3  # entries kept besides those in use: the live version's, the one before (a rollback) and one more
+PINS = ".pins"
+ENTRY = re.compile(r"[0-9a-f]{64}")  # a manifest hash: an entry's name (".part-…" and ".evicted-…" folders are not)
+log = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
@@ -58,14 +71,21 @@ class CachedStore:
         return [json.loads(self.store.get(k)) for k in sorted(self.store.listing("promotions/"))]
 
     def local(self, version: str) -> EmbeddedStore:
-        """The cached copy of `version` (downloaded when absent), as a local embedded store."""
+        """The cached copy of `version` (downloaded when absent), as a local embedded store pinned while it lives
+        (its `pin`: the entry is never evicted under it)."""
         manifest = self.manifest(version)
         if manifest is None:
             raise FileNotFoundError(f"no complete index version {version} in {self.store.uri}")
         entry = self.root / mf.manifest_hash(manifest)
-        if not local_path(entry, f"runs/{version}/index/manifest.json").is_file():
+        pinned = Pin(entry)  # first: an evictor holding it exclusively finishes before this looks the entry up
+        if local_path(entry, f"runs/{version}/index/manifest.json").is_file():
+            os.utime(entry)  # used now: the last to be evicted
+        else:
             fill(self.store, entry, f"runs/{version}/index/")
-        return EmbeddedStore(entry / rf.RUNS, entry / "LIVE")
+            evict(self.root, keep=KEEP)
+        store = EmbeddedStore(entry / rf.RUNS, entry / "LIVE")
+        store.pin = pinned
+        return store
 
     def verify(self, version: str, hashes: bool = True) -> dict:
         return self.local(version).verify(version, hashes=hashes)
@@ -74,7 +94,52 @@ class CachedStore:
         version = version or self.live()
         if version is None:
             raise FileNotFoundError(f"no live index ({self.store.url('LIVE')} missing); run `sourcegate run` first")
-        return self.local(version).open(version, hashes=hashes)
+        store = self.local(version)
+        searcher = store.open(version, hashes=hashes)
+        searcher.pin = store.pin  # the entry stays while the searcher reads it
+        return searcher
+
+
+class Pin:
+    """A shared flock on an entry's pin file, released when this object is gone (or `release`d)."""
+
+    def __init__(self, entry: Path):
+        pins = entry.parent / PINS
+        pins.mkdir(parents=True, exist_ok=True)
+        fd = os.open(pins / entry.name, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evictor removes this entry (it never waits itself)
+        self.release = weakref.finalize(self, os.close, fd)
+
+
+def evict(root: Path, keep: int = KEEP) -> list[str]:
+    """Remove the entries beyond the `keep` used last that no process pins; returns their names. The pin files
+    stay (a few bytes each): removing one could let a waiting reader lock a file no evictor looks at."""
+    entries = sorted(
+        (p for p in root.iterdir() if p.is_dir() and ENTRY.fullmatch(p.name)), key=lambda p: p.stat().st_mtime
+    )
+    evicted = []
+    for entry in entries[: max(len(entries) - keep, 0)]:
+        fd = os.open(root / PINS / entry.name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a process reads it
+            aside = root / f"{entry.name}.evicted-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):  # another evictor took it first
+                entry.rename(aside)
+                shutil.rmtree(aside, ignore_errors=True)
+                evicted.append(entry.name)
+        finally:
+            os.close(fd)
+    if evicted:
+        log.info(
+            "version cache %s: evicted %d entr%s no process reads",
+            root,
+            len(evicted),
+            "y" if len(evicted) == 1 else "ies",
+        )
+    return evicted
 
 
 def fill(store: ObjectStore, entry: Path, prefix: str) -> None:
