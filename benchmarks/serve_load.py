@@ -39,7 +39,7 @@ from pathlib import Path
 
 from benchmarks._common import ROOT, Result, log, stats_ms
 
-LEVELS = (1, 4, 16)
+LEVELS = (1, 4, 16, 64)  # 64: past serve's queue bound (MAX_WAITING), where questions are refused busy
 QUESTIONS = ROOT / "config" / "evals" / "riders-train.jsonl"
 STAGES = ("queued", "embed", "search", "rerank", "answer", "signals")
 COLD_QUESTION = "How much does a monthly pass cost?"
@@ -93,8 +93,9 @@ def level(url: str, clients: int, asked: list[str]) -> dict:
 
     def one(q: str) -> None:
         seconds, status, payload = ask(url, q)
+        busy = status == 503 and str(payload.get("error", "")).startswith("busy")
         with lock:
-            rows.append((seconds, status, payload.get("timings_s") or {}, payload.get("mode")))
+            rows.append((seconds, status, payload.get("timings_s") or {}, payload.get("mode"), busy))
 
     t = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -107,7 +108,9 @@ def level(url: str, clients: int, asked: list[str]) -> dict:
         "per_second": round(len(asked) / wall, 2),
         "statuses": {str(s): sum(1 for r in rows if r[1] == s) for s in sorted({r[1] for r in rows}, key=str)},
         "modes": {str(m): sum(1 for r in rows if r[3] == m) for m in sorted({str(r[3]) for r in rows})},
-        "latency": stats_ms([r[0] for r in rows if r[1] in (200, 503)]),  # answered requests only
+        "latency": stats_ms([r[0] for r in rows if r[1] in (200, 503) and not r[4]]),  # answered requests only
+        "busy": sum(1 for r in rows if r[4]),  # refused at once: the queue in front of the models was full
+        "busy_latency": stats_ms([r[0] for r in rows if r[4]]),
         "server_stages": {s: stats_ms([r[2][s] for r in rows if s in r[2]]) for s in STAGES},
     }
 
