@@ -126,3 +126,5 @@ def test_a_night_that_stopped_says_where_and_why_in_its_folder_and_in_the_listin
     error = run.info()["stopped"]["error"]
     assert "hunter2" not in error and "https://admin:***@search.internal" in error
     assert len(error) == STOP_CHARS and error.endswith("…") and run.info()["stopped"]["step"] == "run"
+    record_stop(run, None)  # rerun (or a retried task) got past it: no longer stopped
+    assert run.info()["stopped"] is None and list_runs(tmp_path)[0]["verdict"] == "no verdict"

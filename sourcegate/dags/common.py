@@ -125,11 +125,7 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     conn_id = cfg.backend.opensearch.airflow_conn_id or OPENSEARCH_CONN_ID
     aws_conn_id = cfg.artifacts_airflow_conn_id or AWS_CONN_ID
     return config_mod.replace(
-        cfg,
-        {
-            "backend.opensearch.airflow_conn_id": conn_id,
-            "artifacts_airflow_conn_id": aws_conn_id,
-        },
+        cfg, {"backend.opensearch.airflow_conn_id": conn_id, "artifacts_airflow_conn_id": aws_conn_id}
     )
 
 
@@ -266,18 +262,20 @@ def in_store(step: str, call, shard: tuple[int, int] | None = None, run: str | N
     waits = Lock(timeout_s=max(config.lock.timeout_s, DAG_LOCK_WAIT_S), lease_s=config.lock.lease_s)
     try:
         with store_connection(config), task_locking(waits), task_staged(config, step, run, shard) as root:
-            return call(RunFolder(root, run), config)
+            done = call(RunFolder(root, run), config)
     except refusals() as exc:  # the same inputs give the same refusal: a retry would only wait to fail again
-        _record_stop(config, run, exc)
+        _say_stop(config, run, exc)
         raise AirflowFailException(f"{step}: {type(exc).__name__}: {exc}") from exc
     except BaseException as exc:
-        _record_stop(config, run, exc)
+        _say_stop(config, run, exc)
         raise
+    _say_stop(config, run, None)
+    return done
 
 
-def _record_stop(config: config_mod.PipelineConfig, run: str, exc: BaseException) -> None:
-    """A local artifacts folder's run says where its night stopped (`sourcegate runs`); on an object store the
-    task's scratch folder is not published when its step fails, and the task log says it."""
+def _say_stop(config: config_mod.PipelineConfig, run: str, exc: BaseException | None) -> None:
+    """A local artifacts folder's run says where its night stopped (`sourcegate runs`), and no longer once a
+    retry's step succeeded; on an object store a failed task publishes nothing, and its log says why."""
     from sourcegate.artifact_io.run_folder import RunFolder
     from sourcegate.pipelines.app.steps import record_stop
 

@@ -38,6 +38,7 @@ def run_pipeline(cfg: PipelineConfig, run_id: str | None = None, progress: bool 
 
 
 def _run_locked(run: RunFolder, cfg: PipelineConfig, progress: bool, promote: bool) -> dict:
+    steps.record_stop(run, None)  # a rerun of a night that stopped: no longer stopped
     try:
         return _night(run, cfg, progress, promote)
     except BaseException as exc:  # an interrupt too: the folder says the night stopped, and where

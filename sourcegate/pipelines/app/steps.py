@@ -426,14 +426,18 @@ STOP_CHARS = 300  # of a stopped night's error kept in run.json, on one line: en
 USERINFO = re.compile(r"(\w+://[^/:@\s]*):[^/@\s]*@")  # a URL's password in an error's text
 
 
-def record_stop(run: RunFolder, exc: BaseException) -> None:
+def record_stop(run: RunFolder, exc: BaseException | None) -> None:
     """A night that stopped says in its run.json where and why (`stopped`: the step, the error's start on one line,
-    a URL's password masked), so `sourcegate runs` lists it as stopped, not as a night with no verdict and no reason."""
-    if not run.exists():
+    a URL's password masked), so `sourcegate runs` lists it as stopped, not as a night with no verdict and no reason.
+    `exc` None: the night goes on (a rerun, a retried task), and a `stopped` an earlier try left is cleared (null)."""
+    if not run.exists() or (exc is None and run.info().get("stopped") is None):
         return
-    error = USERINFO.sub(r"\1:***@", " ".join(f"{type(exc).__name__}: {exc}".split()))
-    error = error if len(error) <= STOP_CHARS else error[: STOP_CHARS - 1] + "…"
     with contextlib.suppress(OSError, ValueError):
+        if exc is None:
+            run.update_info(stopped=None)
+            return
+        error = USERINFO.sub(r"\1:***@", " ".join(f"{type(exc).__name__}: {exc}".split()))
+        error = error if len(error) <= STOP_CHARS else error[: STOP_CHARS - 1] + "…"
         run.update_info(stopped={"step": step_of(exc) or "run", "error": error})
 
 
