@@ -22,8 +22,9 @@ HOW_TO_WRITE = (
     "candidates to review, and the corpus's section ids (docs/calibration.md, 'Your own corpus')"
 )
 RETIRED = (
-    "a should-answer question whose document was removed asks what this corpus no longer answers: relabel it "
-    '{"label": "decline", "kind": "near_topic"} (without "expected") or delete it'
+    "a document renamed or moved has a new id: label that one; a should-answer question whose document was removed "
+    'asks what this corpus no longer answers: relabel it {"label": "decline", "kind": "near_topic"} (without '
+    '"expected") or delete it'
 )
 SHOW = 5  # unknown labels named per set (all are counted)
 
