@@ -122,9 +122,21 @@ def test_a_night_that_stopped_says_where_and_why_in_its_folder_and_in_the_listin
         "error": "PreflightError: the night cannot be judged as configured: - the fit set fit.jsonl: 3 label(s) …",
     }
     assert {r["run"]: r["verdict"] for r in list_runs(tmp_path)} == {run.run_id: "stopped: preflight"}
+    import xml.etree.ElementTree as ET
+
+    suites = ET.parse(run / "junit.xml").getroot()  # a release gate reading junit.xml sees why
+    assert (suites.get("tests"), suites.get("errors")) == ("1", "1")
+    error = suites.find("testsuite/testcase[@name='night']/error")
+    assert error.get("type") == "PreflightError" and error.get("message") == "stopped during preflight"
+    assert error.text == stopped["error"]
     record_stop(run, ConnectionError("cannot reach https://admin:hunter2@search.internal:9200/_bulk " + "x" * 400))
     error = run.info()["stopped"]["error"]
     assert "hunter2" not in error and "https://admin:***@search.internal" in error
     assert len(error) == STOP_CHARS and error.endswith("…") and run.info()["stopped"]["step"] == "run"
     record_stop(run, None)  # rerun (or a retried task) got past it: no longer stopped
     assert run.info()["stopped"] is None and list_runs(tmp_path)[0]["verdict"] == "no verdict"
+    assert not (run / "junit.xml").exists()
+    (run / "gate.json").write_text(json.dumps({"passed": False, "checks": []}))
+    (run / "junit.xml").write_text("<the gate's own/>")
+    record_stop(run, RuntimeError("promote: the node went away"))  # after its gate: the gate's junit.xml stays
+    assert (run / "junit.xml").read_text() == "<the gate's own/>" and run.info()["stopped"]["step"] == "run"

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from sourcegate.artifact_io import read_json
+from sourcegate.artifact_io import read_json, write_text
 from sourcegate.artifact_io import run_folder as rf
 from sourcegate.artifact_io.run_folder import RUN_ID, RunFolder
 from sourcegate.evals import check_log
 from sourcegate.evals.harness import evaluate, gate_for_dir
+from sourcegate.evals.junit import stopped_xml
 from sourcegate.evals.preflight import PreflightError, preflight
 from sourcegate.pipelines import faults, models
 from sourcegate.pipelines.app.factories import get_embedder, judging, open_store, retriever_for
@@ -428,17 +429,24 @@ USERINFO = re.compile(r"(\w+://[^/:@\s]*):[^/@\s]*@")  # a URL's password in an 
 
 def record_stop(run: RunFolder, exc: BaseException | None) -> None:
     """A night that stopped says in its run.json where and why (`stopped`: the step, the error's start on one line,
-    a URL's password masked), so `sourcegate runs` lists it as stopped, not as a night with no verdict and no reason.
+    a URL's password masked), so `sourcegate runs` lists it as stopped, not as a night with no verdict and no reason;
+    and, unless its gate wrote one, a junit.xml with the stop as an errored test case.
     `exc` None: the night goes on (a rerun, a retried task), and a `stopped` an earlier try left is cleared (null)."""
     if not run.exists() or (exc is None and run.info().get("stopped") is None):
         return
+    judged = (run / rf.GATE).exists()  # a gate's junit.xml is the gate's: a stop never replaces it
     with contextlib.suppress(OSError, ValueError):
         if exc is None:
             run.update_info(stopped=None)
+            if not judged:
+                (run / rf.JUNIT).unlink(missing_ok=True)
             return
         error = USERINFO.sub(r"\1:***@", " ".join(f"{type(exc).__name__}: {exc}".split()))
         error = error if len(error) <= STOP_CHARS else error[: STOP_CHARS - 1] + "…"
-        run.update_info(stopped={"step": step_of(exc) or "run", "error": error})
+        step = step_of(exc) or "run"
+        run.update_info(stopped={"step": step, "error": error})
+        if not judged:  # a release gate reading junit.xml sees why, not a missing file
+            write_text(stopped_xml(step, type(exc).__name__, error), run / rf.JUNIT)
 
 
 # --- evaluation and the gate -----------------------------------------------------------
