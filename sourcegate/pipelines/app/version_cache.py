@@ -114,9 +114,12 @@ class Pin:
 def evict(root: Path, keep: int = KEEP) -> list[str]:
     """Remove the entries beyond the `keep` used last that no process pins; returns their names. The pin files
     stay (a few bytes each): removing one could let a waiting reader lock a file no evictor looks at."""
-    entries = sorted(
-        (p for p in root.iterdir() if p.is_dir() and ENTRY.fullmatch(p.name)), key=lambda p: p.stat().st_mtime
-    )
+    used: dict[Path, float] = {}
+    for path in root.iterdir():
+        if ENTRY.fullmatch(path.name):
+            with contextlib.suppress(FileNotFoundError):  # another process evicted it meanwhile
+                used[path] = path.stat().st_mtime
+    entries = sorted(used, key=used.__getitem__)
     evicted = []
     for entry in entries[: max(len(entries) - keep, 0)]:
         fd = os.open(root / PINS / entry.name, os.O_RDWR | os.O_CREAT, 0o644)
