@@ -48,6 +48,7 @@ def test_rows_carry_verdict_counts_and_total_time_oldest_first(tmp_path):
         "embedded": 3,
         "questions": 209,
         "seconds": 111.8,
+        "stopped": None,
     }
     assert rows["night-1"]["verdict"] == "passed" and rows["night-1"]["promoted"] is True
     assert rows["night-1"]["seconds"] is None  # no timings recorded
@@ -122,6 +123,7 @@ def test_a_night_that_stopped_says_where_and_why_in_its_folder_and_in_the_listin
         "error": "PreflightError: the night cannot be judged as configured: - the fit set fit.jsonl: 3 label(s) …",
     }
     assert {r["run"]: r["verdict"] for r in list_runs(tmp_path)} == {run.run_id: "stopped: preflight"}
+    assert list_runs(tmp_path)[0]["stopped"] == stopped["error"]  # `runs --json` says why
     import xml.etree.ElementTree as ET
 
     suites = ET.parse(run / "junit.xml").getroot()  # a release gate reading junit.xml sees why

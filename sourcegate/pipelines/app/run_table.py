@@ -22,6 +22,7 @@ COLUMNS = (
     "questions",
     "seconds",
 )
+FIELDS = (*COLUMNS, "stopped")  # --json: also why a stopped night stopped (run.json's `stopped.error`)
 
 # A run's name is its folder's name. $info / $gate: lists of run.json / gate.json paths
 # (read_text fails on an empty list, so "no gate.json yet" reads the gate-less GATE_NONE instead).
@@ -51,14 +52,15 @@ SELECT info.run,
        TRY_CAST(j ->> '$.counts.chunks' AS BIGINT) AS chunks,
        TRY_CAST(j ->> '$.counts.embedded' AS BIGINT) AS embedded,
        TRY_CAST(j ->> '$.counts.eval_questions' AS BIGINT) AS questions,
-       round(list_sum(map_values(TRY_CAST(j -> '$.timings_s' AS MAP(VARCHAR, DOUBLE)))), 1) AS seconds
+       round(list_sum(map_values(TRY_CAST(j -> '$.timings_s' AS MAP(VARCHAR, DOUBLE)))), 1) AS seconds,
+       CASE WHEN g IS NULL THEN j ->> '$.stopped.error' END AS stopped
 FROM info LEFT JOIN gate USING (run)
 ORDER BY started NULLS FIRST, info.run
 """
 
 
 def list_runs(artifacts: str | Path, promoted: set[str] | None = None) -> list[dict]:
-    """One dict per run folder under `artifacts`/runs (keys: COLUMNS), oldest first. `promoted`: the versions
+    """One dict per run folder under `artifacts`/runs (keys: FIELDS), oldest first. `promoted`: the versions
     the promotions log names (the truth: run.json's `promoted` can lag a crash); None reads run.json."""
     import duckdb
 
@@ -80,7 +82,7 @@ def list_runs(artifacts: str | Path, promoted: set[str] | None = None) -> list[d
     )
     with duckdb.connect() as con:
         rows = con.execute(sql, params).fetchall()
-    return [dict(zip(COLUMNS, row)) for row in rows]
+    return [dict(zip(FIELDS, row)) for row in rows]
 
 
 def _cell(value) -> str:
