@@ -119,3 +119,14 @@ def test_the_queue_refuses_past_its_bound_at_once_and_a_drain_waits_for_what_it_
     assert queue.drain(10) == 0
     holder.join(), waiter.join()
     assert waited and waited[0] > 0 and (queue.waiting, queue.taken) == (0, 0)
+
+
+def test_an_ipv6_loopback_host_binds_and_is_written_as_a_url_host():
+    """`serve --host ::1` failed after the models loaded (an IPv4 socket cannot bind an IPv6 address)."""
+    server = serve.Server(("::1", 0), serve.Handler)
+    try:
+        host, port = server.server_address[:2]
+        assert host == "::1" and port > 0 and server.address_family == socket.AF_INET6
+        assert serve._url_host(host) == "[::1]" and serve._url_host("127.0.0.1") == "127.0.0.1"
+    finally:
+        server.server_close()
