@@ -130,3 +130,36 @@ def test_an_ipv6_loopback_host_binds_and_is_written_as_a_url_host():
         assert serve._url_host(host) == "[::1]" and serve._url_host("127.0.0.1") == "127.0.0.1"
     finally:
         server.server_close()
+
+
+def test_a_version_being_opened_holds_no_lock_and_requests_meanwhile_get_the_one_before():
+    """Opening a new version (on an object store: a download, then verifying every file) held the swap lock, so
+    /health and every question waited behind it. The request that sees LIVE move opens it; the others are answered
+    by the version loaded before, which each answer names."""
+    opened, release = threading.Event(), threading.Event()
+
+    class Store:
+        live_now = "v1"
+
+        def live(self):
+            return self.live_now
+
+    live = serve.LiveServing.__new__(serve.LiveServing)  # no models: only the swap is tested
+    live.store, live.swap, live.opening = Store(), threading.Lock(), False
+    live.loaded = serve.Loaded("v1", serving="serving v1")
+
+    def slow_open(version):
+        opened.set()
+        release.wait(10)
+        return serve.Loaded(version, serving=f"serving {version}")
+
+    live.open = slow_open
+    live.store.live_now = "v2"
+    opener = threading.Thread(target=live.current)
+    opener.start()
+    assert opened.wait(10)
+    meanwhile = live.current()  # at once, while v2 is being opened
+    assert (meanwhile.version, meanwhile.serving) == ("v1", "serving v1")
+    release.set()
+    opener.join(10)
+    assert (live.current().version, live.loaded.serving) == ("v2", "serving v2")
