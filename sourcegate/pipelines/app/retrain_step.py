@@ -77,15 +77,12 @@ def retrain_version(cfg: PipelineConfig, live: str) -> tuple[str, str]:
     because the answer model learned too little of that night's corpus. Then the corpus moved past the model in one
     step (past `min_corpus_share` before `retrain_below_share` was ever reached on a live version): no night passes
     until the model learns the new corpus, and a model retrained on LIVE would learn only the corpus it knows."""
-    nights = [
-        r.name
-        for r in runs.list_runs(Path(cfg.artifacts) / rf.RUNS)
-        if (Path(cfg.artifacts) / rf.RUNS / r.name / rf.CHUNKS).exists()
-    ]
+    folders = Path(cfg.artifacts) / rf.RUNS
+    nights = [r.name for r in runs.list_runs(folders) if (folders / r.name / rf.CHUNKS).exists()]  # built a version
     newest = nights[-1] if nights and live in nights and nights[-1] != live else None
     if newest is None:
         return live, "the live version (no night built after it)"
-    gate_path = RunFolder(cfg.artifacts, newest) / rf.GATE
+    gate_path = folders / newest / rf.GATE
     checks = read_json(gate_path).get("checks", []) if gate_path.exists() else []
     if any(c["name"] == "answer_model_corpus" and not c["passed"] for c in checks):
         return (
