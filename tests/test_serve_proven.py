@@ -86,6 +86,20 @@ def test_a_config_value_or_a_model_on_disk_that_differs_is_named_with_both_value
     assert decision.mismatches(proven, own) == [f"answer model fingerprint: {was} (proven) vs missing (on disk)"]
 
 
+def test_the_retrieval_settings_are_part_of_what_is_served():
+    """They make the fused order the answer model reads and the order of the sources served: another rrf_k or depth
+    is another answer. A verdict recorded before they were part of the decision binds the keys it lists."""
+    proven = decision.proven(SHIPPED, None)
+    assert proven["configured"]["retrieval.rrf_k"] == SHIPPED.retrieval.rrf_k
+    other = config.replace(SHIPPED, {"retrieval.rrf_k": 60, "retrieval.rerank_depth": 3})
+    assert decision.mismatches(proven, other) == [
+        f"retrieval.rrf_k: {SHIPPED.retrieval.rrf_k} (proven) vs 60 (config)",
+        f"retrieval.rerank_depth: {SHIPPED.retrieval.rerank_depth} (proven) vs 3 (config)",
+    ]
+    older = {**proven, "configured": {k: v for k, v in proven["configured"].items() if not k.startswith("retrieval.")}}
+    assert decision.mismatches(older, other) == []
+
+
 def test_a_model_whose_signal_an_answer_does_not_compute_is_not_part_of_what_is_served(tmp_path):
     """A version gating (and sourcing) on rerank_top answers the same whatever answer model or combiner the config
     names, since a query computes only the decision's signals: naming tomorrow's model for the next night does not

@@ -218,14 +218,45 @@ def test_rollback_to_a_version_never_promoted_needs_force_and_is_logged_with_its
     assert night.store.promotions()[-1] == record
 
 
-def test_rollback_checks_the_full_binding(night):
+def test_rollback_checks_the_full_binding_and_goes_past_what_judged_it_only_when_forced(night, capsys):
+    """A baseline accepted since and a code upgrade change what judged the version, not what it serves: refused,
+    naming them, unless --force, which logs them with the actor. Its altered content or a decision today's config
+    could not serve are refused even then."""
     for v in ("20260101-020000", "20260102-020000"):
         night(v)
         steps.promote_step(RunFolder(night.cfg.artifacts, v), night.cfg)
     night.baseline.write_text(night.baseline.read_text() + " ")  # a new baseline since the verdict
-    with pytest.raises(verdict.VerdictMismatch, match="baseline"):
+    gate_path = RunFolder(night.cfg.artifacts, "20260101-020000").path / "gate.json"
+    gate = json.loads(gate_path.read_text())
+    gate["evaluated"]["code_version"] = "0.0.9+src.000000000000"  # judged by the code before an upgrade
+    gate_path.write_text(json.dumps(gate))
+    with pytest.raises(verdict.VerdictMismatch, match="baseline") as refused:
         steps.rollback_step(Path(night.cfg.artifacts), night.cfg, "20260101-020000")
+    assert "code_version: the code changed" in str(refused.value) and "--force rolls back anyway" in str(refused.value)
     assert night.store.live() == "20260102-020000"
+
+    args = ["--config", cli_config(night), "rollback", "20260101-020000", "--artifacts", night.cfg.artifacts]
+    assert main([*args, "--backend", "embedded", "--force", "--actor", "ops:alice"]) == 0
+    out = capsys.readouterr().out
+    assert "20260102-020000 -> 20260101-020000" in out and "judged since its verdict (forced): the baseline" in out
+    record = night.store.promotions()[-1]
+    assert (record["version"], record["actor"], record["forced"]) == ("20260101-020000", "ops:alice", True)
+    assert [c.split(" ")[:2] for c in record["judged_since"]] == [["the", "baseline"], ["code_version:", "the"]]
+    assert night.store.live() == "20260101-020000"
+
+    # forced or not: never a decision today's config could not serve, never a version whose content changed
+    other = config.replace(night.cfg, {"answer.adjacent": 0.3})
+    with pytest.raises(
+        verdict.VerdictMismatch, match=r"could not be served: answer.adjacent: .* \(proven\) vs 0.3 \(config\)"
+    ):
+        steps.rollback_step(Path(night.cfg.artifacts), other, "20260102-020000", force=True)
+    second = RunFolder(night.cfg.artifacts, "20260102-020000").path / "gate.json"
+    altered = json.loads(second.read_text())
+    altered["evaluated"]["manifest_sha256"] = "0" * 64
+    second.write_text(json.dumps(altered))
+    with pytest.raises(verdict.VerdictMismatch, match="rebuilt or changed"):
+        steps.rollback_step(Path(night.cfg.artifacts), night.cfg, "20260102-020000", force=True)
+    assert night.store.live() == "20260101-020000"
 
 
 def test_the_verdict_names_a_changed_code_version_or_model(night):

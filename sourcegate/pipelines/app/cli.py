@@ -341,6 +341,8 @@ def cmd_rollback(args) -> int:
     with staging.locked_staged(cfg, f"sourcegate rollback {version or ''}".strip(), None, reads) as local:
         record = rollback_step(local, cfg, version, force=args.force, actor=args.actor)
     print(f"rolled back: live index {record['previous']} -> {record['version']} (logged as a rollback)")
+    for change in record.get("judged_since", []):
+        print(f"  judged since its verdict (forced): {change}")
     return 0
 
 
@@ -637,7 +639,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollback", help="point the live index back at an earlier version that passed its gate")
     p.add_argument("version", nargs="?", help="default: the previously promoted version")
     p.add_argument("--artifacts"), p.add_argument("--backend", choices=["embedded", "opensearch"])
-    p.add_argument("--force", action="store_true", help="also a version never promoted (logged as forced)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="also a version never promoted, or one whose eval sets, baseline, config or code changed since its "
+        "verdict (logged as forced, with what changed); never a failed, altered or unservable one",
+    )
     p.add_argument("--actor", default="rollback", help="who rolls back (logged)")
     p.add_argument("--corpus", help=CORPUS_HELP)
     p.set_defaults(func=cmd_rollback)

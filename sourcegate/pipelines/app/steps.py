@@ -379,8 +379,10 @@ def rollback_step(
     """Re-point the live alias to an earlier version that passed its gate and still verifies; logged.
 
     Default target: the newest promoted version (promotions log) other than the live one. Only a version in
-    the promotions log, unless `force` (logged as forced, with its actor); its verdict's full binding is
-    checked as promotion checks it.
+    the promotions log, and only when its verdict's full binding holds as promotion checks it, unless `force`
+    (logged as forced, with its actor and `judged_since`: what judged it that changed since, e.g. a baseline
+    accepted or a code upgrade). Never past a verdict that failed, a version whose content or reused values
+    changed, or a decision today's config and models could not serve (`sourcegate serve` would refuse it).
     """
     store = open_store(cfg, root)
     live = store.live()
@@ -399,8 +401,8 @@ def rollback_step(
     gate_path = RunFolder(root, version) / rf.GATE
     gate = read_json(gate_path) if gate_path.is_file() else {}
     manifest = store.verify(version)  # IntegrityError when it no longer verifies
-    verdict.check_verdict(gate, cfg, manifest, version, root)  # the full binding, as promote checks it
-    decision.of_verdict(gate, str(gate_path))
+    since = verdict.judged_since(gate, cfg, manifest, version, root, force)  # the full binding, unless forced
+    servable(decision.of_verdict(gate, str(gate_path)), cfg, version)
     store.promote(version)
     record = promotions.promotion_record(
         version,
@@ -409,11 +411,25 @@ def rollback_step(
         actor,
         manifest_sha256=mf.manifest_hash(manifest),
         kind="rollback",
-        forced=version not in promoted,
+        forced=version not in promoted or bool(since),
+        **({"judged_since": since} if since else {}),
     )
     store.log_promotion(record)
     decision.publish(root, version, gate_path)
     return record
+
+
+def servable(proven: dict, cfg: PipelineConfig, version: str) -> None:
+    """Refuse (VerdictMismatch) a version whose proven decision differs from today's config or models where its
+    answers read them: LIVE would point at what `serve` and `query` refuse to answer with."""
+    from sourcegate.evals.answer_modes import signals_read
+
+    problems = decision.mismatches(proven, cfg, signals_read(proven))
+    if problems:
+        raise verdict.VerdictMismatch(
+            f"refusing to roll back to {version}: today's config and models differ from the decision its verdict "
+            "proved, so it could not be served: " + "; ".join(problems)
+        )
 
 
 @locked("cleanup")

@@ -23,7 +23,14 @@ from sourcegate.pipelines.versions.manifest import sha256_file
 PUBLISHED = "LIVE.decision.json"  # in the artifacts folder, beside LIVE (and the promotions log)
 
 # The config keys an answer depends on beyond the index: any of them changed serves something no verdict proved.
+# The retrieval settings make the fused order the answer model reads and the order of the sources served (a verdict
+# recorded before they were listed here binds the keys it lists).
 CONFIGURED = (
+    "retrieval.bm25_top_n",
+    "retrieval.knn_top_n",
+    "retrieval.rrf_k",
+    "retrieval.rerank_depth",
+    "retrieval.rerank_weight",
     "answer.signal",
     "answer.adjacent",
     "answer.below",

@@ -316,12 +316,31 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
     """Each fact of the verdict that differs from now, as a readable line (a file by content, never by path)."""
     if not recorded:
         return ["gate.json records nothing about what it evaluated (a verdict from before verdicts were bound)"]
+    return content_mismatches(recorded, current) + judging_mismatches(recorded, current)
+
+
+def content_mismatches(recorded: Mapping, current: Mapping) -> list[str]:
+    """What the verdict's numbers were computed on that differs now: the version's content, the kept values it
+    reused. Nothing may go live past one of these: its numbers would not be this version's."""
     found = []
     if recorded.get("version") != current["version"]:
         found.append(f"it judged version {recorded.get('version')!r}, not {current['version']!r}")
     if recorded.get("manifest_sha256") != current["manifest_sha256"]:
         found.append("the index version was rebuilt or changed since it was evaluated (manifest hash differs)")
-    found += eval_set_mismatches(recorded, current)
+    for name, fact in (recorded.get("reused") or {}).items():
+        now = digest_of((current.get("reused") or {}).get(name))
+        if fact.get("sha256") != now:
+            found.append(
+                f"{name} of run {fact.get('from_run')}, whose kept values the evaluation reused, changed since "
+                f"({fact.get('sha256')} -> {now})"
+            )
+    return found
+
+
+def judging_mismatches(recorded: Mapping, current: Mapping) -> list[str]:
+    """What judged the version that differs now: eval sets, config, combiner, baseline, models, code. A promotion
+    needs none (a new verdict is due); a rollback may go past them when forced (`judged_since`)."""
+    found = eval_set_mismatches(recorded, current)
     found += config_mismatches(recorded, current)
     if file_differs(recorded.get("combiner"), current.get("combiner")):
         found.append(
@@ -330,13 +349,6 @@ def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
     if file_differs(recorded.get("baseline"), current["baseline"]):
         base = (current["baseline"] or {}).get("path")
         found.append(f"the baseline {base} differs from the one the gate compared against")
-    for name, fact in (recorded.get("reused") or {}).items():
-        now = digest_of((current.get("reused") or {}).get(name))
-        if fact.get("sha256") != now:
-            found.append(
-                f"{name} of run {fact.get('from_run')}, whose kept values the evaluation reused, changed since "
-                f"({fact.get('sha256')} -> {now})"
-            )
     for field, what in BOUND_MODELS_AND_CODE.items():
         if recorded.get(field) != current.get(field):
             found.append(
@@ -366,3 +378,28 @@ def check_verdict(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version
             + "; ".join(problems)
             + ". Re-run evaluate and gate on this version."
         )
+
+
+def judged_since(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version: str, root: str | Path, force: bool):
+    """What judged a rollback target that differs now (a baseline accepted since, an eval set grown, a code upgrade),
+    which `force` goes past: the version goes back to serving what its verdict proved, and a night re-judges it.
+    Refused (VerdictMismatch) whatever `force`: a verdict that failed or binds nothing, and a version whose content or
+    reused values differ from what it judged (its numbers would not be this version's)."""
+    if not gate.get("passed"):
+        raise VerdictMismatch(f"refusing to roll back to {version}: its gate failed")
+    recorded = gate.get("evaluated")
+    current = current_binding(cfg, manifest, recorded or {}, root)
+    if not recorded or (changed := content_mismatches(recorded, current)):
+        raise VerdictMismatch(
+            f"refusing to roll back to {version}: its verdict does not bind what it would serve: "
+            + "; ".join(changed if recorded else mismatches(recorded, current))
+        )
+    since = judging_mismatches(recorded, current)
+    if since and not force:
+        raise VerdictMismatch(
+            f"refusing to roll back to {version}: what judged it has changed since its verdict: "
+            + "; ".join(since)
+            + ". --force rolls back anyway, logged with its actor and these differences (the version serves the "
+            "decision its verdict proved, checked against today's config and models; the next night judges again)"
+        )
+    return since
