@@ -39,8 +39,9 @@ def local_store(tmp_path) -> ObjectStore:
 
 def test_uri_and_environment_parsing():
     assert split_uri("s3://nights/demo/") == ("nights", "demo")
-    with pytest.raises(ValueError, match="no credentials"):
+    with pytest.raises(ValueError, match="no credentials") as refused:
         split_uri("s3://key:secret@nights/demo")
+    assert "secret" not in str(refused.value) and "s3://nights/demo" in str(refused.value)  # never echoed
     with pytest.raises(ValueError, match="expected s3://"):
         split_uri("gs://nights/demo")
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": "x"}

@@ -41,3 +41,17 @@ def test_compare_fails_on_significant_losses_only():
     r = compare(base, cur, "ok", alpha=0.05, max_losses=10, min_kind_questions=1)
     assert r["overall"]["p_value"] == pytest.approx(0.5) and r["failed"] is False
     assert compare(base, cur, "ok", alpha=0.05, max_losses=4, min_kind_questions=1)["failed"] is True
+
+
+def test_a_comparison_that_matched_no_baseline_question_fails_rather_than_pass_unread():
+    """60 precision questions renamed: nothing is compared, and a check that compared nothing does not pass."""
+    from sourcegate.evals.regression import describe
+
+    base = outcomes([True] * 60)
+    renamed = {f"new-{q}": row for q, row in base.items()}
+    r = compare(base, renamed, "ok", alpha=0.05, max_losses=3, min_kind_questions=10)
+    assert r["overall"]["n"] == 0 and r["overall"]["too_few"] and r["failed"] is True
+    assert "none of the baseline's 60 questions matched by id" in describe(r, "hit@1")
+    one = {**renamed, "q0": base["q0"]}  # a set sharing any question compares those (a tiny fixture's set)
+    assert compare(base, one, "ok", alpha=0.05, max_losses=3, min_kind_questions=10)["failed"] is False
+    assert compare({}, renamed, "ok", alpha=0.05, max_losses=3, min_kind_questions=10)["failed"] is False

@@ -129,6 +129,28 @@ def test_a_real_config_difference_is_refused_naming_each_key_with_both_values(ma
     assert open_store(cfg).live() is None
 
 
+def test_how_the_product_operates_is_not_judged_so_a_longer_lock_wait_still_promotes(make_cfg, build):
+    """`run --no-promote --lock-timeout 600`, then `promote`; a retention changed between a night and its rollback.
+    A verdict recorded while these keys were judged holds them, and they are not compared either."""
+    cfg = make_cfg()
+    build(cfg, "20260101-020000")
+    operating = {
+        "lock.timeout_s": 600,
+        "backend.retention": 9,
+        "backend.keep_failed_days": 1,
+        "answer.calibrated_by": "x",
+    }
+    assert set(operating) <= set(verdict.OPERATING) and not set(verdict.judged_config(cfg)) & set(verdict.OPERATING)
+    waits = config.replace(cfg, {"lock.timeout_s": 600})
+    assert steps.promote_step(RunFolder(cfg.artifacts, "20260101-020000"), waits) == "20260101-020000"
+    build(cfg, "20260102-020000")
+    cli = [*promotable_args(), "promote", "20260102-020000", "--artifacts", cfg.artifacts, "--backend", "embedded"]
+    assert main([*cli, "--lock-timeout", "600"]) == 0
+    recorded = {**verdict.judged_config(cfg), "lock.timeout_s": 30, "backend.retention": 3}  # as judged before
+    assert verdict.config_differences(recorded, verdict.judged_config(config.replace(cfg, operating))) == []
+    assert verdict.config_differences(recorded, verdict.judged_config(config.replace(cfg, {"retrieval.rrf_k": 60})))
+
+
 def test_each_left_out_location_is_still_bound_by_its_content(make_cfg, build, tmp_path):
     """Moving a file is no change; pointing the key at other content is refused (eval set, baseline, combiner,
     answer model)."""

@@ -49,6 +49,7 @@ def test_rows_carry_verdict_counts_and_total_time_oldest_first(tmp_path):
         "questions": 209,
         "seconds": 111.8,
         "stopped": None,
+        "live": False,
     }
     assert rows["night-1"]["verdict"] == "passed" and rows["night-1"]["promoted"] is True
     assert rows["night-1"]["seconds"] is None  # no timings recorded
@@ -98,7 +99,11 @@ def test_sourcegate_runs_reads_the_promotions_log(tmp_path, capsys):
     write_run(tmp_path, "live", {"started_at": "2026-01-01T02:00:00+00:00"}, gate={"passed": True})
     append_record(promotion_record("live", None, "sha256:g", "cli"), tmp_path / "promotions.jsonl")
     assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["promoted"] is True
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["promoted"] is True and row["live"] is False  # logged, but LIVE names another version (rolled back)
+    (tmp_path / "LIVE").write_text("live\n")
+    assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["live"] is True
 
 
 def test_a_night_that_stopped_says_where_and_why_in_its_folder_and_in_the_listing(tmp_path):
@@ -135,6 +140,14 @@ def test_a_night_that_stopped_says_where_and_why_in_its_folder_and_in_the_listin
     error = run.info()["stopped"]["error"]
     assert "hunter2" not in error and "https://admin:***@search.internal" in error
     assert len(error) == STOP_CHARS and error.endswith("…") and run.info()["stopped"]["step"] == "run"
+    record_stop(run, ConnectionError("cannot reach http://u:p@ss@h:9200/"))  # an @ in the password: masked whole
+    error = run.info()["stopped"]["error"]
+    assert "u:***@h:9200" in error and "ss@" not in error
+    (run / "gate.json").write_text(json.dumps({"passed": True}))  # a passed gate, then a stop (e.g. at promote):
+    assert list_runs(tmp_path)[0]["verdict"] == "passed" and list_runs(tmp_path)[0]["stopped"] == error  # still said
+    (run / "gate.json").write_text(json.dumps({"passed": "true"}))  # a string is no pass (promote refuses it too)
+    assert list_runs(tmp_path)[0]["verdict"] == "failed"
+    (run / "gate.json").unlink()
     record_stop(run, None)  # rerun (or a retried task) got past it: no longer stopped
     assert run.info()["stopped"] is None and list_runs(tmp_path)[0]["verdict"] == "no verdict"
     assert not (run / "junit.xml").exists()

@@ -86,6 +86,15 @@ def test_a_bound_verdict_promotes_and_the_promotion_is_logged(night):
     assert len(night.store.promotions()) == 2
 
 
+def test_a_run_folder_copied_under_another_run_id_is_never_promoted(night):
+    night("20260101-020000")
+    runs = Path(night.cfg.artifacts) / "runs"
+    shutil.copytree(runs / "20260101-020000", runs / "20260102-020000")
+    with pytest.raises(mf.IntegrityError, match="holds the manifest of version 20260101-020000"):
+        steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)
+    assert night.store.live() is None
+
+
 def test_a_verdict_on_a_rebuilt_version_is_refused(night):
     """Clearing load + promote in Airflow after the version was rebuilt: the old "passed" must not carry over."""
     night("v1")
@@ -140,6 +149,10 @@ def test_failed_unbound_or_missing_verdicts_are_refused(night):
     (RunFolder(night.cfg.artifacts, "v3").path / "gate.json").unlink()
     with pytest.raises(verdict.VerdictMismatch, match="no gate verdict"):
         steps.promote_step(RunFolder(night.cfg.artifacts, "v3"), night.cfg)
+    gate = night("v4")
+    write_json({**gate, "passed": "false"}, RunFolder(night.cfg.artifacts, "v4").path / "gate.json")  # a string
+    with pytest.raises(verdict.VerdictMismatch, match="gate failed"):
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v4"), night.cfg)
     assert night.store.live() is None
 
 
@@ -164,10 +177,15 @@ def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night
         "20260103-020000",
         "rollback",
     )
-    # an explicit target; then the default is the newest logged promotion other than the live one
-    args = ["--config", cli_config(night), "rollback", "20260101-020000", "--artifacts", artifacts]
-    assert main([*args, "--backend", "embedded"]) == 0
-    assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg)["version"] == "20260102-020000"
+    # a second rollback goes further back, never to the version the first one left
+    assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg)["version"] == "20260101-020000"
+    with pytest.raises(ValueError, match="no earlier promoted version"):
+        steps.rollback_step(Path(night.cfg.artifacts), night.cfg)
+    # an explicit target goes anywhere logged; promoted again, a version left by a rollback is a target again
+    assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg, "20260103-020000")["version"] == "20260103-020000"
+    night("20260104-020000")
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260104-020000"), night.cfg)
+    assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg)["version"] == "20260103-020000"
 
 
 def test_rollback_refuses_failed_corrupt_or_unknown_targets(night, capsys):
@@ -300,3 +318,21 @@ def test_a_promotion_retried_after_a_crash_logs_once_and_repairs_run_json(night,
     info = json.loads(run_json.read_text())
     assert info["promoted"]["version"] == "20260102-020000"
     assert info["promoted"]["replaced"] == log[-1]["previous"]
+
+
+def test_the_live_nights_verdict_stands_when_the_night_runs_again(night):
+    """Re-running the live night (a promotion cut short, a cleared DAG run) never judges the served version again in
+    its folder: a failed re-gate would leave LIVE on a verdict that refuses to serve it. Evaluate does nothing, the
+    gate returns the verdict as it stands, and promote only finishes what was cut short."""
+    night("20260101-020000")
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260101-020000"), night.cfg)
+    run = RunFolder(night.cfg.artifacts, "20260101-020000")
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    assert steps.evaluate_step(run, night.cfg) == {}
+    assert steps.gate_step(run, night.cfg) == json.loads(before["gate.json"])
+    assert steps.promote_step(run, night.cfg) == "20260101-020000"
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+    assert [r["version"] for r in night.store.promotions()] == ["20260101-020000"]
+    # a night that is not live is judged as ever: its gate writes its own verdict
+    night("20260102-020000")
+    assert steps.standing_verdict(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg) is None

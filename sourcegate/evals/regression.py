@@ -75,6 +75,9 @@ def compare(
         result["gates"] = result["n"] >= min_kind_questions
         kinds[kind] = result
     failed_kinds = [k for k, r in kinds.items() if r["gates"] and r["significant"]]
+    # A comparison that matched none of the baseline's questions (their ids changed, another corpus's baseline) says
+    # nothing: it fails rather than pass unread. A set that shares any question with it compares those.
+    overall["too_few"] = overall["n"] == 0 and bool(baseline)
     return {
         "outcome": key,
         "alpha": alpha,
@@ -83,7 +86,7 @@ def compare(
         "overall": overall,
         "by_kind": kinds,
         "failed_kinds": failed_kinds,
-        "failed": overall["significant"] or overall["too_many"] or bool(failed_kinds),
+        "failed": overall["significant"] or overall["too_many"] or overall["too_few"] or bool(failed_kinds),
     }
 
 
@@ -104,6 +107,11 @@ def describe(result: Mapping[str, Any], what: str) -> str:
         reasons.append("losses significantly exceed wins")
     if o["too_many"]:
         reasons.append(f"more than {result['max_losses']} losses")
+    if o.get("too_few"):
+        reasons.append(
+            f"none of the baseline's {len(o['missing'])} questions matched by id, so nothing was compared (renamed "
+            "questions, or another set's baseline): accept a new baseline (sourcegate accept RUN) once the set is right"
+        )
     for kind in result["failed_kinds"]:
         k = result["by_kind"][kind]
         reasons.append(f"kind {kind!r} lost {len(k['losses'])} and won {len(k['wins'])} (p = {k['p_value']:.3g})")

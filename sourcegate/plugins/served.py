@@ -43,4 +43,4 @@ def gate_status(data: bytes | None) -> str:
         gate = None
     if not isinstance(gate, dict):
         return "-"
-    return "passed" if gate.get("passed") else "FAILED"
+    return "passed" if gate.get("passed") is True else "FAILED"

@@ -276,8 +276,9 @@ def cmd_runs(args) -> int:
 
     cfg = load_config(args)
     with staging.staged(cfg, reads=staging.Reads(), publish_after=False) as local:  # records only
-        promoted = {r["version"] for r in open_store(cfg, local).promotions()}  # the log, not run.json (it can lag)
-        rows = list_runs(local, promoted)
+        store = open_store(cfg, local)
+        promoted = {r["version"] for r in store.promotions()}  # the log, not run.json (it can lag)
+        rows = list_runs(local, promoted, store.live())
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 0
 
@@ -326,6 +327,11 @@ def cmd_promote(args) -> int:
         version = promote_step(RunFolder(local, run_id), cfg, actor=args.actor)
     print(f"live index: {version}")
     return 0
+
+
+def lock_timeout_option(p: argparse.ArgumentParser) -> None:
+    """--lock-timeout of the commands that write (not judged: a longer wait needs no new verdict)."""
+    p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
 
 
 def cmd_rollback(args) -> int:
@@ -569,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--artifacts")
     p.add_argument("--reranker", choices=["onnx", "sentence_transformers", "none"])
     p.add_argument("--run-id"), p.add_argument("--quiet", action="store_true")
-    p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
+    lock_timeout_option(p)
     p.add_argument("--no-promote", action="store_true", help="build, evaluate and gate, but leave the live index")
     p.set_defaults(func=cmd_run)
 
@@ -577,6 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a run id"), p.add_argument("--artifacts")
     p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--actor", default="cli")
     p.add_argument("--corpus", help=CORPUS_HELP)
+    lock_timeout_option(p)
     p.set_defaults(func=cmd_promote)
 
     p = sub.add_parser("query", help="ask the live index (or --index RUN_DIR) one question")
@@ -623,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a run folder (a run id with --artifacts s3://…)")
     p.add_argument("--out", help="default: evals.baseline")
     p.add_argument("--artifacts", help="the artifacts folder whose lock is held while writing")
-    p.add_argument("--lock-timeout", type=float, metavar="S", help="wait this long for another writer (lock.timeout_s)")
+    lock_timeout_option(p)
     p.set_defaults(func=cmd_accept)
 
     p = sub.add_parser("runs", help="list the runs with their verdicts, counts and timings (SQL over run folders)")
@@ -647,6 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--actor", default="rollback", help="who rolls back (logged)")
     p.add_argument("--corpus", help=CORPUS_HELP)
+    lock_timeout_option(p)
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("diff", help="what changed per question between two run folders (scores, modes, ranks)")

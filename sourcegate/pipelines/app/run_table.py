@@ -22,7 +22,9 @@ COLUMNS = (
     "questions",
     "seconds",
 )
-FIELDS = (*COLUMNS, "stopped")  # --json: also why a stopped night stopped (run.json's `stopped.error`)
+# --json also: why a night stopped (run.json's `stopped.error`; after a passed gate too, e.g. at promote), and
+# whether the run is the live version now (`promoted` says it ever was: a rollback may have left it since)
+FIELDS = (*COLUMNS, "stopped", "live")
 
 # A run's name is its folder's name. $info / $gate: lists of run.json / gate.json paths
 # (read_text fails on an empty list, so "no gate.json yet" reads the gate-less GATE_NONE instead).
@@ -45,7 +47,7 @@ SELECT info.run,
        CASE WHEN j IS NULL THEN 'unreadable'
             WHEN g IS NULL AND (j ->> '$.stopped.step') IS NOT NULL THEN 'stopped: ' || (j ->> '$.stopped.step')
             WHEN g IS NULL THEN 'no verdict'
-            WHEN TRY_CAST(g ->> '$.passed' AS BOOLEAN) THEN 'passed'
+            WHEN json_type(g, '$.passed') = 'BOOLEAN' AND (g ->> '$.passed') = 'true' THEN 'passed'
             ELSE 'failed' END AS verdict,
        {promoted} AS promoted,
        TRY_CAST(j ->> '$.counts.ingest.documents' AS BIGINT) AS documents,
@@ -53,15 +55,16 @@ SELECT info.run,
        TRY_CAST(j ->> '$.counts.embedded' AS BIGINT) AS embedded,
        TRY_CAST(j ->> '$.counts.eval_questions' AS BIGINT) AS questions,
        round(list_sum(map_values(TRY_CAST(j -> '$.timings_s' AS MAP(VARCHAR, DOUBLE)))), 1) AS seconds,
-       CASE WHEN g IS NULL THEN j ->> '$.stopped.error' END AS stopped
+       j ->> '$.stopped.error' AS stopped
 FROM info LEFT JOIN gate USING (run)
 ORDER BY started NULLS FIRST, info.run
 """
 
 
-def list_runs(artifacts: str | Path, promoted: set[str] | None = None) -> list[dict]:
+def list_runs(artifacts: str | Path, promoted: set[str] | None = None, live: str | None = None) -> list[dict]:
     """One dict per run folder under `artifacts`/runs (keys: FIELDS), oldest first. `promoted`: the versions
-    the promotions log names (the truth: run.json's `promoted` can lag a crash); None reads run.json."""
+    the promotions log names (the truth: run.json's `promoted` can lag a crash); None reads run.json. `live`: the
+    live version."""
     import duckdb
 
     runs = Path(artifacts) / rf.RUNS
@@ -82,7 +85,7 @@ def list_runs(artifacts: str | Path, promoted: set[str] | None = None) -> list[d
     )
     with duckdb.connect() as con:
         rows = con.execute(sql, params).fetchall()
-    return [dict(zip(FIELDS, row)) for row in rows]
+    return [{**dict(zip(FIELDS, row)), "live": row[0] == live} for row in rows]
 
 
 def _cell(value) -> str:

@@ -440,7 +440,7 @@ def cleanup_step(root: Path, cfg: PipelineConfig) -> dict:
 
 
 STOP_CHARS = 300  # of a stopped night's error kept in run.json, on one line: enough to know what to fix
-USERINFO = re.compile(r"(\w+://[^/:@\s]*):[^/@\s]*@")  # a URL's password in an error's text
+USERINFO = re.compile(r"(\w+://[^/:@\s]*):[^/\s]*@")  # a URL's password in an error's text (to its last @)
 
 
 def record_stop(run: RunFolder, exc: BaseException | None) -> None:
@@ -490,9 +490,24 @@ def answer_model_corpus(cfg: PipelineConfig, chunks_parquet: Path) -> dict | Non
     return learned_corpus.measure(folder, chunks_parquet, a.min_corpus_share)
 
 
+def standing_verdict(run: RunFolder, cfg: PipelineConfig) -> dict | None:
+    """The passed verdict of a run that is the live version: it stands. A rerun of that night (a promotion cut short,
+    a cleared DAG run) never judges the served version again in its folder: a failed re-gate would leave LIVE on a
+    verdict that refuses to serve it. LIVE is re-judged in a folder of its own (the recalibrate DAG, `calibrate`)."""
+    gate = run / rf.GATE
+    if run.run_id != open_store(cfg, run.root).live() or not gate.is_file():
+        return None
+    judged = read_json(gate)
+    return judged if judged.get("passed") is True else None
+
+
 @locked("evaluate")
 def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = None, progress: bool = False) -> dict:
-    """Evaluate index `version` (default: this run's own) into this run's folder."""
+    """Evaluate index `version` (default: this run's own) into this run's folder; nothing when the run is the live
+    version, whose verdict stands (`standing_verdict`)."""
+    if version is None and standing_verdict(run, cfg):
+        log.info("evaluate: run %s is the live version: its verdict stands, not judged again", run.run_id)
+        return {}
     folder = run.mkdir()
     target = run.sibling(version or run.run_id)  # the version evaluated
     version = target.run_id
@@ -550,7 +565,10 @@ def evaluate_step(run: RunFolder, cfg: PipelineConfig, version: str | None = Non
 
 @locked("gate")
 def gate_step(run: RunFolder, cfg: PipelineConfig) -> dict:
-    """The gate for this run. Returns the verdict; failing the run is the caller's choice."""
+    """The gate for this run. Returns the verdict; failing the run is the caller's choice. The live version's own run:
+    its verdict, as it stands."""
+    if standing := standing_verdict(run, cfg):
+        return standing
     info = run.info()
     live = open_store(cfg, run.root).live()
     evaluated = info.get("evaluated")  # what evaluate_step judged, bound to the baseline the gate compares against

@@ -106,7 +106,7 @@ def of_verdict(gate: Mapping | None, where: str) -> dict:
     """The decision a passed verdict proved (NotProven when there is no verdict, it failed, or it records none)."""
     if not gate:
         raise NotProven(f"no gate verdict at {where}")
-    if not gate.get("passed"):
+    if gate.get("passed") is not True:  # a verdict passes only as JSON true ("false" is a string)
         raise NotProven(f"the verdict at {where} did not pass: it proved nothing to serve")
     if not gate.get("decision"):
         raise NotProven(f"the verdict at {where} records no decision (a verdict from before decisions were bound)")

@@ -109,6 +109,20 @@ LOCATION_KEYS = (
 # verdicts (which never held them). When the recalibrate DAG retrains the answer model: no night's scores depend
 # on it (the retrained model's fingerprint is bound when it ships).
 NOT_JUDGED = ("answerability.retrain_below_share",)
+# Keys that say how the product operates, never what a night measures: how many versions retention keeps, how long a
+# writer waits or leases the lock (`run --lock-timeout`), how hard a load or search retries, the note naming the run
+# that calibrated the decision. Changing one needs no new verdict; a verdict recorded while they were judged holds
+# them, and they are not compared.
+OPERATING = (
+    "backend.retention",
+    "backend.keep_failed_days",
+    "backend.opensearch.bulk_chunk_size",
+    "backend.opensearch.max_retries",
+    "backend.opensearch.search_retries",
+    "lock.timeout_s",
+    "lock.lease_s",
+    "answer.calibrated_by",
+)
 # What config_sha256 left out before every location was: a verdict recorded then still matches an unchanged config.
 LEGACY_LOCATION_KEYS = ("artifacts", "artifacts_airflow_conn_id")
 ABSENT = "(absent)"
@@ -138,13 +152,13 @@ def flatten(values: Mapping, prefix: str = "") -> dict:
 
 
 def judged_config(cfg: PipelineConfig) -> dict:
-    """The config a verdict judged, by dotted key: every key but LOCATION_KEYS and NOT_JUDGED."""
-    return flatten(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS + NOT_JUDGED)))
+    """The config a verdict judged, by dotted key: every key but LOCATION_KEYS, NOT_JUDGED and OPERATING."""
+    return flatten(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS + NOT_JUDGED + OPERATING)))
 
 
 def config_hash(cfg: PipelineConfig) -> str:
     """The hash of the config a verdict judged (`judged_config`, nested as the config is)."""
-    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS + NOT_JUDGED)))
+    return sha256_json(cfg.model_dump(mode="json", exclude=excluding(LOCATION_KEYS + NOT_JUDGED + OPERATING)))
 
 
 def legacy_config_hash(cfg: PipelineConfig) -> str:
@@ -274,7 +288,7 @@ def config_differences(judged: Mapping, now: Mapping) -> list[str]:
     return [
         f"{key}: {shown(judged.get(key, ABSENT))} (judged) vs {shown(now.get(key, ABSENT))} (now)"
         for key in sorted(set(judged) | set(now))
-        if judged.get(key, ABSENT) != now.get(key, ABSENT)
+        if judged.get(key, ABSENT) != now.get(key, ABSENT) and key not in OPERATING
     ]
 
 
@@ -368,7 +382,7 @@ BOUND_MODELS_AND_CODE = {
 def check_verdict(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version: str, root: str | Path) -> None:
     """Refuse (VerdictMismatch) a verdict that failed or that was computed on other content than `manifest`
     (`root`: the artifacts folder the version's run lives in)."""
-    if not gate.get("passed"):
+    if gate.get("passed") is not True:  # a verdict passes only as JSON true ("false" is a string)
         raise VerdictMismatch(f"refusing to promote {version}: its gate failed")
     recorded = gate.get("evaluated")
     problems = mismatches(recorded, current_binding(cfg, manifest, recorded or {}, root))
@@ -385,7 +399,7 @@ def judged_since(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version:
     which `force` goes past: the version goes back to serving what its verdict proved, and a night re-judges it.
     Refused (VerdictMismatch) whatever `force`: a verdict that failed or binds nothing, and a version whose content or
     reused values differ from what it judged (its numbers would not be this version's)."""
-    if not gate.get("passed"):
+    if gate.get("passed") is not True:  # a verdict passes only as JSON true ("false" is a string)
         raise VerdictMismatch(f"refusing to roll back to {version}: its gate failed")
     recorded = gate.get("evaluated")
     current = current_binding(cfg, manifest, recorded or {}, root)

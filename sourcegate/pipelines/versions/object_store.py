@@ -81,7 +81,8 @@ def split_uri(uri: str) -> tuple[str, str]:
     if parsed.scheme != "s3" or not parsed.netloc:
         raise ValueError(f"artifacts {uri!r}: expected s3://bucket/prefix or a local folder")
     if parsed.query or parsed.fragment or "@" in parsed.netloc:
-        raise ValueError(f"artifacts {uri!r}: no credentials, query or fragment in the URI (use the AWS environment)")
+        shown = parsed._replace(netloc=parsed.netloc.rpartition("@")[2]).geturl()  # never echo the credentials
+        raise ValueError(f"artifacts {shown!r}: no credentials, query or fragment in the URI (use the AWS environment)")
     return parsed.netloc, parsed.path.strip("/")
 
 

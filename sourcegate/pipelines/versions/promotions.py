@@ -30,10 +30,16 @@ def promotion_record(version: str, previous: str | None, verdict_sha256: str | N
 
 
 def rollback_target(log: list[Mapping], live: str | None, present: set[str]) -> str | None:
-    """The default rollback target: the newest promoted version other than the live one that still exists."""
+    """The default rollback target: the newest promoted version other than the live one that still exists and that
+    no rollback left since it was last promoted (a second rollback goes further back, never to the version the first
+    one rolled back from)."""
+    left = set()  # versions a rollback moved LIVE away from, newer than their last promotion
     for record in reversed(log):
-        if record["version"] != live and record["version"] in present:
-            return record["version"]
+        version = record["version"]
+        if record.get("kind") == "rollback" and record.get("previous"):
+            left.add(record["previous"])
+        if version != live and version in present and version not in left:
+            return version
     return None
 
 
