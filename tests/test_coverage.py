@@ -254,8 +254,10 @@ def test_accept_retires_the_check_set_a_new_threshold_has_seen_and_the_next_chec
     assert log[0]["threshold"]["adjacent"] == 0.1 and log[0]["carried_to_next_check"] == ["new-a-0"]
     assert log[0]["next_check"] == str(tmp_path / "evals" / "next.jsonl")
     assert json.loads(baseline.read_text())["check_moved"]["moved"] == moved
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert f"the check set {check} is retired" in out and "evals.check_set was given by --set" in out
+    assert "did not pass its gate (no passed verdict)" in captured.err  # a run with no gate.json: said, not refused
     # accepting again with the same threshold moves nothing: the decision is the accepted one
     assert main([a for s in sets for a in ("--set", s)] + args) == 0
     assert len(moves.read_text().splitlines()) == 1

@@ -57,8 +57,10 @@ def test_rows_carry_verdict_counts_and_total_time_oldest_first(tmp_path):
     assert rows["building"]["verdict"] == "no verdict"
 
 
-def test_runs_without_any_gate_and_no_runs_at_all(tmp_path):
+def test_runs_without_any_gate_and_no_runs_at_all(tmp_path, capsys):
     assert list_runs(tmp_path) == []
+    assert main(["runs", "--artifacts", str(tmp_path / "typo"), "--json"]) == 2  # not an empty list a gate would pass
+    assert "no artifacts folder at" in capsys.readouterr().err
     write_run(tmp_path, "only", {"counts": {"chunks": 5}})
     assert [(r["run"], r["verdict"], r["chunks"]) for r in list_runs(tmp_path)] == [("only", "no verdict", 5)]
 

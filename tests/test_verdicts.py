@@ -138,7 +138,14 @@ def test_the_verdict_does_not_depend_on_where_the_artifacts_live(night, tmp_path
 
 def test_failed_unbound_or_missing_verdicts_are_refused(night):
     night("v1", passed=False)
-    with pytest.raises(verdict.VerdictMismatch, match="gate failed"):
+    gate_path = RunFolder(night.cfg.artifacts, "v1").path / "gate.json"
+    write_json({**json.loads(gate_path.read_text()), "reasons": ["coverage 0.98 < 1.0"]}, gate_path)
+    with pytest.raises(verdict.VerdictMismatch, match="gate failed: coverage 0.98 < 1.0"):  # says why
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v1"), night.cfg)
+    with pytest.raises(verdict.VerdictMismatch, match="no such run in"):  # a typo in the run id or artifacts
+        steps.promote_step(RunFolder(night.cfg.artifacts, "v9"), night.cfg)
+    gate_path.write_text("{")
+    with pytest.raises(verdict.VerdictMismatch, match="gate.json is unreadable"):
         steps.promote_step(RunFolder(night.cfg.artifacts, "v1"), night.cfg)
     gate = night("v2")
     del gate["evaluated"]
@@ -177,12 +184,27 @@ def test_rollback_goes_back_to_the_previous_promoted_version_and_is_logged(night
         "20260103-020000",
         "rollback",
     )
+    # the version the rollback left is promoted again only when forced (a script promoting "the newest passed run")
+    with pytest.raises(verdict.VerdictMismatch, match="a rollback moved LIVE away from it .* by rollback"):
+        steps.promote_step(RunFolder(artifacts, "20260103-020000"), night.cfg)
+    assert night.store.live() == "20260102-020000"
     # a second rollback goes further back, never to the version the first one left
     assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg)["version"] == "20260101-020000"
     with pytest.raises(ValueError, match="no earlier promoted version"):
         steps.rollback_step(Path(night.cfg.artifacts), night.cfg)
     # an explicit target goes anywhere logged; promoted again, a version left by a rollback is a target again
     assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg, "20260103-020000")["version"] == "20260103-020000"
+    args = [
+        "--config",
+        cli_config(night),
+        "promote",
+        "20260102-020000",
+        "--artifacts",
+        artifacts,
+        "--backend",
+        "embedded",
+    ]
+    assert main(args) == 2  # left by the rollback to 01 (and older than LIVE: that is a rollback anyway)
     night("20260104-020000")
     steps.promote_step(RunFolder(night.cfg.artifacts, "20260104-020000"), night.cfg)
     assert steps.rollback_step(Path(night.cfg.artifacts), night.cfg)["version"] == "20260103-020000"

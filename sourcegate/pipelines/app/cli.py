@@ -213,7 +213,7 @@ def cmd_accept(args) -> int:
         cfg = config_mod.replace(cfg, {"artifacts": str(Path(args.run).resolve().parent.parent)})
     config_path = Path(path) if (path := config_file(args)) else None
     named = run_id_of(args.run) if remote else args.run  # on a bucket, a run id
-    reads = staging.reading((rf.PRECISION, rf.CALIBRATION), named) if remote else staging.Reads()
+    reads = staging.reading((rf.PRECISION, rf.CALIBRATION, rf.GATE), named) if remote else staging.Reads()
     with staging.locked_staged(cfg, f"sourcegate accept {named}", None, reads) as local:
         run = RunFolder(local, named).path if remote else Path(named)
         source = named if remote else str(run)
@@ -221,11 +221,17 @@ def cmd_accept(args) -> int:
             raise ValueError("evals.baseline is null (none accepted yet): say where to write it with --out PATH")
         out = Path(args.out or cfg.evals.baseline)
         fitted = accepted_combiner(cfg, read_json(run / rf.CALIBRATION))
+        judged = read_json(run / rf.GATE) if (run / rf.GATE).is_file() and (run / rf.GATE).stat().st_size else {}
         with writer_lock(cfg, f"sourcegate accept {source}", root=local):
             accepted = accept_run(cfg, run, source, out, config_path, Path.cwd())
             if fitted is not None:
                 combiner.write(fitted, cfg.answerability.combiner)
     print(f"baseline written: {out} (from {source})")
+    if judged.get("passed") is not True:  # deliberate at times (a lower precision accepted), never unnoticed
+        why = "; ".join(str(r) for r in (judged.get("reasons") or [])[:3]) or "no passed verdict"
+        print(
+            f"note: {source} did not pass its gate ({why}): its outcomes are the baseline all the same", file=sys.stderr
+        )
     moved, fresh = accepted["moved"], accepted["next_check"]
     if moved and fresh:
         print(
@@ -275,6 +281,8 @@ def cmd_runs(args) -> int:
     from sourcegate.pipelines.app.run_table import format_table, list_runs
 
     cfg = load_config(args)
+    if not is_remote(cfg.artifacts) and not Path(cfg.artifacts).is_dir():  # a typo would list nothing, and pass
+        raise FileNotFoundError(f"no artifacts folder at {cfg.artifacts} (no night has run there)")
     with staging.staged(cfg, reads=staging.Reads(), publish_after=False) as local:  # records only
         store = open_store(cfg, local)
         promoted = {r["version"] for r in store.promotions()}  # the log, not run.json (it can lag)
@@ -324,7 +332,7 @@ def cmd_promote(args) -> int:
     cfg = load_config(args)
     reads, run_id = staging.STEP_READS["promote"], run_id_of(args.run)
     with staging.locked_staged(cfg, f"sourcegate promote {run_id}", run_id, reads) as local:
-        version = promote_step(RunFolder(local, run_id), cfg, actor=args.actor)
+        version = promote_step(RunFolder(local, run_id), cfg, actor=args.actor, force=args.force)
     print(f"live index: {version}")
     return 0
 
@@ -583,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a run id"), p.add_argument("--artifacts")
     p.add_argument("--backend", choices=["embedded", "opensearch"]), p.add_argument("--actor", default="cli")
     p.add_argument("--corpus", help=CORPUS_HELP)
+    p.add_argument("--force", action="store_true", help="also a version a rollback moved LIVE away from")
     lock_timeout_option(p)
     p.set_defaults(func=cmd_promote)
 

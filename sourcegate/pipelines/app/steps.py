@@ -295,25 +295,39 @@ def load_step(run: RunFolder, cfg: PipelineConfig, full: bool = False, progress:
 
 
 @locked("promote")
-def promote_step(run: RunFolder, cfg: PipelineConfig, actor: str = "cli", allow_older: bool = False) -> str:
+def promote_step(
+    run: RunFolder, cfg: PipelineConfig, actor: str = "cli", allow_older: bool = False, force: bool = False
+) -> str:
     """Point the live alias at this run's index, if its gate passed on exactly this version's content.
 
     The verdict in gate.json is checked against the version as it is now (manifest hash, eval sets,
     config, baseline): a rebuilt version or an edited eval set needs a new verdict. Logged (G4).
     LIVE never moves backwards here: a version created before the live one needs the explicit
-    rollback path (`allow_older=True`, `sourcegate rollback`).
+    rollback path (`allow_older=True`, `sourcegate rollback`). Nor forward to a version a rollback left since it
+    was promoted (a script promoting "the newest passed run" would undo the rollback) unless `force`.
     """
     run_id, gate_path = run.run_id, run / rf.GATE
+    if not run.path.is_dir():
+        raise verdict.VerdictMismatch(f"refusing to promote {run_id}: no such run in {run.published_root()}")
     if not gate_path.is_file():
         raise verdict.VerdictMismatch(f"refusing to promote {run_id}: no gate verdict ({gate_path})")
     store = open_store(cfg, run.root)
     manifest = store.verify(run_id)
-    gate = read_json(gate_path)
+    try:
+        gate = read_json(gate_path)
+    except ValueError as exc:
+        raise verdict.VerdictMismatch(f"refusing to promote {run_id}: {gate_path} is unreadable ({exc})") from None
     verdict.check_verdict(gate, cfg, manifest, run_id, run.root)
     decision.of_verdict(gate, str(gate_path))  # what is served is what it proved: a verdict must say what that is
     previous = store.live()
     if previous == run_id:  # a retry after a crash past the swap: finish what the crash left undone
         return finish_promotion(store, run, actor, gate_path, manifest, previous=None)
+    left = promotions.left_by_rollback(store.promotions(), run_id)
+    if left and not force:
+        raise verdict.VerdictMismatch(
+            f"refusing to promote {run_id}: a rollback moved LIVE away from it since it was promoted ({left}); "
+            "promote --force makes it live again"
+        )
     if previous and not allow_older:
         older = runs.created_at(run.path) < runs.created_at(run.sibling(previous).path)
         if older:

@@ -383,7 +383,8 @@ def check_verdict(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version
     """Refuse (VerdictMismatch) a verdict that failed or that was computed on other content than `manifest`
     (`root`: the artifacts folder the version's run lives in)."""
     if gate.get("passed") is not True:  # a verdict passes only as JSON true ("false" is a string)
-        raise VerdictMismatch(f"refusing to promote {version}: its gate failed")
+        reasons = "; ".join(str(r) for r in (gate.get("reasons") or [])[:3])
+        raise VerdictMismatch(f"refusing to promote {version}: its gate failed" + (f": {reasons}" if reasons else ""))
     recorded = gate.get("evaluated")
     problems = mismatches(recorded, current_binding(cfg, manifest, recorded or {}, root))
     if problems:

@@ -43,6 +43,17 @@ def rollback_target(log: list[Mapping], live: str | None, present: set[str]) -> 
     return None
 
 
+def left_by_rollback(log: list[Mapping], version: str) -> str | None:
+    """The rollback that moved LIVE away from `version` after its last promotion, as "<time> by <actor>"; None if
+    none did."""
+    for record in reversed(log):
+        if record.get("kind") == "rollback" and record.get("previous") == version:
+            return f"{record.get('time')} by {record.get('actor')}"
+        if record["version"] == version:
+            return None
+    return None
+
+
 def append_record(record: Mapping, path: str | Path) -> None:
     """Append one JSON line and fsync: the log only ever grows."""
     path = Path(path)
