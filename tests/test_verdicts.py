@@ -90,7 +90,7 @@ def test_a_run_folder_copied_under_another_run_id_is_never_promoted(night):
     night("20260101-020000")
     runs = Path(night.cfg.artifacts) / "runs"
     shutil.copytree(runs / "20260101-020000", runs / "20260102-020000")
-    with pytest.raises(mf.IntegrityError, match="holds the manifest of version 20260101-020000"):
+    with pytest.raises(verdict.VerdictMismatch, match="its folder holds version '20260101-020000', built under"):
         steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)
     assert night.store.live() is None
 

@@ -326,17 +326,21 @@ def file_differs(judged: Mapping | None, now: Mapping | None) -> bool:
     return (judged is None) != (now is None) or digest_of(judged) != digest_of(now)
 
 
-def mismatches(recorded: Mapping | None, current: Mapping) -> list[str]:
-    """Each fact of the verdict that differs from now, as a readable line (a file by content, never by path)."""
+def mismatches(recorded: Mapping | None, current: Mapping, name: str | None = None) -> list[str]:
+    """Each fact of the verdict that differs from now, as a readable line (a file by content, never by path);
+    `name`: the version going live."""
     if not recorded:
         return ["gate.json records nothing about what it evaluated (a verdict from before verdicts were bound)"]
-    return content_mismatches(recorded, current) + judging_mismatches(recorded, current)
+    return content_mismatches(recorded, current, name) + judging_mismatches(recorded, current)
 
 
-def content_mismatches(recorded: Mapping, current: Mapping) -> list[str]:
+def content_mismatches(recorded: Mapping, current: Mapping, name: str | None = None) -> list[str]:
     """What the verdict's numbers were computed on that differs now: the version's content, the kept values it
-    reused. Nothing may go live past one of these: its numbers would not be this version's."""
+    reused, and (`name`: the version going live) the name it was built as. Nothing may go live past one of these:
+    its numbers would not be this version's."""
     found = []
+    if name is not None and current["version"] not in (None, name):  # a run folder copied under another run id
+        found.append(f"its folder holds version {current['version']!r}, built under that name, not {name!r}")
     if recorded.get("version") != current["version"]:
         found.append(f"it judged version {recorded.get('version')!r}, not {current['version']!r}")
     if recorded.get("manifest_sha256") != current["manifest_sha256"]:
@@ -386,7 +390,7 @@ def check_verdict(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version
         reasons = "; ".join(str(r) for r in (gate.get("reasons") or [])[:3])
         raise VerdictMismatch(f"refusing to promote {version}: its gate failed" + (f": {reasons}" if reasons else ""))
     recorded = gate.get("evaluated")
-    problems = mismatches(recorded, current_binding(cfg, manifest, recorded or {}, root))
+    problems = mismatches(recorded, current_binding(cfg, manifest, recorded or {}, root), version)
     if problems:
         raise VerdictMismatch(
             f"refusing to promote {version}: its gate verdict does not match what is being promoted: "
@@ -404,10 +408,10 @@ def judged_since(gate: Mapping, cfg: PipelineConfig, manifest: Mapping, version:
         raise VerdictMismatch(f"refusing to roll back to {version}: its gate failed")
     recorded = gate.get("evaluated")
     current = current_binding(cfg, manifest, recorded or {}, root)
-    if not recorded or (changed := content_mismatches(recorded, current)):
+    if not recorded or (changed := content_mismatches(recorded, current, version)):
         raise VerdictMismatch(
             f"refusing to roll back to {version}: its verdict does not bind what it would serve: "
-            + "; ".join(changed if recorded else mismatches(recorded, current))
+            + "; ".join(changed if recorded else mismatches(recorded, current, version))
         )
     since = judging_mismatches(recorded, current)
     if since and not force:

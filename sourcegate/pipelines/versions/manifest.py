@@ -147,11 +147,6 @@ def verify_folder(folder: str | Path, version: str, *, hashes: bool = True, proo
             f"index version {version} is incomplete: {Path(folder) / MANIFEST_FILE} is missing "
             "(a crashed or unfinished load); it is never opened or promoted"
         )
-    if manifest.get("version") not in (None, version):  # a version's folder copied under another name
-        raise IntegrityError(
-            f"index version {version} holds the manifest of version {manifest['version']} (a copied or renamed "
-            "folder): a version is only ever opened or promoted under the name it was built as"
-        )
     names, key = list(manifest.get("files") or {}), manifest_hash(manifest)
     if hashes and proof and stamp.stamp_holds(folder, key, names):
         return manifest
