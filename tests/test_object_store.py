@@ -519,7 +519,7 @@ def test_accept_reads_a_run_on_the_store(nights, tmp_path):
 
 @pytest.mark.s3
 @pytest.mark.models
-def test_rollback_on_the_store_is_verified_logged_and_promote_goes_forward_again(nights, tmp_path):
+def test_rollback_on_the_store_is_verified_logged_and_promote_goes_forward_again_when_forced(nights, tmp_path):
     n = nights
     records = len(n.store.listing("promotions/"))
     back = sourcegate(["rollback", "--artifacts", n.uri], n.env, tmp_path, n.config)
@@ -528,7 +528,10 @@ def test_rollback_on_the_store_is_verified_logged_and_promote_goes_forward_again
     assert n.store.get("LIVE").decode().strip() == n.first
     logged = [json.loads(n.store.get(k)) for k in sorted(n.store.listing("promotions/"))]
     assert len(logged) == records + 1 and logged[-1]["kind"] == "rollback" and logged[-1]["version"] == n.first
-    forward = sourcegate(["promote", f"{n.uri}/runs/outage-night", "--artifacts", n.uri], n.env, tmp_path, n.config)
+    promote = ["promote", f"{n.uri}/runs/outage-night", "--artifacts", n.uri]
+    undone = sourcegate(promote, n.env, tmp_path, n.config)  # the version the rollback left: only when forced
+    assert undone.returncode == 2 and "a rollback moved LIVE away from it" in undone.stderr, undone.stderr[-3000:]
+    forward = sourcegate([*promote, "--force"], n.env, tmp_path, n.config)
     assert forward.returncode == 0, forward.stderr[-3000:]
     assert n.store.get("LIVE").decode().strip() == "outage-night"
     assert len(n.store.listing("promotions/")) == records + 2
