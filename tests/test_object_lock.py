@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pyarrow import fs as pafs
 
 from sourcegate.pipelines import config
 from sourcegate.pipelines.app import staging
@@ -277,6 +278,30 @@ def test_publishing_without_holding_the_lock_is_refused(s3_server, s3_env):
     with pytest.raises(RuntimeError, match="without holding its writer lock"), staging.staged(cfg_for(uri)) as local:
         (Path(local) / "LIVE").write_text("v1\n")
     assert store.get(staging.LIVE) == b"v0\n"
+
+
+class BeatenToDelete(pafs.LocalFileSystem):
+    """pyarrow's local filesystem on which another waiter deletes each object just before this one does."""
+
+    def delete_file(self, path):
+        super().delete_file(path)  # the other waiter, first
+        super().delete_file(path)
+
+
+def test_two_waiters_breaking_one_lapsed_claim_both_go_on(tmp_path):
+    """Both waiters saw the lapsed claim and delete it; the one that comes second must not fail (it raised
+    FileNotFoundError out of acquire); releasing a claim already broken and removing a folder half removed
+    by another writer are no error either."""
+    (tmp_path / "store").mkdir()
+    store = ObjectStore("s3://b/p", BeatenToDelete(), str(tmp_path / "store"))
+    lapsed = {"pid": 1, "host": "other-host", "command": "lost", "since": "x", "token": "dead", "expires": 1.0}
+    store.put(object_lock.claim_key("dead"), json.dumps(lapsed).encode())
+    lease = object_lock.acquire_object(store, "merge", timeout_s=0, lease_s=30)
+    assert lease.generation == 1 and not store.exists(object_lock.claim_key("dead"))
+    lease.release()
+    store.put("runs/r1/a.txt", b"a")
+    store.delete_prefix("runs/r1/")
+    assert store.listing("runs/") == {}
 
 
 # --- the version cache -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,12 +293,14 @@ class ObjectStore:
         return True
 
     def delete(self, key: str) -> None:
-        if self.exists(key):
+        """Delete the object; one already gone is no error (two waiters breaking the same lapsed claim: pyarrow
+        looks the object up before it deletes it, and raises to the one that came second)."""
+        with suppress(FileNotFoundError):
             self.fs.delete_file(self.path(key))
 
     def delete_prefix(self, prefix: str) -> None:
         for key in self.listing(prefix):
-            self.fs.delete_file(self.path(key))
+            self.delete(key)
 
 
 def row_group_ranges(meta, start: int, stop: int) -> list[tuple[int, int]]:
