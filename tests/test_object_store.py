@@ -161,6 +161,25 @@ def test_publish_refuses_to_move_live_that_moved_since_it_was_staged(tmp_path):
     assert store.listing("promotions/") == {}
 
 
+def test_a_record_on_the_store_holding_a_line_separator_does_not_hide_the_next_promotion(tmp_path):
+    """publish took the records past the count staged: one record read back as none (its --actor held U+2028)
+    shifted that count, and the next promotion's record was never published although LIVE moved."""
+    from sourcegate.pipelines.versions import promotions
+
+    store = local_store(tmp_path)
+    store.put("LIVE", b"v0\n")
+    first = promotions.promotion_record("v0", None, None, "ops\u2028on call")
+    store.put(staging.record_key(first), json.dumps(first, ensure_ascii=False).encode())
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    snap = staging.stage(store, scratch, None, staging.Reads())
+    (scratch / "LIVE").write_text("v1\n")
+    promotions.append_record(promotions.promotion_record("v1", "v0", None, "cli"), scratch / "promotions.jsonl")
+    staging.publish(store, scratch, snap)
+    records = [json.loads(store.get(k)) for k in sorted(store.listing("promotions/"))]
+    assert [(r["version"], r["actor"]) for r in records] == [("v0", "ops\u2028on call"), ("v1", "cli")]
+
+
 def test_staging_reads_what_a_step_reads_and_only_records_of_the_rest():
     keys = {f"runs/{r}/{n}": 1 for r in ("r1", "r2", "r3") for n in ("chunks.parquet", "run.json")}
     assert staging.previous_of(keys, "r4") == "r3" and staging.previous_of(keys, "r1") is None

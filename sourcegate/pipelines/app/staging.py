@@ -67,7 +67,7 @@ class Snapshot:
     stat: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (size, mtime_ns) as staged
     runs: set[str] = field(default_factory=set)
     live: str | None = None
-    records: int = 0
+    records: set[str] = field(default_factory=set)  # record_key of each promotion record staged
     scorings: int = 0  # check-set scorings staged into check_scorings.jsonl (the newer lines are this writer's)
 
 
@@ -204,7 +204,7 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     records = [json.loads(store.get(k)) for k in sorted(store.listing(PROMOTIONS_PREFIX))]
     for record in records:
         promotions.append_record(record, scratch / promotions.PROMOTIONS_LOG)
-    snap.records = len(records)
+    snap.records = {record_key(r) for r in records}
     if reads.check_log:
         scorings = [json.loads(store.get(k)) for k in sorted(store.listing(CHECK_SCORINGS_PREFIX))]
         for scoring in scorings:
@@ -269,8 +269,9 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
         check()
         if moves_live:
             live_unmoved(store, snap, live)
-        for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
-            store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+        for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG):
+            if (key := record_key(record)) not in snap.records:  # by content: a count shifts on a misread line
+                store.put_once(key, json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
         for scoring in check_log.read(scratch / check_log.LOG)[snap.scorings :]:
             store.put_once(scoring_key(scoring), json.dumps(scoring, sort_keys=True).encode())
         decision = scratch / PUBLISHED_DECISION  # never staged: present only when this task promoted or rolled back
