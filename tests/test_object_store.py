@@ -161,6 +161,39 @@ def test_publish_refuses_to_move_live_that_moved_since_it_was_staged(tmp_path):
     assert store.listing("promotions/") == {}
 
 
+def test_a_failed_live_put_leaves_no_promotion_record_claiming_it(tmp_path, monkeypatch):
+    """The record went up before LIVE: a LIVE PUT that failed left a log naming v1 promoted (rollback's default
+    target, retention's trust) while LIVE stayed v0. As in a local artifacts folder, LIVE goes first."""
+    from sourcegate.pipelines.versions import promotions
+    from sourcegate.pipelines.versions.object_store import StoreUnavailable
+
+    store = local_store(tmp_path)
+    store.put("LIVE", b"v0\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    snap = staging.stage(store, scratch, None, staging.Reads())
+    (scratch / "LIVE").write_text("v1\n")
+    (scratch / "LIVE.decision.json").write_text('{"version": "v1"}')
+    promotions.append_record(promotions.promotion_record("v1", "v0", "abc", "cli"), scratch / "promotions.jsonl")
+    order, real_put = [], store.put
+
+    def put(key, data):
+        order.append(key.split("/")[0])
+        if key == "LIVE":
+            raise OSError("AWS Error NETWORK_CONNECTION during PutObject operation")
+        real_put(key, data)
+
+    monkeypatch.setattr(store, "put", put)
+    with pytest.raises(StoreUnavailable, match="LIVE was not changed"):
+        staging.publish(store, scratch, snap)
+    assert store.get("LIVE") == b"v0\n" and store.listing("promotions/") == {}
+    monkeypatch.setattr(store, "put", lambda key, data: (order.append(key.split("/")[0]), real_put(key, data)))
+    order.clear()
+    staging.publish(store, scratch, snap)  # the retry
+    assert order == ["LIVE.decision.json", "LIVE", "promotions"]
+    assert store.get("LIVE") == b"v1\n" and len(store.listing("promotions/")) == 1
+
+
 def test_a_record_on_the_store_holding_a_line_separator_does_not_hide_the_next_promotion(tmp_path):
     """publish took the records past the count staged: one record read back as none (its --actor held U+2028)
     shifted that count, and the next promotion's record was never published although LIVE moved."""

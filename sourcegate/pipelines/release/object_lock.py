@@ -17,11 +17,11 @@ ones only); otherwise I delete my claim, wait a random moment and look again. Wi
 LIST (S3 since 2020, moto, MinIO) two racing contenders cannot both win: whichever finished its PUT second
 lists the first one's claim. The winner then writes the next generation into the fence record.
 
-Fencing: before the writer publishes (run files, the promotions record, LIVE, removals) `Lease.check()` re-reads
-the record and the claim: a newer exclusive generation (or, for an exclusive holder, any newer generation), a
-claim someone broke, or a lease with less than a third of its length left means this writer was superseded or
-may be at any moment; it raises `LockLost` naming both holders and publishes nothing. A lease is never renewed
-after it lapsed on the holder's own clock (another writer may already hold it).
+Fencing: before the writer publishes (run files, LIVE and the promotions record after it, removals)
+`Lease.check()` re-reads the record and the claim: a newer exclusive generation (or, for an exclusive holder, any
+newer generation), a claim someone broke, or a lease with less than a third of its length left means this writer
+was superseded or may be at any moment; it raises `LockLost` naming both holders and publishes nothing. A lease
+is never renewed after it lapsed on the holder's own clock (another writer may already hold it).
 
 Why not a conditional PUT: pyarrow.fs (the one filesystem library, object_store.py) sends no If-Match /
 If-None-Match, and the pipeline's environment has no botocore (its python-dateutil cap conflicts with the
