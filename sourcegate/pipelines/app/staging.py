@@ -295,7 +295,7 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
         for run in dropped:
             store.delete_prefix(f"runs/{run}/")
         if dropped:
-            segments.collect(store)  # the rows only the dropped runs held
+            segments.collect(store, check)  # the rows only the dropped runs held
 
 
 class SharedRows:

@@ -180,6 +180,15 @@ class ObjectStore:
 
     def listing(self, prefix: str = "") -> dict[str, int]:
         """Every object under `prefix` (recursive): key -> size."""
+        return {key: info.size for key, info in self.infos(prefix).items()}
+
+    def modified(self, prefix: str = "") -> dict[str, float]:
+        """Every object under `prefix` (recursive): key -> when it was last written (seconds since the epoch; 0 when
+        the store does not say)."""
+        return {key: (info.mtime_ns or 0) / 1e9 for key, info in self.infos(prefix).items()}
+
+    def infos(self, prefix: str = "") -> dict:
+        """Every object under `prefix` (recursive): key -> its pyarrow FileInfo."""
         from pyarrow import fs as pafs
 
         base = self.path(prefix).rstrip("/")
@@ -188,7 +197,7 @@ class ObjectStore:
             return {}
         found = self.fs.get_file_info(pafs.FileSelector(base, recursive=True))
         start = len(self.root) + 1
-        return {i.path[start:]: i.size for i in found if i.type == pafs.FileType.File}
+        return {i.path[start:]: i for i in found if i.type == pafs.FileType.File}
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

@@ -17,7 +17,7 @@ too few of the named rows are still used, or the list grows past MAX_SEGMENTS, t
 one segment (compaction), so reading a file never costs much more than the file. Downloading a pointer
 rebuilds the file byte for byte: the writer's row groups and defaults are reproduced, checked before a
 pointer is written (a file this module cannot reproduce is uploaded whole) and again after every rebuild.
-`collect` drops the segments no pointer names (after retention removed run folders).
+`collect` drops the segments no pointer names (after retention removed run folders), once they are an hour old.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ MAX_SEGMENTS = 8  # a file spread over more is compacted
 MIN_USED_SHARE = 0.5  # ... as is one that would use less than this share of the rows its segments hold
 KINDS = {".parquet": "parquet", ".npy": "npy"}
 POINTER_LIMIT = 16 << 20  # a larger object is a whole file: no need to look at its first bytes
+GRACE_S = 3600.0  # collect leaves a segment younger than this: the pointer naming it may still be on its way
+CHECK_EVERY = 100  # segments collect deletes between two checks of the writer's lease
 
 
 class RebuildMismatch(RuntimeError):
@@ -495,13 +498,22 @@ def upload(
     return pointer
 
 
-def collect(store: ObjectStore) -> int:
-    """Delete the segments no pointer under runs/ names (run under the writer's exclusive lock); how many."""
+def collect(store: ObjectStore, check=lambda: None) -> int:
+    """Delete the segments no pointer under runs/ names (run under the writer's exclusive lock); how many.
+
+    A writer whose lease lapsed meanwhile must not delete what a newer holder just published: segments/ is listed
+    before runs/ (a segment written after that listing is no candidate), one younger than GRACE_S is left (its
+    pointer may not be written yet; an orphan goes on a later night), and `check` (lock.fence) runs before the
+    first deletion and every CHECK_EVERY after it."""
+    written = store.modified(PREFIX)
     named = set()
     for key in store.listing("runs/"):
         if kind_of(key) and (pointer := read_pointer(store, key)):
             named |= {s["sha256"] for s in pointer.segments}
-    dropped = [k for k in store.listing(PREFIX) if k[len(PREFIX) :].split(".", 1)[0] not in named]
-    for key in dropped:
+    settled = time.time() - GRACE_S
+    dropped = [k for k, t in written.items() if k[len(PREFIX) :].split(".", 1)[0] not in named and t < settled]
+    for n, key in enumerate(sorted(dropped)):
+        if n % CHECK_EVERY == 0:
+            check()
         store.delete(key)
     return len(dropped)
