@@ -269,6 +269,31 @@ def test_trimming_skips_an_entry_another_worker_dropped_meanwhile(tmp_path, monk
     assert cache.get("b.digests") is not None and cache.get("a.digests") is None
 
 
+class TrimmedAfterLookUp(ObjectCache):
+    """A worker's cache shared with another task that trims each entry right after this one looked it up."""
+
+    def get(self, name):
+        path = super().get(name)
+        if path is not None:
+            path.unlink()
+        return path
+
+
+def test_a_cache_entry_trimmed_between_its_look_up_and_its_read_is_a_miss(tmp_path):
+    """get() returned the entry's path, another task's trim unlinked it, and the read raised FileNotFoundError
+    (staging reported it as the store unavailable): now the object is read from the store."""
+    store = local_store(tmp_path)
+    src = write(tmp_path / "a.parquet", table(range(3000)))
+    pointer = segments.upload(store, src, "runs/r1/chunks.parquet", [], ObjectCache(tmp_path / "cache", 1 << 30), 0)
+    cache = TrimmedAfterLookUp(tmp_path / "cache", 1 << 30)  # holds the file, its segment, digests, decoded rows
+    sha = pointer.segments[0]["sha256"]
+    assert len(segments.segment_digests(store, sha, cache)) == 3000
+    rows, downloaded = segments.segment_rows(store, sha, pointer, cache)
+    assert rows.num_rows == 3000 and downloaded > 0
+    segments.download(store, "runs/r1/chunks.parquet", tmp_path / "back.parquet", cache)
+    assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
+
+
 def test_staging_publishes_a_night_as_its_changed_rows(tmp_path, monkeypatch):
     """Two runs through staging.publish: the second run's tables and arrays point at the first run's rows."""
     monkeypatch.setattr(segments, "MIN_BYTES", 0)

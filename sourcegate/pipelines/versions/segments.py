@@ -312,17 +312,24 @@ def file_sha256(store: ObjectStore, key: str) -> str | None:
     return None if data is None else sha256_bytes(data)
 
 
-def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache) -> tuple[Path | bytes, int]:
-    """An immutable object from the cache (its path), else from the store (its bytes, then kept); and the bytes
-    downloaded."""
+def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache, read):
+    """`read(source)` of an immutable object: its cached file's path, else its bytes from the store (then kept); and
+    the bytes downloaded. A cached file another task trims between the look-up and the read is a miss."""
     path = cache.get(name)
     if path is not None:
-        return path, 0
+        try:
+            return read(path), 0
+        except FileNotFoundError:
+            pass
     data = store.get(key)
     if data is None:
         raise FileNotFoundError(f"{store.url(key)} is missing: a pointer names it")
     cache.put_bytes(data, name)
-    return data, len(data)
+    return read(data), len(data)
+
+
+def as_bytes(source: Path | bytes) -> bytes:
+    return source.read_bytes() if isinstance(source, Path) else source
 
 
 def segment_rows(store: ObjectStore, sha: str, pointer: Pointer, cache: ObjectCache):
@@ -332,8 +339,8 @@ def segment_rows(store: ObjectStore, sha: str, pointer: Pointer, cache: ObjectCa
     costs the decoding: every rebuilt file is checked against its sha256."""
     if pointer.kind == "parquet" and (decoded := read_decoded(cache, sha)) is not None:
         return decoded.cast(decode_schema(pointer.schema)), 0
-    source, got = fetch(store, segment_key(sha, pointer.kind), f"{sha}.{pointer.kind}", cache)
-    rows = read_rows(source, pointer.kind, pointer.schema)
+    key, name = segment_key(sha, pointer.kind), f"{sha}.{pointer.kind}"
+    rows, got = fetch(store, key, name, cache, lambda source: read_rows(source, pointer.kind, pointer.schema))
     if pointer.kind == "parquet":
         keep_decoded(cache, sha, rows)
     return rows, got
@@ -376,8 +383,7 @@ def read_decoded(cache: ObjectCache, sha: str):
 
 
 def segment_digests(store: ObjectStore, sha: str, cache: ObjectCache) -> list[bytes]:
-    source, _ = fetch(store, digests_key(sha), f"{sha}.digests", cache)
-    data = source.read_bytes() if isinstance(source, Path) else source
+    data, _ = fetch(store, digests_key(sha), f"{sha}.digests", cache, as_bytes)
     return [data[i : i + 16] for i in range(0, len(data), 16)]
 
 
