@@ -122,6 +122,31 @@ def test_an_object_deleted_or_replaced_during_its_read_is_absent_or_read_again(t
         store.get("claim.json")
 
 
+class CrashesAfterOneDelete(pafs.LocalFileSystem):
+    """pyarrow's local filesystem whose process dies (an exception here) after it deleted one object."""
+
+    deleted = 0
+
+    def delete_file(self, path):
+        if self.deleted:
+            raise OSError("killed")
+        super().delete_file(path)
+        self.deleted += 1
+
+
+def test_a_version_deleted_halfway_is_incomplete_not_complete_with_files_missing(tmp_path):
+    """G2: a version is complete only while its manifest exists; retention deleting it last left a version listed
+    complete (its manifest there) with its files gone after a crash midway."""
+    store = local_store(tmp_path)
+    for name in ("a.bin", "bm25.json", "chunks.parquet", "embeddings.npy", "manifest.json", "z.bin"):
+        store.put(f"runs/r1/index/{name}", name.encode())
+    store.put("runs/r1/run.json", b"{}")
+    store.fs = CrashesAfterOneDelete()
+    with pytest.raises(OSError, match="killed"):
+        store.delete_prefix("runs/r1/")
+    assert not store.exists("runs/r1/index/manifest.json") and len(store.listing("runs/r1/")) == 6
+
+
 def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path):
     store = local_store(tmp_path)
     scratch = tmp_path / "scratch"

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 
 SCHEMES = ("s3://",)
 CHUNK = 8 << 20
+MANIFEST = "/index/manifest.json"  # an index version's, under its run folder: written last, deleted first (G2)
 READ_ATTEMPTS = 3  # reads of an object that another writer keeps replacing before the store's error is raised
 
 
@@ -308,7 +309,9 @@ class ObjectStore:
             self.fs.delete_file(self.path(key))
 
     def delete_prefix(self, prefix: str) -> None:
-        for key in self.listing(prefix):
+        """Delete every object under `prefix`, an index version's manifest first (G2: a version is complete only
+        while its manifest exists, so one half deleted by a crash is incomplete, never complete with files missing)."""
+        for key in sorted(self.listing(prefix), key=lambda key: not key.endswith(MANIFEST)):
             self.delete(key)
 
 
