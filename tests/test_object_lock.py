@@ -384,6 +384,24 @@ def test_the_cache_keeps_what_is_in_use_and_the_entries_used_last_and_evicts_the
     assert (root / f"{'0' * 64}.part-1-x").is_dir()
 
 
+def test_the_folders_a_killed_process_left_in_the_version_cache_go_once_an_hour_old(tmp_path):
+    """A download, an evicted or a damaged entry's folder left by a killed process was never removed."""
+    from sourcegate.pipelines.app import version_cache as vc
+
+    root = tmp_path / "cache"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has
+    left = [f"{'a' * 64}.part-{gone.pid}-x1", f"{'b' * 64}.evicted-{gone.pid}", f"{'c' * 64}.damaged-{gone.pid}-x2"]
+    downloading = f"{'d' * 64}.part-{os.getpid()}-x3"  # an hour old, its process still at it
+    young = f"{'e' * 64}.part-{gone.pid}-x4"
+    for name in [*left, downloading, young]:
+        (root / name / "runs").mkdir(parents=True)
+        if name != young:
+            os.utime(root / name, (time.time() - 7200,) * 2)
+    assert vc.evict(root, keep=2) == []
+    assert sorted(p.name for p in root.iterdir()) == sorted([downloading, young])
+
+
 @pytest.mark.s3
 def test_a_served_version_is_never_evicted_and_the_one_before_goes_once_unread(
     s3_server, s3_env, tmp_path, monkeypatch

@@ -294,6 +294,20 @@ def test_a_cache_entry_trimmed_between_its_look_up_and_its_read_is_a_miss(tmp_pa
     assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
 
 
+def test_trim_removes_a_temporary_a_killed_process_left_once_an_hour_old(tmp_path, monkeypatch):
+    from sourcegate.pipelines.versions import object_cache
+
+    cache = ObjectCache(tmp_path / "cache", 1 << 20)
+    cache.put_bytes(b"x" * 8, "a.digests")
+    left = tmp_path / "cache" / ".b.digests.k1ll3d.tmp"
+    left.write_bytes(b"y" * 8)
+    cache.trim()
+    assert left.exists()  # young: maybe still being written
+    monkeypatch.setattr(object_cache, "LEFTOVER_S", -1.0)  # an hour later
+    cache.trim()
+    assert not left.exists() and cache.get("a.digests") is not None
+
+
 def test_staging_publishes_a_night_as_its_changed_rows(tmp_path, monkeypatch):
     """Two runs through staging.publish: the second run's tables and arrays point at the first run's rows."""
     monkeypatch.setattr(segments, "MIN_BYTES", 0)

@@ -9,7 +9,8 @@ what is computed (every rebuilt file is checked against its sha256). Another tas
 may trim an entry between its look-up and its read: a reader treats the entry it then cannot find as a miss.
 
 SOURCEGATE_SEGMENT_CACHE names the folder (default ~/.cache/sourcegate/segments; `off` keeps nothing),
-SOURCEGATE_SEGMENT_CACHE_GB bounds it (default 4): past it, the least recently used entries go.
+SOURCEGATE_SEGMENT_CACHE_GB bounds it (default 4): past it, the least recently used entries go (and temporaries a
+killed process left, once an hour old).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 CACHE_ENV = "SOURCEGATE_SEGMENT_CACHE"
 LIMIT_ENV = "SOURCEGATE_SEGMENT_CACHE_GB"
 DEFAULT_GB = 4.0
+LEFTOVER_S = 3600.0  # a temporary untouched for this long was left by a killed process: removed by trim
 
 
 class ObjectCache:
@@ -108,11 +111,14 @@ class ObjectCache:
         """Drop the least recently used entries until the cache fits its limit."""
         entries = []
         for p in self.root.iterdir():
-            if p.name.startswith("."):  # a file still being written (place's temporary)
-                continue
             try:  # another task or staging thread may drop an entry between the listing and its stat
                 st = p.stat()
             except FileNotFoundError:
+                continue
+            if p.name.startswith("."):  # place's temporary: being written, or left by a killed process
+                # by its ctime: a temporary hard-linked to an old file has that file's mtime, but a new ctime
+                if p.name.endswith(".tmp") and time.time() - st.st_ctime > LEFTOVER_S:
+                    p.unlink(missing_ok=True)
                 continue
             entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)
