@@ -304,6 +304,23 @@ def test_two_waiters_breaking_one_lapsed_claim_both_go_on(tmp_path):
     assert store.listing("runs/") == {}
 
 
+def test_a_lease_close_to_its_end_is_lost_not_renewed(tmp_path):
+    """Renewal went on with any time left: a renewal PUT landing just after the lapse brings back a claim another
+    writer broke meanwhile, and two writers hold the lock. Under a quarter of the lease left, the holder lost it."""
+    (tmp_path / "store").mkdir()
+    store = ObjectStore("s3://b/p", pafs.LocalFileSystem(), str(tmp_path / "store"))
+    now = [1000.0]
+    lease = object_lock.acquire_object(store, "merge", timeout_s=0, lease_s=40, clock=lambda: now[0])
+    lease._stop.set()  # renewed by hand below
+    now[0] = lease.expires - 20  # a renewal late by a third: still renewed
+    assert lease.renew() and lease.expires == now[0] + 40
+    now[0] = lease.expires - 9  # late by more: lost, its claim left to lapse
+    assert not lease.renew() and lease.expires == now[0] + 9
+    assert "9.0 s of its 40 s lease left" in lease.lost
+    with pytest.raises(LockLost):
+        lease.check()
+
+
 # --- the version cache -----------------------------------------------------------------------------
 
 # A `query` process opening v1 through the cache: every download slowed so two such processes overlap.
