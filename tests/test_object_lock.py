@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pyarrow import fs as pafs
 
 from sourcegate.pipelines import config
 from sourcegate.pipelines.app import staging
@@ -279,6 +280,47 @@ def test_publishing_without_holding_the_lock_is_refused(s3_server, s3_env):
     assert store.get(staging.LIVE) == b"v0\n"
 
 
+class BeatenToDelete(pafs.LocalFileSystem):
+    """pyarrow's local filesystem on which another waiter deletes each object just before this one does."""
+
+    def delete_file(self, path):
+        super().delete_file(path)  # the other waiter, first
+        super().delete_file(path)
+
+
+def test_two_waiters_breaking_one_lapsed_claim_both_go_on(tmp_path):
+    """Both waiters saw the lapsed claim and delete it; the one that comes second must not fail (it raised
+    FileNotFoundError out of acquire); releasing a claim already broken and removing a folder half removed
+    by another writer are no error either."""
+    (tmp_path / "store").mkdir()
+    store = ObjectStore("s3://b/p", BeatenToDelete(), str(tmp_path / "store"))
+    lapsed = {"pid": 1, "host": "other-host", "command": "lost", "since": "x", "token": "dead", "expires": 1.0}
+    store.put(object_lock.claim_key("dead"), json.dumps(lapsed).encode())
+    lease = object_lock.acquire_object(store, "merge", timeout_s=0, lease_s=30)
+    assert lease.generation == 1 and not store.exists(object_lock.claim_key("dead"))
+    lease.release()
+    store.put("runs/r1/a.txt", b"a")
+    store.delete_prefix("runs/r1/")
+    assert store.listing("runs/") == {}
+
+
+def test_a_lease_close_to_its_end_is_lost_not_renewed(tmp_path):
+    """Renewal went on with any time left: a renewal PUT landing just after the lapse brings back a claim another
+    writer broke meanwhile, and two writers hold the lock. Under a quarter of the lease left, the holder lost it."""
+    (tmp_path / "store").mkdir()
+    store = ObjectStore("s3://b/p", pafs.LocalFileSystem(), str(tmp_path / "store"))
+    now = [1000.0]
+    lease = object_lock.acquire_object(store, "merge", timeout_s=0, lease_s=40, clock=lambda: now[0])
+    lease._stop.set()  # renewed by hand below
+    now[0] = lease.expires - 20  # a renewal late by a third: still renewed
+    assert lease.renew() and lease.expires == now[0] + 40
+    now[0] = lease.expires - 9  # late by more: lost, its claim left to lapse
+    assert not lease.renew() and lease.expires == now[0] + 9
+    assert "9.0 s of its 40 s lease left" in lease.lost
+    with pytest.raises(LockLost):
+        lease.check()
+
+
 # --- the version cache -----------------------------------------------------------------------------
 
 # A `query` process opening v1 through the cache: every download slowed so two such processes overlap.
@@ -357,6 +399,24 @@ def test_the_cache_keeps_what_is_in_use_and_the_entries_used_last_and_evicts_the
     reading.release()
     assert vc.evict(root, keep=2) == [entries[0].name]
     assert (root / f"{'0' * 64}.part-1-x").is_dir()
+
+
+def test_the_folders_a_killed_process_left_in_the_version_cache_go_once_an_hour_old(tmp_path):
+    """A download, an evicted or a damaged entry's folder left by a killed process was never removed."""
+    from sourcegate.pipelines.app import version_cache as vc
+
+    root = tmp_path / "cache"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has
+    left = [f"{'a' * 64}.part-{gone.pid}-x1", f"{'b' * 64}.evicted-{gone.pid}", f"{'c' * 64}.damaged-{gone.pid}-x2"]
+    downloading = f"{'d' * 64}.part-{os.getpid()}-x3"  # an hour old, its process still at it
+    young = f"{'e' * 64}.part-{gone.pid}-x4"
+    for name in [*left, downloading, young]:
+        (root / name / "runs").mkdir(parents=True)
+        if name != young:
+            os.utime(root / name, (time.time() - 7200,) * 2)
+    assert vc.evict(root, keep=2) == []
+    assert sorted(p.name for p in root.iterdir()) == sorted([downloading, young])
 
 
 @pytest.mark.s3

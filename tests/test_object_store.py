@@ -123,6 +123,31 @@ def test_an_object_deleted_or_replaced_during_its_read_is_absent_or_read_again(t
         store.get("claim.json")
 
 
+class CrashesAfterOneDelete(pafs.LocalFileSystem):
+    """pyarrow's local filesystem whose process dies (an exception here) after it deleted one object."""
+
+    deleted = 0
+
+    def delete_file(self, path):
+        if self.deleted:
+            raise OSError("killed")
+        super().delete_file(path)
+        self.deleted += 1
+
+
+def test_a_version_deleted_halfway_is_incomplete_not_complete_with_files_missing(tmp_path):
+    """G2: a version is complete only while its manifest exists; retention deleting it last left a version listed
+    complete (its manifest there) with its files gone after a crash midway."""
+    store = local_store(tmp_path)
+    for name in ("a.bin", "bm25.json", "chunks.parquet", "embeddings.npy", "manifest.json", "z.bin"):
+        store.put(f"runs/r1/index/{name}", name.encode())
+    store.put("runs/r1/run.json", b"{}")
+    store.fs = CrashesAfterOneDelete()
+    with pytest.raises(OSError, match="killed"):
+        store.delete_prefix("runs/r1/")
+    assert not store.exists("runs/r1/index/manifest.json") and len(store.listing("runs/r1/")) == 6
+
+
 def test_publish_writes_manifests_last_records_as_objects_and_live_once(tmp_path):
     store = local_store(tmp_path)
     scratch = tmp_path / "scratch"
@@ -160,6 +185,58 @@ def test_publish_refuses_to_move_live_that_moved_since_it_was_staged(tmp_path):
         staging.publish(store, scratch, staging.Snapshot(live="v0"))
     assert store.get("LIVE") == b"v2\n"
     assert store.listing("promotions/") == {}
+
+
+def test_a_failed_live_put_leaves_no_promotion_record_claiming_it(tmp_path, monkeypatch):
+    """The record went up before LIVE: a LIVE PUT that failed left a log naming v1 promoted (rollback's default
+    target, retention's trust) while LIVE stayed v0. As in a local artifacts folder, LIVE goes first."""
+    from sourcegate.pipelines.versions import promotions
+    from sourcegate.pipelines.versions.object_store import StoreUnavailable
+
+    store = local_store(tmp_path)
+    store.put("LIVE", b"v0\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    snap = staging.stage(store, scratch, None, staging.Reads())
+    (scratch / "LIVE").write_text("v1\n")
+    (scratch / "LIVE.decision.json").write_text('{"version": "v1"}')
+    promotions.append_record(promotions.promotion_record("v1", "v0", "abc", "cli"), scratch / "promotions.jsonl")
+    order, real_put = [], store.put
+
+    def put(key, data):
+        order.append(key.split("/")[0])
+        if key == "LIVE":
+            raise OSError("AWS Error NETWORK_CONNECTION during PutObject operation")
+        real_put(key, data)
+
+    monkeypatch.setattr(store, "put", put)
+    with pytest.raises(StoreUnavailable, match="LIVE was not changed"):
+        staging.publish(store, scratch, snap)
+    assert store.get("LIVE") == b"v0\n" and store.listing("promotions/") == {}
+    monkeypatch.setattr(store, "put", lambda key, data: (order.append(key.split("/")[0]), real_put(key, data)))
+    order.clear()
+    staging.publish(store, scratch, snap)  # the retry
+    assert order == ["LIVE.decision.json", "LIVE", "promotions"]
+    assert store.get("LIVE") == b"v1\n" and len(store.listing("promotions/")) == 1
+
+
+def test_a_record_on_the_store_holding_a_line_separator_does_not_hide_the_next_promotion(tmp_path):
+    """publish took the records past the count staged: one record read back as none (its --actor held U+2028)
+    shifted that count, and the next promotion's record was never published although LIVE moved."""
+    from sourcegate.pipelines.versions import promotions
+
+    store = local_store(tmp_path)
+    store.put("LIVE", b"v0\n")
+    first = promotions.promotion_record("v0", None, None, "ops\u2028on call")
+    store.put(staging.record_key(first), json.dumps(first, ensure_ascii=False).encode())
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    snap = staging.stage(store, scratch, None, staging.Reads())
+    (scratch / "LIVE").write_text("v1\n")
+    promotions.append_record(promotions.promotion_record("v1", "v0", None, "cli"), scratch / "promotions.jsonl")
+    staging.publish(store, scratch, snap)
+    records = [json.loads(store.get(k)) for k in sorted(store.listing("promotions/"))]
+    assert [(r["version"], r["actor"]) for r in records] == [("v0", "ops\u2028on call"), ("v1", "cli")]
 
 
 def test_staging_reads_what_a_step_reads_and_only_records_of_the_rest():

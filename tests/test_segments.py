@@ -7,17 +7,21 @@ nights run the same code against the real S3 server.
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyarrow import fs as pafs
 
 from sourcegate.artifact_io import run_folder as rf
 from sourcegate.pipelines.app import staging
 from sourcegate.pipelines.batches import write_batches
 from sourcegate.pipelines.versions import segments
+from sourcegate.pipelines.versions.holder import LockLost
 from sourcegate.pipelines.versions.object_cache import ObjectCache
 from sourcegate.pipelines.versions.object_store import sha256_path
 from tests.test_object_store import local_store
@@ -120,7 +124,8 @@ def test_a_file_spread_over_too_many_segments_is_compacted(tmp_path, cache):
     assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
 
 
-def test_collect_drops_only_the_segments_no_pointer_names(tmp_path, cache):
+def test_collect_drops_only_the_segments_no_pointer_names(tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(segments, "GRACE_S", 0)
     store = local_store(tmp_path)
     first = segments.upload(
         store, write(tmp_path / "a.parquet", table(range(3000))), "runs/r1/chunks.parquet", [], cache, min_bytes=0
@@ -137,6 +142,51 @@ def test_collect_drops_only_the_segments_no_pointer_names(tmp_path, cache):
     assert not store.exists(segments.segment_key(orphan.segments[0]["sha256"], "parquet"))
     segments.download(store, "runs/r2/chunks.parquet", tmp_path / "back.parquet")
     assert sha256_path(tmp_path / "back.parquet") == sha256_path(night)
+
+
+class PublishedDuringListing(pafs.LocalFileSystem):
+    """pyarrow's local filesystem on which another writer runs `meanwhile` right after the first listing."""
+
+    meanwhile = None
+
+    def get_file_info(self, paths):
+        found = super().get_file_info(paths)
+        if isinstance(paths, pafs.FileSelector) and self.meanwhile:
+            self.meanwhile, publish = None, self.meanwhile
+            publish()
+        return found
+
+
+def test_collect_never_deletes_what_a_newer_holder_is_publishing(tmp_path, cache, monkeypatch):
+    """A writer whose lease lapsed collected from a listing of runs/ taken before a newer holder published r2, then
+    deleted r2's new segment (and nothing checked its lease in between). Now: segments/ is listed first, a segment
+    under an hour old is left, and the lease is checked before deleting."""
+    monkeypatch.setattr(segments, "GRACE_S", 0)
+    store = local_store(tmp_path)
+    fs = store.fs = PublishedDuringListing()
+    r1 = write(tmp_path / "a.parquet", table(range(1000)))
+    dropped = segments.upload(store, r1, "runs/r1/a.parquet", [], cache, min_bytes=0)
+    store.delete_prefix("runs/r1/")
+    r2 = write(tmp_path / "b.parquet", table(range(5000, 6000)))
+    fs.meanwhile = lambda: segments.upload(store, r2, "runs/r2/b.parquet", [], cache, min_bytes=0)
+    assert segments.collect(store) == 2  # r1's segment and its digests, never r2's
+    assert not store.exists(segments.segment_key(dropped.segments[0]["sha256"], "parquet"))
+    segments.download(store, "runs/r2/b.parquet", tmp_path / "back.parquet")
+    assert sha256_path(tmp_path / "back.parquet") == sha256_path(r2)
+
+    store.delete("runs/r2/b.parquet")  # r2's segment an orphan, or a pointer still on its way: young, left
+    monkeypatch.setattr(segments, "GRACE_S", 3600)
+    assert segments.collect(store) == 0 and len(store.listing(segments.PREFIX)) == 2
+    for path in (tmp_path / "bucket" / "prefix" / "segments").iterdir():
+        os.utime(path, (time.time() - 7200,) * 2)
+
+    def lost():
+        raise LockLost("the lock of writer A was superseded")
+
+    with pytest.raises(LockLost):
+        segments.collect(store, lost)
+    assert len(store.listing(segments.PREFIX)) == 2  # nothing deleted by a writer that lost the lock
+    assert segments.collect(store) == 2  # an hour later, by one that holds it
 
 
 def test_a_damaged_segment_is_an_error_not_a_different_file(tmp_path, cache, monkeypatch):
@@ -219,9 +269,49 @@ def test_trimming_skips_an_entry_another_worker_dropped_meanwhile(tmp_path, monk
     assert cache.get("b.digests") is not None and cache.get("a.digests") is None
 
 
+class TrimmedAfterLookUp(ObjectCache):
+    """A worker's cache shared with another task that trims each entry right after this one looked it up."""
+
+    def get(self, name):
+        path = super().get(name)
+        if path is not None:
+            path.unlink()
+        return path
+
+
+def test_a_cache_entry_trimmed_between_its_look_up_and_its_read_is_a_miss(tmp_path):
+    """get() returned the entry's path, another task's trim unlinked it, and the read raised FileNotFoundError
+    (staging reported it as the store unavailable): now the object is read from the store."""
+    store = local_store(tmp_path)
+    src = write(tmp_path / "a.parquet", table(range(3000)))
+    pointer = segments.upload(store, src, "runs/r1/chunks.parquet", [], ObjectCache(tmp_path / "cache", 1 << 30), 0)
+    cache = TrimmedAfterLookUp(tmp_path / "cache", 1 << 30)  # holds the file, its segment, digests, decoded rows
+    sha = pointer.segments[0]["sha256"]
+    assert len(segments.segment_digests(store, sha, cache)) == 3000
+    rows, downloaded = segments.segment_rows(store, sha, pointer, cache)
+    assert rows.num_rows == 3000 and downloaded > 0
+    segments.download(store, "runs/r1/chunks.parquet", tmp_path / "back.parquet", cache)
+    assert sha256_path(tmp_path / "back.parquet") == sha256_path(src)
+
+
+def test_trim_removes_a_temporary_a_killed_process_left_once_an_hour_old(tmp_path, monkeypatch):
+    from sourcegate.pipelines.versions import object_cache
+
+    cache = ObjectCache(tmp_path / "cache", 1 << 20)
+    cache.put_bytes(b"x" * 8, "a.digests")
+    left = tmp_path / "cache" / ".b.digests.k1ll3d.tmp"
+    left.write_bytes(b"y" * 8)
+    cache.trim()
+    assert left.exists()  # young: maybe still being written
+    monkeypatch.setattr(object_cache, "LEFTOVER_S", -1.0)  # an hour later
+    cache.trim()
+    assert not left.exists() and cache.get("a.digests") is not None
+
+
 def test_staging_publishes_a_night_as_its_changed_rows(tmp_path, monkeypatch):
     """Two runs through staging.publish: the second run's tables and arrays point at the first run's rows."""
     monkeypatch.setattr(segments, "MIN_BYTES", 0)
+    monkeypatch.setattr(segments, "GRACE_S", 0)
     monkeypatch.setenv("SOURCEGATE_SEGMENT_CACHE", "off")
     store = local_store(tmp_path / "store")
     for run, salt in (("r1", ""), ("r2", "-edited")):

@@ -246,6 +246,17 @@ def test_a_torn_last_line_of_the_log_is_skipped(tmp_path):
     assert promotions.read_records(path) == [{"version": "a"}, {"version": "c"}]
 
 
+def test_a_record_whose_text_holds_a_unicode_line_separator_reads_back_whole(tmp_path):
+    path = tmp_path / promotions.PROMOTIONS_LOG
+    for version, actor in (("a", "ops\u2028on call"), ("b", "cli\x85"), ("c", "cli")):
+        promotions.append_record(promotions.promotion_record(version, None, None, actor), path)
+    assert [(r["version"], r["actor"]) for r in promotions.read_records(path)] == [
+        ("a", "ops\u2028on call"),
+        ("b", "cli\x85"),
+        ("c", "cli"),
+    ]
+
+
 def test_rollback_to_a_version_never_promoted_needs_force_and_is_logged_with_its_actor(night, capsys):
     night("20260101-020000")
     night("20260102-020000")

@@ -9,14 +9,17 @@ folder; on success `publish` writes back what changed, in this order:
 
 1. run files, each index version's files before its `index/manifest.json` (G2: the manifest is last);
    a complete version's files are write-once (object_store.WriteOnceViolation on other bytes, G1);
-2. each new promotions record as its own object `promotions/<time>-<sha>.json` (append-only by unique key,
-   so two writers never rewrite one log object), and each new check-set scoring as `check_scorings/<run>-<design>.json`
-   (the log sourcegate/evals/check_log.py keeps as check_scorings.jsonl in a local artifacts folder);
-3. `LIVE` as one PUT; 4. the run folders retention removed.
+2. `LIVE.decision.json`, then `LIVE` as one PUT;
+3. each new promotions record as its own object `promotions/<time>-<sha>.json` (append-only by unique key,
+   so two writers never rewrite one log object), after LIVE as in a local artifacts folder: the log never
+   claims a promotion whose LIVE PUT failed, and promote's retry writes a record lost after it; and each new
+   check-set scoring as `check_scorings/<run>-<design>.json` (the log sourcegate/evals/check_log.py keeps as
+   check_scorings.jsonl in a local artifacts folder);
+4. the run folders retention removed.
 
-Publication is fenced: before it writes anything, before the manifests, before the promotion records and LIVE,
-and before removals it checks that this writer's lease on the store still holds (lock.fence: not lapsed, no
-newer holder), and a writer that moves LIVE checks that the store's LIVE is still the one it staged (the
+Publication is fenced: before it writes anything, before the manifests, before LIVE (and the decision written
+just before it), and before removals it checks that this writer's lease on the store still holds (lock.fence:
+not lapsed, no newer holder), and a writer that moves LIVE checks that the store's LIVE is still the one it staged (the
 steps' "never move LIVE backwards" judged that copy). Either failing raises, naming who, and publishes no
 LIVE. A night that fails (the store unreachable included) publishes no LIVE: the live version stays. The
 scratch folder is always removed. Object keys become local paths only through object_store.local_path.
@@ -67,7 +70,7 @@ class Snapshot:
     stat: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (size, mtime_ns) as staged
     runs: set[str] = field(default_factory=set)
     live: str | None = None
-    records: int = 0
+    records: set[str] = field(default_factory=set)  # record_key of each promotion record staged
     scorings: int = 0  # check-set scorings staged into check_scorings.jsonl (the newer lines are this writer's)
 
 
@@ -204,7 +207,7 @@ def stage(store: ObjectStore, scratch: Path, run_id: str | None, reads: Reads = 
     records = [json.loads(store.get(k)) for k in sorted(store.listing(PROMOTIONS_PREFIX))]
     for record in records:
         promotions.append_record(record, scratch / promotions.PROMOTIONS_LOG)
-    snap.records = len(records)
+    snap.records = {record_key(r) for r in records}
     if reads.check_log:
         scorings = [json.loads(store.get(k)) for k in sorted(store.listing(CHECK_SCORINGS_PREFIX))]
         for scoring in scorings:
@@ -244,7 +247,8 @@ def local_files(scratch: Path) -> list[str]:
 
 
 def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: None) -> None:
-    """Write back what the steps changed: run files (manifests last), new promotion records, LIVE, removals.
+    """Write back what the steps changed: run files (manifests last), LIVE, new promotion records and scorings,
+    removals.
     `check` (lock.fence) raises when this writer no longer holds the lock: it runs before each phase."""
     live_file = scratch / LIVE
     live = live_file.read_text(encoding="utf-8").strip() if live_file.exists() else None
@@ -269,15 +273,19 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
         check()
         if moves_live:
             live_unmoved(store, snap, live)
-        for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG)[snap.records :]:
-            store.put_once(record_key(record), json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
-        for scoring in check_log.read(scratch / check_log.LOG)[snap.scorings :]:
-            store.put_once(scoring_key(scoring), json.dumps(scoring, sort_keys=True).encode())
         decision = scratch / PUBLISHED_DECISION  # never staged: present only when this task promoted or rolled back
         if decision.is_file():  # before LIVE moves, so a reader of LIVE finds the decision it serves
             store.put(PUBLISHED_DECISION, decision.read_bytes())
         if moves_live:
             store.put(LIVE, (live + "\n").encode())
+    with store_errors(store, "writing the promotions and check-set logs", live_changed=moves_live):
+        # after LIVE, as in a local artifacts folder: a record never claims a promotion that did not happen (rollback
+        # and retention trust the log); one lost to a failure here is written by promote's retry (finish_promotion)
+        for record in promotions.read_records(scratch / promotions.PROMOTIONS_LOG):
+            if (key := record_key(record)) not in snap.records:  # by content: a count shifts on a misread line
+                store.put_once(key, json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+        for scoring in check_log.read(scratch / check_log.LOG)[snap.scorings :]:
+            store.put_once(scoring_key(scoring), json.dumps(scoring, sort_keys=True).encode())
     with store_errors(store, "removing the run folders retention dropped", live_changed=live != snap.live):
         runs = scratch / rf.RUNS
         # no runs folder at all: nothing was staged there, so nothing was dropped
@@ -287,7 +295,7 @@ def publish(store: ObjectStore, scratch: Path, snap: Snapshot, check=lambda: Non
         for run in dropped:
             store.delete_prefix(f"runs/{run}/")
         if dropped:
-            segments.collect(store)  # the rows only the dropped runs held
+            segments.collect(store, check)  # the rows only the dropped runs held
 
 
 class SharedRows:

@@ -15,7 +15,8 @@ The cache keeps the KEEP entries used last, and every entry a process reads: a p
 the entry's pin (`.pins/<hash>`) from before it looks the entry up until its searcher is gone, and a fill evicts an
 older entry only when it gets that pin exclusively (at once, never waiting). A long-running `serve` following
 promotions on an object store so holds one version's copy, not one per night it ever served; an entry is never
-deleted under a process reading it, and one evicted just before a process pins it is downloaded again.
+deleted under a process reading it, and one evicted just before a process pins it is downloaded again. What a
+killed process left (`.part-…`, `.evicted-…`, `.damaged-…` folders) is removed by a later eviction once an hour old.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import weakref
 from pathlib import Path
 
@@ -42,6 +44,8 @@ CACHE_ENV = "SOURCEGATE_CACHE"
 KEEP = 3  # entries kept besides those in use: the live version's, the one before (a rollback) and one more
 PINS = ".pins"
 ENTRY = re.compile(r"[0-9a-f]{64}")  # a manifest hash: an entry's name (".part-…" and ".evicted-…" folders are not)
+LEFTOVER = re.compile(r"[0-9a-f]{64}\.(?:part|evicted|damaged)-(\d+)(?:-.*)?")  # a fill's or an eviction's, by pid
+LEFTOVER_S = 3600.0  # a leftover folder this old whose process is gone was left by a kill: removed
 log = logging.getLogger(__name__)
 
 
@@ -142,7 +146,30 @@ def evict(root: Path, keep: int = KEEP) -> list[str]:
             len(evicted),
             "y" if len(evicted) == 1 else "ies",
         )
+    sweep(root)
     return evicted
+
+
+def sweep(root: Path) -> None:
+    """Remove the folders a killed process left (a download, an entry set aside): those over LEFTOVER_S old whose
+    process is gone (a download's folder keeps the time it was made however long the download runs)."""
+    for path in root.iterdir():
+        match = LEFTOVER.fullmatch(path.name)
+        if not match or running(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another process swept it meanwhile
+            if time.time() - path.stat().st_mtime > LEFTOVER_S:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def fill(store: ObjectStore, entry: Path, prefix: str) -> None:

@@ -17,11 +17,12 @@ ones only); otherwise I delete my claim, wait a random moment and look again. Wi
 LIST (S3 since 2020, moto, MinIO) two racing contenders cannot both win: whichever finished its PUT second
 lists the first one's claim. The winner then writes the next generation into the fence record.
 
-Fencing: before the writer publishes (run files, the promotions record, LIVE, removals) `Lease.check()` re-reads
-the record and the claim: a newer exclusive generation (or, for an exclusive holder, any newer generation), a
-claim someone broke, or a lease with less than a third of its length left means this writer was superseded or
-may be at any moment; it raises `LockLost` naming both holders and publishes nothing. A lease is never renewed
-after it lapsed on the holder's own clock (another writer may already hold it).
+Fencing: before the writer publishes (run files, LIVE and the promotions record after it, removals)
+`Lease.check()` re-reads the record and the claim: a newer exclusive generation (or, for an exclusive holder, any
+newer generation), a claim someone broke, or a lease with less than a third of its length left means this writer
+was superseded or may be at any moment; it raises `LockLost` naming both holders and publishes nothing. A lease
+is never renewed with less than a quarter of it left on the holder's own clock (a renewal landing after the lapse
+would bring back a claim another writer may have broken already): the holder has lost it.
 
 Why not a conditional PUT: pyarrow.fs (the one filesystem library, object_store.py) sends no If-Match /
 If-None-Match, and the pipeline's environment has no botocore (its python-dateutil cap conflicts with the
@@ -48,6 +49,7 @@ LOCK_KEY = ".sourcegate.lock.json"  # the fence record
 CLAIMS = ".sourcegate.lock.d/"
 LEASE_S = 120.0  # the default lease (config lock.lease_s): renewed every third of it while the holder works
 SAFE_FRACTION = 1 / 3  # a holder publishes only while at least this much of its lease is left
+RENEW_FRACTION = 1 / 4  # ... and renews only while this much is: one failed renewal (a third) is survived
 
 
 def _json(data: bytes | None) -> dict | None:
@@ -156,11 +158,14 @@ class Lease:
             raise LockLost(self._lose(why))
 
     def renew(self) -> bool:
-        """One renewal: a new `expires` on this holder's claim, unless it lapsed or was superseded. False: lost."""
+        """One renewal: a new `expires` on this holder's claim, unless it was superseded or has less than a quarter
+        of its lease left. False: lost."""
         if self.lost:
             return False
         try:
-            why = self.why_lost(0.0)  # never renewed once lapsed: another writer may hold it already
+            # never renewed once lapsed (another writer may hold it already), nor close to it: a PUT landing after
+            # the lapse would bring back a claim another writer broke, and two would hold the lock
+            why = self.why_lost(self.lease_s * RENEW_FRACTION)
             if why:
                 self._lose(why)
                 return False

@@ -5,10 +5,12 @@ decoded `<sha256>.arrow`, or a whole rebuilt file `file-<sha256>`), and such an 
 request and can never be stale. A worker that published a table or ran the task before keeps what it
 wrote or rebuilt; a task that lands on a fresh worker downloads what it reads once. Nothing else shares it:
 the store stays the only thing tasks share, and an empty or missing cache changes what is read, not
-what is computed (every rebuilt file is checked against its sha256).
+what is computed (every rebuilt file is checked against its sha256). Another task or thread sharing the folder
+may trim an entry between its look-up and its read: a reader treats the entry it then cannot find as a miss.
 
 SOURCEGATE_SEGMENT_CACHE names the folder (default ~/.cache/sourcegate/segments; `off` keeps nothing),
-SOURCEGATE_SEGMENT_CACHE_GB bounds it (default 4): past it, the least recently used entries go.
+SOURCEGATE_SEGMENT_CACHE_GB bounds it (default 4): past it, the least recently used entries go (and temporaries a
+killed process left, once an hour old).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 CACHE_ENV = "SOURCEGATE_SEGMENT_CACHE"
 LIMIT_ENV = "SOURCEGATE_SEGMENT_CACHE_GB"
 DEFAULT_GB = 4.0
+LEFTOVER_S = 3600.0  # a temporary untouched for this long was left by a killed process: removed by trim
 
 
 class ObjectCache:
@@ -59,8 +63,7 @@ class ObjectCache:
         if self.root is None:
             return None
         path = self.root / name
-        if path.exists():
-            os.utime(path)
+        if self.get(name) is not None:
             return path
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.", suffix=".tmp")
@@ -75,17 +78,22 @@ class ObjectCache:
 
     def copy_to(self, name: str, dest: Path, size: int | None = None) -> bool:
         """The cached `name` as `dest`: a hard link where the disk allows (the steps replace a file to change it,
-        never rewrite it in place), else a copy; False when absent or not `size` bytes long (damaged: dropped)."""
+        never rewrite it in place), else a copy; False when absent or not `size` bytes long (damaged: dropped), also
+        when another task trims it between the look-up and the copy."""
         path = self.get(name)
         if path is None:
             return False
-        if size is not None and path.stat().st_size != size:
-            self.drop(name)
-            return False
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.part")
-        if not linked(path, tmp):
-            shutil.copyfile(path, tmp)
+        try:
+            if size is not None and path.stat().st_size != size:
+                self.drop(name)
+                return False
+            if not linked(path, tmp):
+                shutil.copyfile(path, tmp)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            return False
         tmp.replace(dest)
         return True
 
@@ -103,11 +111,14 @@ class ObjectCache:
         """Drop the least recently used entries until the cache fits its limit."""
         entries = []
         for p in self.root.iterdir():
-            if p.name.startswith("."):  # a file still being written (place's temporary)
-                continue
             try:  # another task or staging thread may drop an entry between the listing and its stat
                 st = p.stat()
             except FileNotFoundError:
+                continue
+            if p.name.startswith("."):  # place's temporary: being written, or left by a killed process
+                # by its ctime: a temporary hard-linked to an old file has that file's mtime, but a new ctime
+                if p.name.endswith(".tmp") and time.time() - st.st_ctime > LEFTOVER_S:
+                    p.unlink(missing_ok=True)
                 continue
             entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)

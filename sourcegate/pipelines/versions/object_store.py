@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 
 SCHEMES = ("s3://",)
 CHUNK = 8 << 20
+MANIFEST = "/index/manifest.json"  # an index version's, under its run folder: written last, deleted first (G2)
 READ_ATTEMPTS = 3  # reads of an object that another writer keeps replacing before the store's error is raised
 
 
@@ -181,6 +182,15 @@ class ObjectStore:
 
     def listing(self, prefix: str = "") -> dict[str, int]:
         """Every object under `prefix` (recursive): key -> size."""
+        return {key: info.size for key, info in self.infos(prefix).items()}
+
+    def modified(self, prefix: str = "") -> dict[str, float]:
+        """Every object under `prefix` (recursive): key -> when it was last written (seconds since the epoch; 0 when
+        the store does not say)."""
+        return {key: (info.mtime_ns or 0) / 1e9 for key, info in self.infos(prefix).items()}
+
+    def infos(self, prefix: str = "") -> dict:
+        """Every object under `prefix` (recursive): key -> its pyarrow FileInfo."""
         from pyarrow import fs as pafs
 
         base = self.path(prefix).rstrip("/")
@@ -189,7 +199,7 @@ class ObjectStore:
             return {}
         found = self.fs.get_file_info(pafs.FileSelector(base, recursive=True))
         start = len(self.root) + 1
-        return {i.path[start:]: i.size for i in found if i.type == pafs.FileType.File}
+        return {i.path[start:]: i for i in found if i.type == pafs.FileType.File}
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None
@@ -294,12 +304,16 @@ class ObjectStore:
         return True
 
     def delete(self, key: str) -> None:
-        if self.exists(key):
+        """Delete the object; one already gone is no error (two waiters breaking the same lapsed claim: pyarrow
+        looks the object up before it deletes it, and raises to the one that came second)."""
+        with suppress(FileNotFoundError):
             self.fs.delete_file(self.path(key))
 
     def delete_prefix(self, prefix: str) -> None:
-        for key in self.listing(prefix):
-            self.fs.delete_file(self.path(key))
+        """Delete every object under `prefix`, an index version's manifest first (G2: a version is complete only
+        while its manifest exists, so one half deleted by a crash is incomplete, never complete with files missing)."""
+        for key in sorted(self.listing(prefix), key=lambda key: not key.endswith(MANIFEST)):
+            self.delete(key)
 
 
 def row_group_ranges(meta, start: int, stop: int) -> list[tuple[int, int]]:

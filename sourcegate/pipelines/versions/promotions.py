@@ -70,12 +70,13 @@ def append_record(record: Mapping, path: str | Path) -> None:
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """Every record of a promotions log, oldest first (a torn last line from a crash is skipped)."""
+    """Every record of a promotions log, oldest first (a torn last line from a crash is skipped). Lines end at "\n"
+    only: a record's text holds U+2028 or U+0085 unescaped (ensure_ascii=False), where str.splitlines() breaks."""
     path = Path(path)
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):
         try:
             records.append(json.loads(line))
         except ValueError:

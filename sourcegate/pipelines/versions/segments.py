@@ -17,7 +17,7 @@ too few of the named rows are still used, or the list grows past MAX_SEGMENTS, t
 one segment (compaction), so reading a file never costs much more than the file. Downloading a pointer
 rebuilds the file byte for byte: the writer's row groups and defaults are reproduced, checked before a
 pointer is written (a file this module cannot reproduce is uploaded whole) and again after every rebuild.
-`collect` drops the segments no pointer names (after retention removed run folders).
+`collect` drops the segments no pointer names (after retention removed run folders), once they are an hour old.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ MAX_SEGMENTS = 8  # a file spread over more is compacted
 MIN_USED_SHARE = 0.5  # ... as is one that would use less than this share of the rows its segments hold
 KINDS = {".parquet": "parquet", ".npy": "npy"}
 POINTER_LIMIT = 16 << 20  # a larger object is a whole file: no need to look at its first bytes
+GRACE_S = 3600.0  # collect leaves a segment younger than this: the pointer naming it may still be on its way
+CHECK_EVERY = 100  # segments collect deletes between two checks of the writer's lease
 
 
 class RebuildMismatch(RuntimeError):
@@ -309,17 +312,24 @@ def file_sha256(store: ObjectStore, key: str) -> str | None:
     return None if data is None else sha256_bytes(data)
 
 
-def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache) -> tuple[Path | bytes, int]:
-    """An immutable object from the cache (its path), else from the store (its bytes, then kept); and the bytes
-    downloaded."""
+def fetch(store: ObjectStore, key: str, name: str, cache: ObjectCache, read):
+    """`read(source)` of an immutable object: its cached file's path, else its bytes from the store (then kept); and
+    the bytes downloaded. A cached file another task trims between the look-up and the read is a miss."""
     path = cache.get(name)
     if path is not None:
-        return path, 0
+        try:
+            return read(path), 0
+        except FileNotFoundError:
+            pass
     data = store.get(key)
     if data is None:
         raise FileNotFoundError(f"{store.url(key)} is missing: a pointer names it")
     cache.put_bytes(data, name)
-    return data, len(data)
+    return read(data), len(data)
+
+
+def as_bytes(source: Path | bytes) -> bytes:
+    return source.read_bytes() if isinstance(source, Path) else source
 
 
 def segment_rows(store: ObjectStore, sha: str, pointer: Pointer, cache: ObjectCache):
@@ -329,8 +339,8 @@ def segment_rows(store: ObjectStore, sha: str, pointer: Pointer, cache: ObjectCa
     costs the decoding: every rebuilt file is checked against its sha256."""
     if pointer.kind == "parquet" and (decoded := read_decoded(cache, sha)) is not None:
         return decoded.cast(decode_schema(pointer.schema)), 0
-    source, got = fetch(store, segment_key(sha, pointer.kind), f"{sha}.{pointer.kind}", cache)
-    rows = read_rows(source, pointer.kind, pointer.schema)
+    key, name = segment_key(sha, pointer.kind), f"{sha}.{pointer.kind}"
+    rows, got = fetch(store, key, name, cache, lambda source: read_rows(source, pointer.kind, pointer.schema))
     if pointer.kind == "parquet":
         keep_decoded(cache, sha, rows)
     return rows, got
@@ -373,8 +383,7 @@ def read_decoded(cache: ObjectCache, sha: str):
 
 
 def segment_digests(store: ObjectStore, sha: str, cache: ObjectCache) -> list[bytes]:
-    source, _ = fetch(store, digests_key(sha), f"{sha}.digests", cache)
-    data = source.read_bytes() if isinstance(source, Path) else source
+    data, _ = fetch(store, digests_key(sha), f"{sha}.digests", cache, as_bytes)
     return [data[i : i + 16] for i in range(0, len(data), 16)]
 
 
@@ -495,13 +504,22 @@ def upload(
     return pointer
 
 
-def collect(store: ObjectStore) -> int:
-    """Delete the segments no pointer under runs/ names (run under the writer's exclusive lock); how many."""
+def collect(store: ObjectStore, check=lambda: None) -> int:
+    """Delete the segments no pointer under runs/ names (run under the writer's exclusive lock); how many.
+
+    A writer whose lease lapsed meanwhile must not delete what a newer holder just published: segments/ is listed
+    before runs/ (a segment written after that listing is no candidate), one younger than GRACE_S is left (its
+    pointer may not be written yet; an orphan goes on a later night), and `check` (lock.fence) runs before the
+    first deletion and every CHECK_EVERY after it."""
+    written = store.modified(PREFIX)
     named = set()
     for key in store.listing("runs/"):
         if kind_of(key) and (pointer := read_pointer(store, key)):
             named |= {s["sha256"] for s in pointer.segments}
-    dropped = [k for k in store.listing(PREFIX) if k[len(PREFIX) :].split(".", 1)[0] not in named]
-    for key in dropped:
+    settled = time.time() - GRACE_S
+    dropped = [k for k, t in written.items() if k[len(PREFIX) :].split(".", 1)[0] not in named and t < settled]
+    for n, key in enumerate(sorted(dropped)):
+        if n % CHECK_EVERY == 0:
+            check()
         store.delete(key)
     return len(dropped)
