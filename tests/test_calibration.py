@@ -93,7 +93,7 @@ def test_promise_is_n_over_n_plus_one():
     r = calibrate_signal("s", scores, labels, min_per_label=3)
     assert r["promise"]["keep_new_answer"] == pytest.approx(3 / 4)
     assert r["promise"]["decline_new_decline"] == pytest.approx(4 / 5)
-    assert r["promise"]["n_needed"] == 299 and r["promise"]["n_answer"] == 3
+    assert r["promise"]["n_needed"] == 368 and r["promise"]["n_answer"] == 3
     assert "gap_ci" not in r and "bootstrap" not in r
 
 
@@ -236,6 +236,21 @@ def test_unscored_questions_are_declined_in_every_check():
     assert shipped["decline_recall"] == pytest.approx(2 / 3) == by_kind["offtopic"]["recall"]
     assert [q["id"] for q in shipped["wrongly_answered"]] == ["d-002"]
     assert shipped["unscored"] == ["a-001", "d-001"] and shipped["unscored_by_label"] == {"answer": 1, "decline": 1}
+
+
+def test_a_nan_or_infinite_score_is_no_score_in_every_check_and_at_runtime():
+    """A model's NaN logit (sigmoid(nan) is nan): the sweep counted it declined, the runtime answered it."""
+    from sourcegate.evals.answer_modes import mode_for
+    from sourcegate.evals.calibration import decline_recall_by_kind
+
+    recs = records([0.6], [float("nan"), float("inf"), 0.1])
+    shipped = check_shipped(recs, "rerank_top", 0.5)
+    by_kind = decline_recall_by_kind(recs, "rerank_top", 0.5)
+    assert shipped["decline_recall"] == 1.0 == by_kind["offtopic"]["recall"]
+    answer = {"signal": "rerank_top", "adjacent": 0.5, "strong": 0.7, "below": "decline"}
+    for value in (float("nan"), float("inf"), float("-inf"), None):
+        assert mode_for({"rerank_top": value}, answer)[0] == "decline", value
+    assert mode_for({"rerank_top": 0.9}, answer)[0] == "sourced"
 
 
 CONFIG = {

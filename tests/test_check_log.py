@@ -36,3 +36,20 @@ def test_the_log_counts_distinct_designs_per_check_content_and_a_rerun_is_not_a_
     assert designs_scored(rows, "c1", a) == [a]  # the same design every night: one look
     assert designs_scored(rows, "c1", b) == [a, b]  # a second design on the same content: two
     assert designs_scored(rows, "c3", b) == [b]  # a fresh check set starts at one
+
+
+def test_a_run_gated_again_under_another_design_is_another_look_and_under_the_same_is_not():
+    """A run folder re-gated with thresholds 0.50, 0.45, 0.40 looked at its check set three times."""
+    from sourcegate.evals.harness import check_scoring
+    from sourcegate.pipelines import config
+    from sourcegate.pipelines.app.factories import judging
+
+    judge = judging(config.load("config/pipeline.yaml"))
+    evaluated = {"eval_sets": {str(judge.evals.check_set): "c1"}}
+    log, seen = [], []
+    for threshold in (0.5, 0.45, 0.4, 0.4):
+        calibration = {"check": {"shipped": {"signal": "answer_support", "threshold": threshold}}, "shipped": {}}
+        scoring = check_scoring(judge, log, "r1", calibration, evaluated)
+        log.append({"run": "r1", "check_sha256": "c1", "design_sha256": scoring["design_sha256"]})
+        seen.append(scoring["designs_scored"])
+    assert seen == [1, 2, 3, 3]

@@ -2,10 +2,12 @@
 fails the gate with exit 1, named with its score."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from sourcegate.artifact_io.run_folder import RunFolder
+from sourcegate.evals import check_log
 from sourcegate.pipelines.app.cli import main
 from tests.promotable import PROMOTABLE, promotable_args
 
@@ -22,7 +24,7 @@ def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_p
     check.write_text(json.dumps({**row, "expected": ["fares-and-passes#day-passes"], "kind": "single"}) + "\n")
     out = tmp_path / "cal"
     # a fit set the gate passes on (tests/promotable.py), so the check set is the night's only failure
-    argv = [*promotable_args(), "--set", f"evals.check_set={check}"]
+    argv = [*promotable_args(), "--set", f"evals.check_set={check}", "--set", f"artifacts={cfg.artifacts}"]
     argv += [
         "calibrate",
         "--index",
@@ -44,3 +46,6 @@ def test_a_declined_check_question_fails_with_exit_1_naming_it(demo_index, tmp_p
     check_recall = json.loads((out / "calibration.json").read_text())["check"]["shortlist_recall"]
     assert check_recall["n"] == 1 and check_recall["missed"] == ([] if check_recall["recall"] == 1 else ["chk-1"])
     assert "chk-1" in capsys.readouterr().out
+    # a calibration's look at the check set is logged and paid for, as a night's is
+    [look] = [r for r in check_log.read(Path(cfg.artifacts) / check_log.LOG) if r["run"] == "cal"]
+    assert look["check_set"] == str(check) and look["designs_scored"] == 1 and look["passed"] is False

@@ -117,9 +117,20 @@ def test_a_declined_check_question_fails_the_gate_naming_it_and_its_score():
 
 
 def test_near_topic_check_declines_are_not_held_to_the_gap():
-    check = records([0.5], [0.3], prefix="c-", decline_kind="near_topic")
+    check = records([0.5], [0.3], prefix="c-", decline_kind="near_topic") + records([], [0.0], prefix="o-")
     gate = evaluate_gate(calibrate(FIT, config(0.1), check, "check.jsonl"), None, None, gating_signal=SIGNAL)
-    assert "check_set" not in failed(gate)
+    assert "check_set" not in failed(gate)  # the near-topic one above the threshold; the off-topic one declined
+
+
+def test_a_check_set_that_holds_nothing_the_gate_tests_fails_rather_than_pass_having_compared_nothing():
+    only_near = records([], [0.3] * 5, prefix="c-", decline_kind="near_topic")  # no answer, no gated decline
+    gate = evaluate_gate(calibrate(FIT, config(0.1), only_near, "check.jsonl"), None, None, gating_signal=SIGNAL)
+    detail = next(c["detail"] for c in gate["checks"] if c["name"] == "check_set")
+    assert "check_set" in failed(gate)
+    assert "holds no should-answer question; and holds no gated should-decline (off_topic) question" in detail
+    answers_only = records([0.5, 0.6], [], prefix="c-")
+    gate = evaluate_gate(calibrate(FIT, config(0.1), answers_only, "check.jsonl"), None, None, gating_signal=SIGNAL)
+    assert "check_set" in failed(gate)
 
 
 def test_no_check_set_fails_the_gate():
@@ -133,6 +144,11 @@ def test_a_gated_decline_set_smaller_than_min_per_label_fails():
     gate = evaluate_gate(calibrate(small, config(0.1, min_per_label=20), check), None, None, gating_signal=SIGNAL)
     assert failed(gate) == {"decline_set_size"}
     assert "holds only 14 questions (calibration.min_per_label: 20)" in gate["reasons"][0]
+    # 20 off-topic questions, 15 with no score (a signal that could not be computed): the gap rests on 5
+    unscored = records(np.linspace(0.3, 0.9, 25).tolist(), [0.0] * 5 + [None] * 15)
+    gate = evaluate_gate(calibrate(unscored, config(0.1, min_per_label=20), check), None, None, gating_signal=SIGNAL)
+    assert "decline_set_size" in failed(gate)
+    assert "holds only 5 questions with a score (15 without one)" in " ".join(gate["reasons"])
 
 
 @pytest.mark.parametrize("bad", [{}, [], {"questions": {}}, {"questions": {"precision": {"q": 1}, "decline": {}}}])

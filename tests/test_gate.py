@@ -284,7 +284,7 @@ def test_gap_check_states_the_bound_and_flags_a_gap_decided_by_one_question():
     assert gate["gap_deciding_questions"] == {"answer": ["a-000"], "decline": ["d-029"]}
     check = next(c for c in gate["checks"] if c["name"] == "threshold_gap")
     assert "kept with probability >= 0.968 (n=30" in check["detail"]  # 30/31
-    assert "needs n >= 299" in check["detail"] and "DECIDED BY ONE QUESTION" in check["detail"]
+    assert "needs n >= 368" in check["detail"] and "DECIDED BY ONE QUESTION" in check["detail"]
     assert check["data"]["fragility"]["gap_without"]["1"] == pytest.approx(0.6 - 0.2 * 28 / 29)
     assert run_gate()["gap_decided_by_one_question"] is False
 

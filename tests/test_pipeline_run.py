@@ -163,6 +163,8 @@ def test_calibrate_command_on_an_existing_index(artifacts, tmp_path, capsys):
     code = main(
         [
             *promotable_args(),
+            "--set",
+            f"artifacts={artifacts}",  # where its look at the check set is logged
             "calibrate",
             "--index",
             str(artifacts / "runs" / "20261102-020000"),

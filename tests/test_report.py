@@ -132,7 +132,7 @@ def test_gap_shows_its_bound_fragility_and_deciding_questions(page, artifacts):
     gating = artifacts[0]["gating"]["result"]
     n = gating["n"]["answer"]
     assert "Gap the gate checks: rerank_top" in page
-    assert f"with probability ≥ {n / (n + 1):.3f} (n/(n+1))" in page and "needs 299 should-answer" in page
+    assert f"with probability ≥ {n / (n + 1):.3f} (n/(n+1))" in page and "needs 368 should-answer" in page
     assert "Gap after removing the 1, 2, 3 most extreme questions per side" in page
     assert "new should-answer kept ≥" in page  # the summary table column
     assert "gap 95% CI" not in page

@@ -34,10 +34,16 @@ def test_sweep_is_exact_at_every_distinct_score():
 
 
 def test_needed_for_coverage_hand_computed():
-    # 0.99**298 = 0.0500 > 0.05, 0.99**299 = 0.0495 <= 0.05
-    assert needed_for(0.99, 0.95) == 299
-    assert needed_for(0.95, 0.95) == 59  # log 0.05 / log 0.95 = 58.4
-    assert needed_for(0.5, 0.75) == 2  # exactly 2: no extra question for an integer quotient
+    # the check figure is the two-sided exact interval's lower end, (alpha/2)**(1/n) for n of n kept:
+    # 0.99**367 = 0.02503 > 0.025, 0.99**368 = 0.02478 <= 0.025
+    assert needed_for(0.99, 0.95) == 368
+    assert needed_for(0.95, 0.95) == 72  # log 0.025 / log 0.95 = 71.9
+    assert needed_for(0.5, 0.75) == 3  # exactly 3 (log 0.125 / log 0.5): no extra question for an integer quotient
+    from sourcegate.evals.placement import exact_lower_bound
+
+    for coverage, confidence in ((0.99, 0.95), (0.95, 0.95), (0.9, 0.8)):  # the n it names reaches the check figure
+        n = needed_for(coverage, confidence)
+        assert exact_lower_bound(n, n, confidence) >= coverage > exact_lower_bound(n - 1, n - 1, confidence)
     with pytest.raises(ValueError):
         needed_for(1.0, 0.95)
 

@@ -9,6 +9,7 @@ bands), and `sourcegate.pipelines.retrieval.answer.decide` applies it to a live 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 MODES = ("sourced", "adjacent", "decline", "open")
@@ -24,17 +25,22 @@ def signals_read(answer) -> frozenset[str]:
     return frozenset(filter(None, (keep_signal, _get(answer, "strong_signal") or keep_signal)))
 
 
+def has_score(value: float | None) -> bool:
+    """A signal's value that can be compared: not missing, not NaN or infinite (a model's NaN logit is no score)."""
+    return value is not None and math.isfinite(value)
+
+
 def mode_for(signals: Mapping[str, float | None], answer) -> tuple[str, str, float]:
     """(mode, the signal that decided it, its threshold) for one question's signals; `answer` is the
     config's `answer` section (sourcegate.pipelines.config.Answer) or the same keys as a mapping."""
     keep_signal, adjacent = _get(answer, "signal"), _get(answer, "adjacent")
     strong_signal = _get(answer, "strong_signal") or keep_signal
     kept = signals.get(keep_signal)
-    # A missing signal (e.g. the reranker failed while it gates) is treated as no source.
-    if kept is None or kept < adjacent:
+    # A missing signal (e.g. the reranker failed while it gates) is treated as no source, as the sweep treats it.
+    if not has_score(kept) or kept < adjacent:
         return _get(answer, "below") or "decline", keep_signal, adjacent
     sure = signals.get(strong_signal)
-    if sure is not None and sure >= _get(answer, "strong"):
+    if has_score(sure) and sure >= _get(answer, "strong"):
         return "sourced", strong_signal, _get(answer, "strong")
     return "adjacent", keep_signal, adjacent
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sourcegate.artifact_io import jsonable
-from sourcegate.evals.answer_modes import mode_bands
+from sourcegate.evals.answer_modes import has_score, mode_bands
 from sourcegate.evals.coverage import coverage_figures
 from sourcegate.evals.placement import RULES, cross_fitted, place
 from sourcegate.evals.sweep import (
@@ -338,7 +338,7 @@ def decline_recall_by_kind(records: Sequence[Mapping], signal: str, threshold: f
         value = r["signals"].get(signal)
         row = out.setdefault(r.get("kind") or "unknown", {"n": 0, "declined": 0})
         row["n"] += 1
-        row["declined"] += int(value is None or not value >= threshold)
+        row["declined"] += int(not has_score(value) or not value >= threshold)
     for row in out.values():
         row["recall"] = row["declined"] / row["n"]
     return dict(sorted(out.items()))

@@ -216,7 +216,10 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
     )
     kinds = check.get("decline_kinds", "all")
     declines = f"should-decline ({', '.join(kinds)})" if kinds != "all" else "should-decline"
-    if not missed and not answered:
+    # a check set that holds none of one side tests nothing there: it would pass having compared nothing
+    sides = {"answer": "should-answer", "decline": f"gated {declines}"}
+    empty = [f"holds no {what} question" for side, what in sides.items() if not n[side]]
+    if not missed and not answered and not empty:
         return _check(
             "check_set",
             True,
@@ -224,7 +227,7 @@ def check_check_set(calibration: Mapping, signal: str) -> dict[str, Any]:
             f"check set {check.get('path')} and declines all {n['decline']} of its gated {declines} questions." + again,
             **data,
         )
-    parts = []
+    parts = list(empty)
     if missed:
         listed = ", ".join(_lost(q) for q in missed)
         parts.append(f"declines {len(missed)} of {n['answer']} should-answer questions: {listed}")
@@ -327,12 +330,14 @@ def check_decline_set_size(calibration: Mapping) -> dict[str, Any]:
     claims more than its n supports (G6)."""
     gating = calibration.get("gating") or {}
     need = (calibration.get("config") or {}).get("min_per_label", 20)
-    have = (gating.get("n") or {}).get("decline", 0)
+    total = (gating.get("n") or {}).get("decline", 0)
+    have = ((gating.get("result") or {}).get("n") or {}).get("decline", 0)  # the gap rests on the scored ones only
     kinds = gating.get("decline_kinds", "all")
     what = "should-decline" if kinds == "all" else f"gated should-decline ({', '.join(kinds)})"
     passed = have >= need
     verb = "holds" if passed else "holds only"
-    detail = f"The {what} set {verb} {have} questions (calibration.min_per_label: {need})."
+    unscored = f" with a score ({total - have} without one)" if total > have else ""
+    detail = f"The {what} set {verb} {have} questions{unscored} (calibration.min_per_label: {need})."
     return _check("decline_set_size", passed, detail, n=have, min_per_label=need)
 
 

@@ -285,7 +285,10 @@ def check_scoring(
         "combiner": evaluated.get("combiner"),
     }
     digest = check_log.design_hash(design)
-    designs = check_log.designs_scored([r for r in log if r.get("run") != run], check_sha, digest)
+    # this run's own earlier look under this design is no new look; under another design (re-gated with another
+    # threshold or model) it is one
+    earlier = [r for r in log if (r.get("run"), r.get("design_sha256")) != (run, digest)]
+    designs = check_log.designs_scored(earlier, check_sha, digest)
     return {"check_sha256": check_sha, "design_sha256": digest, "design": design, "designs_scored": len(designs)}
 
 

@@ -94,14 +94,14 @@ def roc_auc(answer: np.ndarray, decline: np.ndarray) -> float:
 
 
 def needed_for(coverage: float, confidence: float) -> int:
-    """Should-answer questions, all kept, needed to claim a keep rate >= coverage at `confidence`.
-
-    If the true rate were below `coverage`, n kept out of n happens with probability
-    < coverage**n; that is <= alpha = 1 - confidence once n >= log(alpha) / log(coverage).
+    """Should-answer questions, all kept, needed to claim a keep rate >= coverage at `confidence` by the check
+    figure: the lower end of the exact (Clopper-Pearson) two-sided interval at `confidence`, which for n kept of n
+    is (alpha/2)**(1/n), alpha = 1 - confidence. It reaches `coverage` once n >= log(alpha/2) / log(coverage)
+    (368 for 99% at 95%; a one-sided bound would need 299, and the check figure at 299 would fall short).
     """
     if not (0 < coverage < 1 and 0 < confidence < 1):
         raise ValueError("coverage and confidence must lie strictly between 0 and 1")
-    n = math.log(1.0 - confidence) / math.log(coverage)
+    n = math.log((1.0 - confidence) / 2) / math.log(coverage)
     return max(1, math.ceil(n - 1e-9))  # 1e-9: an exact integer quotient needs no extra question
 
 

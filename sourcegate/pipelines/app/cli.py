@@ -142,13 +142,13 @@ def cmd_calibrate(args) -> int:
     from sourcegate.evals.harness import evaluate, gate_for_dir
     from sourcegate.pipelines.app.factories import judging, retriever_for
     from sourcegate.pipelines.app.steps import answer_model_corpus
-    from sourcegate.pipelines.release.verdict import bound_kept_files
+    from sourcegate.pipelines.release import verdict
 
     cfg = load_config(args)
     index = Path(args.index)
     searcher = version_searcher(cfg, index)
     retriever, _ = retriever_for(cfg, searcher)
-    kept_files, refused = bound_kept_files(index)
+    kept_files, refused = verdict.bound_kept_files(index)
     for why_not in refused.values():
         print(f"not reusing kept values: {why_not}", file=sys.stderr)
     out = Path(args.out)
@@ -168,8 +168,10 @@ def cmd_calibrate(args) -> int:
     reused = ", ".join(f"{name} {part['reused']}" for name, part in evaluated["kept"].items())
     print(f"reused from {index}: {reused or 'nothing'}")
     print("seconds by stage: " + ", ".join(f"{stage} {s:.1f}" for stage, s in evaluated["stages_s"].items()))
-    scorings = Path(cfg.artifacts) / check_log.LOG  # a calibration's look at the check set counts too
-    gate = gate_for_dir(judging(cfg), out, {"index": str(index), "questions": args.questions}, scorings)
+    scorings = Path(cfg.artifacts) / check_log.LOG  # a calibration's look at the check set counts too: logged by
+    check = [cfg.evals.check_set] if cfg.evals.check_set else []
+    facts = verdict.evaluated(cfg, getattr(searcher, "manifest", None), check)  # the check set's content hash
+    gate = gate_for_dir(judging(cfg), out, {"index": str(index), "questions": args.questions}, scorings, facts)
     print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'}")
     print(f"  {gating_signal_text(gate)}")
     for reason in gate["reasons"]:
