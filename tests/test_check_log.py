@@ -38,13 +38,24 @@ def test_the_log_counts_distinct_designs_per_check_content_and_a_rerun_is_not_a_
     assert designs_scored(rows, "c3", b) == [b]  # a fresh check set starts at one
 
 
-def test_a_run_gated_again_under_another_design_is_another_look_and_under_the_same_is_not():
+def check_set(path, questions):
+    path.write_text(
+        "".join(
+            f'{{"id": "q{i}", "question": "{q}", "label": "answer", "expected": ["d"]}}\n'
+            for i, q in enumerate(questions)
+        )
+    )
+    return path
+
+
+def test_a_run_gated_again_under_another_design_is_another_look_and_under_the_same_is_not(tmp_path):
     """A run folder re-gated with thresholds 0.50, 0.45, 0.40 looked at its check set three times."""
     from sourcegate.evals.harness import check_scoring
     from sourcegate.pipelines import config
     from sourcegate.pipelines.app.factories import judging
 
-    judge = judging(config.load("config/pipeline.yaml"))
+    check = check_set(tmp_path / "check.jsonl", ["Is it open?", "How late?"])
+    judge = judging(config.load("config/pipeline.yaml", {"evals.check_set": str(check)}))
     evaluated = {"eval_sets": {str(judge.evals.check_set): "c1"}}
     log, seen = [], []
     for threshold in (0.5, 0.45, 0.4, 0.4):
@@ -53,3 +64,21 @@ def test_a_run_gated_again_under_another_design_is_another_look_and_under_the_sa
         log.append({"run": "r1", "check_sha256": "c1", "design_sha256": scoring["design_sha256"]})
         seen.append(scoring["designs_scored"])
     assert seen == [1, 2, 3, 3]
+
+
+def test_a_check_set_reordered_reformatted_or_grown_is_not_a_fresh_one():
+    """Each question counts the designs that saw it; the set pays for the most any question has seen. A set of
+    new questions is fresh. Rows logged without keys count by the file's hash."""
+    log = [
+        {"run": "r1", "check_sha256": "f1", "design_sha256": "A", "question_keys": ["k1", "k2"]},
+        {"run": "r2", "check_sha256": "f1", "design_sha256": "B", "question_keys": ["k1", "k2"]},
+    ]
+    assert designs_scored(log, "f1", "C", ["k1", "k2"]) == ["A", "B", "C"]
+    assert designs_scored(log, "f2", "C", ["k2", "k1"]) == ["A", "B", "C"]  # reformatted: another file hash
+    assert designs_scored(log, "f3", "C", ["k1", "k2", "k3"]) == ["A", "B", "C"]  # grown by one question
+    assert designs_scored(log, "f4", "C", ["k8", "k9"]) == ["C"]  # a fresh set
+    legacy = [{"run": "r0", "check_sha256": "f1", "design_sha256": "Z"}]
+    assert designs_scored(legacy, "f1", "C", ["k1"]) == ["Z", "C"] and designs_scored(legacy, "f9", "C", ["k1"]) == [
+        "C"
+    ]
+    assert designs_scored(legacy, "f1", "C") == ["Z", "C"]  # no keys known

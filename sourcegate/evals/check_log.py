@@ -32,10 +32,24 @@ def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def designs_scored(log: Sequence[Mapping], check_sha256: str, design: str) -> list[str]:
-    """The distinct designs that scored this check content, this one included, in first-scored order."""
-    seen = [r["design_sha256"] for r in log if r.get("check_sha256") == check_sha256]
-    return list(dict.fromkeys([*seen, design]))
+def designs_scored(log: Sequence[Mapping], check_sha256: str, design: str, keys: Sequence[str] = ()) -> list[str]:
+    """The distinct designs that scored this check content, this one included, in first-scored order.
+
+    By question where the rows record their `question_keys` (evalset.question_key): a set reordered, reformatted
+    or grown by a few questions is not a fresh one. Each of its questions counts the designs that saw it, and the
+    set pays for the most any of its questions has seen. Rows without keys count by the file's hash."""
+    wanted = set(keys)
+    by_key: dict[str, list[str]] = {k: [] for k in wanted}
+    for r in log:
+        if r.get("question_keys"):
+            seen = wanted & set(r["question_keys"])
+        else:
+            seen = wanted if r.get("check_sha256") == check_sha256 else set()
+        for k in seen:
+            by_key[k].append(r["design_sha256"])
+    if not wanted:  # no keys known: by the file's hash alone
+        by_key = {"": [r["design_sha256"] for r in log if r.get("check_sha256") == check_sha256]}
+    return max((list(dict.fromkeys([*seen, design])) for seen in by_key.values()), key=len)
 
 
 def append(path: Path, record: Mapping[str, Any]) -> bool:

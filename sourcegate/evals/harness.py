@@ -288,8 +288,15 @@ def check_scoring(
     # this run's own earlier look under this design is no new look; under another design (re-gated with another
     # threshold or model) it is one
     earlier = [r for r in log if (r.get("run"), r.get("design_sha256")) != (run, digest)]
-    designs = check_log.designs_scored(earlier, check_sha, digest)
-    return {"check_sha256": check_sha, "design_sha256": digest, "design": design, "designs_scored": len(designs)}
+    keys = sorted({question_key(q) for q in load_evalset(judging.evals.check_set)})  # who saw which question
+    designs = check_log.designs_scored(earlier, check_sha, digest, keys)
+    return {
+        "check_sha256": check_sha,
+        "design_sha256": digest,
+        "design": design,
+        "designs_scored": len(designs),
+        "question_keys": keys,
+    }
 
 
 def gate_for_dir(
