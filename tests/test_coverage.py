@@ -395,3 +395,14 @@ def test_a_decision_edited_into_the_config_without_accept_is_named_in_the_gate_a
     assert same["decision_accepted"]["accepted"] is True
     assert "Decision not accepted." not in render_report(cal, None, same, {})
     assert evaluate_gate(cal, None, None, gating_signal=SIGNAL)["decision_accepted"]["accepted"] is False
+
+
+def test_a_cross_fitted_headline_is_called_an_estimate_and_a_bound_a_probability():
+    from sourcegate.evals.coverage import headline_text
+
+    crossed = {"name": "cross_fitted", "value": 0.96, "assumes": "…", "claim": "at an estimated rate of"}
+    check = {"name": "check", "value": 0.97, "assumes": "…", "claim": "with probability >="}
+    assert "kept at an estimated rate of 0.960 (cross-fitted" in headline_text(
+        {"figures": [crossed, check], "headline": crossed}
+    )
+    assert "kept with probability >= 0.970 (check" in headline_text({"figures": [crossed, check], "headline": check})

@@ -26,8 +26,16 @@ ASSUMES = {
 }
 
 
+# What each figure claims: two are bounds, the cross-fitted one a share observed (an estimate: no confidence)
+CLAIMS = {
+    "in_sample": "with probability >=",
+    "cross_fitted": "at an estimated rate of",
+    "check": "with probability >=",
+}
+
+
 def _figure(name: str, value: float | None, **facts: Any) -> dict[str, Any]:
-    return {"name": name, "value": value, "assumes": ASSUMES[name], **facts}
+    return {"name": name, "value": value, "assumes": ASSUMES[name], "claim": CLAIMS[name], **facts}
 
 
 def coverage_figures(calibration: Mapping, confidence: float) -> dict[str, Any]:
@@ -74,6 +82,6 @@ def headline_text(figures: Mapping) -> str:
     if not head:
         return "no coverage figure could be computed"
     return (
-        f"a new should-answer question is kept with probability >= {head['value']:.3f} "
+        f"a new should-answer question is kept {head.get('claim', CLAIMS['check'])} {head['value']:.3f} "
         f"({head['name'].replace('_', '-')} figure, the lowest of {len(figures['figures'])}; assumes {head['assumes']})"
     )
