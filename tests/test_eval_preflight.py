@@ -116,3 +116,17 @@ def test_a_removed_document_and_a_renamed_section_are_each_named_with_what_to_do
     with pytest.raises(PreflightError) as err:
         preflight(*sections(fit), chunks, removed=removed)
     assert "relabel it" not in str(err.value)  # no document removed: no such advice
+
+
+def test_a_gated_kind_spelt_otherwise_is_named_before_it_silently_escapes_the_gap(tmp_path):
+    """A kind "off-topic" for "off_topic": the question would be swept and reported, never held to the gap."""
+    fit = write(tmp_path / "fit.jsonl", answers(3) + declines(3) + declines(2, "Off-Topic"))
+    check = write(tmp_path / "check.jsonl", answers(1) + declines(1) + declines(1, "off topic"))
+    with pytest.raises(PreflightError) as err:
+        preflight(*sections(fit, check=check), CHUNKS)
+    text = str(err.value)
+    assert f"the fit set {fit}: 2 should-decline question(s) of a kind spelt unlike the gated one" in text
+    assert "Off-Topic-0 has kind 'Off-Topic', gated as 'off_topic'" in text
+    assert f"the check set {check}: 1 should-decline question(s)" in text
+    near = write(tmp_path / "near.jsonl", answers(3) + declines(3) + declines(2, "near_topic"))  # another kind: fine
+    preflight(*sections(near), CHUNKS)

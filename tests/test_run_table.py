@@ -49,6 +49,7 @@ def test_rows_carry_verdict_counts_and_total_time_oldest_first(tmp_path):
         "questions": 209,
         "seconds": 111.8,
         "stopped": None,
+        "judged": None,
         "live": False,
     }
     assert rows["night-1"]["verdict"] == "passed" and rows["night-1"]["promoted"] is True
@@ -99,10 +100,13 @@ def test_sourcegate_runs_reads_the_promotions_log(tmp_path, capsys):
     from sourcegate.pipelines.versions.promotions import append_record, promotion_record
 
     write_run(tmp_path, "live", {"started_at": "2026-01-01T02:00:00+00:00"}, gate={"passed": True})
+    recal = {"started_at": "2026-01-02T02:00:00+00:00", "evaluated_version": "live"}  # judged LIVE, builds nothing
+    write_run(tmp_path, "recal-20260102-020000", recal, gate={"passed": True})
     append_record(promotion_record("live", None, "sha256:g", "cli"), tmp_path / "promotions.jsonl")
     assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
-    [row] = json.loads(capsys.readouterr().out)
+    row, recal = json.loads(capsys.readouterr().out)
     assert row["promoted"] is True and row["live"] is False  # logged, but LIVE names another version (rolled back)
+    assert (recal["verdict"], recal["promoted"], recal["judged"]) == ("passed", False, "live")  # not one to promote
     (tmp_path / "LIVE").write_text("live\n")
     assert main(["runs", "--artifacts", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["live"] is True

@@ -39,6 +39,21 @@ def _label_counts(items: Sequence[Mapping], decline_kinds: Sequence[str]) -> tup
     return answer, gated
 
 
+def misspelt_kinds(items: Sequence[Mapping], decline_kinds: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(id, kind, gated kind) of each should-decline question whose kind is a gated one spelt otherwise ("off-topic",
+    "Off_Topic" for "off_topic"): it would silently not be held to the gap."""
+
+    def plain(kind: str) -> str:
+        return "".join(c for c in kind.lower() if c.isalnum())
+
+    gated = {plain(k): k for k in decline_kinds}
+    return [
+        (q["id"], q["kind"], gated[plain(q["kind"])])
+        for q in items
+        if q["label"] == "decline" and q.get("kind") not in decline_kinds and plain(q.get("kind") or "") in gated
+    ]
+
+
 def set_problems(
     role: str,
     path: str | None,
@@ -69,6 +84,14 @@ def set_problems(
             fix += f"; {RETIRED}"
         found.append(
             f"the {role} set {path}: {len(unknown)} label(s) name nothing in this corpus ({shown}{more}); {fix}"
+        )
+    misspelt = misspelt_kinds(items, decline_kinds)
+    if misspelt:
+        shown = "; ".join(f"{q} has kind {k!r}, gated as {g!r}" for q, k, g in misspelt[:SHOW])
+        more = f" and {len(misspelt) - SHOW} more" if len(misspelt) > SHOW else ""
+        found.append(
+            f"the {role} set {path}: {len(misspelt)} should-decline question(s) of a kind spelt unlike the gated one "
+            f"({shown}{more}), so never held to the gap; write the kind as calibration.gate_decline_kinds does"
         )
     if need:
         answer, gated = _label_counts(items, decline_kinds)
@@ -114,7 +137,7 @@ def preflight(
     kinds = list(calibration.gate_decline_kinds or [])
     seen = {"set_aside": set_aside, "removed": removed}
     problems = set_problems("fit", evals.calibration_set, chunks, calibration.min_per_label, kinds, **seen)
-    problems += set_problems("check", evals.check_set, chunks, **seen)
+    problems += set_problems("check", evals.check_set, chunks, None, kinds, **seen)
     problems += set_problems("precision", evals.precision_set, chunks, **seen)
     problems += baseline_problems(evals.baseline)
     if problems:

@@ -22,9 +22,10 @@ COLUMNS = (
     "questions",
     "seconds",
 )
-# --json also: why a night stopped (run.json's `stopped.error`; after a passed gate too, e.g. at promote), and
+# --json also: why a night stopped (run.json's `stopped.error`; after a passed gate too, e.g. at promote), the
+# version its evaluation judged (a recalibration's run judges LIVE's, and has none of its own to promote), and
 # whether the run is the live version now (`promoted` says it ever was: a rollback may have left it since)
-FIELDS = (*COLUMNS, "stopped", "live")
+FIELDS = (*COLUMNS, "stopped", "judged", "live")
 
 # A run's name is its folder's name. $info / $gate: lists of run.json / gate.json paths
 # (read_text fails on an empty list, so "no gate.json yet" reads the gate-less GATE_NONE instead).
@@ -55,7 +56,8 @@ SELECT info.run,
        TRY_CAST(j ->> '$.counts.embedded' AS BIGINT) AS embedded,
        TRY_CAST(j ->> '$.counts.eval_questions' AS BIGINT) AS questions,
        round(list_sum(map_values(TRY_CAST(j -> '$.timings_s' AS MAP(VARCHAR, DOUBLE)))), 1) AS seconds,
-       j ->> '$.stopped.error' AS stopped
+       j ->> '$.stopped.error' AS stopped,
+       j ->> '$.evaluated_version' AS judged
 FROM info LEFT JOIN gate USING (run)
 ORDER BY started NULLS FIRST, info.run
 """
