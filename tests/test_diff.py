@@ -1,6 +1,7 @@
 """sourcegate.evals.diff: the per-question join of two runs' questions.jsonl."""
 
 import json
+import shutil
 
 import pytest
 
@@ -83,6 +84,11 @@ def test_diff_cli(runs, capsys):
     assert "3 of 5 questions moved" in out and "crossed a threshold (answer mode changed): 1" in out
     assert main(["diff", str(runs[0]), str(runs[1]), "--json"]) == 0
     assert [r["id"] for r in json.loads(capsys.readouterr().out)["crossed"]] == ["q2"]
+    artifacts = runs[0].parent / "artifacts"  # with a local --artifacts, two run ids (or the folders a night printed)
+    for run in runs:
+        shutil.copytree(run, artifacts / "runs" / run.name)
+    assert main(["diff", "a", f"{artifacts}/runs/b", "--artifacts", str(artifacts)]) == 0
+    assert "3 of 5 questions moved" in capsys.readouterr().out
 
 
 def test_diff_without_questions_file_says_so(tmp_path, runs, capsys):

@@ -231,6 +231,17 @@ def test_rollback_refuses_failed_corrupt_or_unknown_targets(night, capsys):
     assert night.store.live() == "v3" and [r["actor"] for r in night.store.promotions()] == ["cli", "cli"]
 
 
+def test_verify_takes_the_run_folder_a_night_printed_and_says_what_to_do_when_it_fails(night, capsys):
+    night("20260101-020000")
+    printed = f"{night.cfg.artifacts}/runs/20260101-020000"  # `artifacts: …/runs/<id>`, as `run` prints it
+    assert main(["verify", printed, "--artifacts", night.cfg.artifacts, "--backend", "embedded"]) == 0
+    assert "20260101-020000: ok" in capsys.readouterr().out
+    npy = night.store.folder("20260101-020000") / "embeddings.npy"
+    npy.write_bytes(npy.read_bytes()[:-8])
+    assert main(["verify", printed, "--artifacts", night.cfg.artifacts, "--backend", "embedded"]) == 2
+    assert "restore the files, or move LIVE off it (sourcegate rollback)" in capsys.readouterr().err
+
+
 def test_rollback_with_no_history_says_so(night, capsys):
     assert main(["rollback", "--artifacts", night.cfg.artifacts, "--backend", "embedded"]) == 2
     assert "no earlier promoted version" in capsys.readouterr().err

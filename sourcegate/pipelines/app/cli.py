@@ -304,22 +304,24 @@ def cmd_verify(args) -> int:
     from sourcegate.pipelines.versions.manifest import IntegrityError, manifest_hash
 
     cfg = load_config(args)
-    command = f"sourcegate verify {args.version}"
-    reads = staging.reading((staging.INDEX_FILES,), args.version)
+    version = run_id_of(args.version)  # an id, or the folder a night printed
+    command = f"sourcegate verify {version}"
+    reads = staging.reading((staging.INDEX_FILES,), version)
     with staging.locked_staged(cfg, command, None, reads) as local, writer_lock(cfg, command, root=local):
         store = open_store(cfg, local)
         try:
-            manifest = store.verify(args.version)
+            manifest = store.verify(version)
         except IntegrityError as exc:
-            print(f"sourcegate: verify: index version {args.version} FAILED", file=sys.stderr)
+            print(f"sourcegate: verify: index version {version} FAILED", file=sys.stderr)
             for problem in exc.problems:
                 print(f"  - {problem}", file=sys.stderr)
+            print("  restore the files, or move LIVE off it (sourcegate rollback) if it is live", file=sys.stderr)
             return 2
-        if repair_promoted(store, RunFolder(local, args.version)):
-            print(f"{args.version}: run.json's missing `promoted` written from the promotions log")
+        if repair_promoted(store, RunFolder(local, version)):
+            print(f"{version}: run.json's missing `promoted` written from the promotions log")
     checked = f"{len(manifest['files'])} files" if manifest.get("files") else "chunk count, ids and every document"
     print(
-        f"{args.version}: ok ({manifest['rows']} chunks, dimension {manifest['dimension']}, {checked} verified; "
+        f"{version}: ok ({manifest['rows']} chunks, dimension {manifest['dimension']}, {checked} verified; "
         f"manifest sha256 {manifest_hash(manifest)})"
     )
     return 0
@@ -379,7 +381,11 @@ def cmd_diff(args) -> int:
 
     cfg = load_config(args) if args.artifacts else None
     if cfg is None or not is_remote(cfg.artifacts):
-        diff = diff_runs(args.run_a, args.run_b)
+        folders = [
+            RunFolder(cfg.artifacts, run_id_of(named)).path if cfg and not Path(named).is_dir() else named
+            for named in (args.run_a, args.run_b)
+        ]  # with a local --artifacts, run ids name its run folders
+        diff = diff_runs(*folders)
     else:
         run_a, run_b = run_id_of(args.run_a), run_id_of(args.run_b)
         reads = staging.reading((rf.QUESTIONS,), run_a, run_b)
