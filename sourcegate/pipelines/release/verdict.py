@@ -345,11 +345,11 @@ def content_mismatches(recorded: Mapping, current: Mapping, name: str | None = N
         found.append(f"it judged version {recorded.get('version')!r}, not {current['version']!r}")
     if recorded.get("manifest_sha256") != current["manifest_sha256"]:
         found.append("the index version was rebuilt or changed since it was evaluated (manifest hash differs)")
-    for name, fact in (recorded.get("reused") or {}).items():
-        now = digest_of((current.get("reused") or {}).get(name))
+    for kept, fact in (recorded.get("reused") or {}).items():
+        now = digest_of((current.get("reused") or {}).get(kept))
         if fact.get("sha256") != now:
             found.append(
-                f"{name} of run {fact.get('from_run')}, whose kept values the evaluation reused, changed since "
+                f"{kept} of run {fact.get('from_run')}, whose kept values the evaluation reused, changed since "
                 f"({fact.get('sha256')} -> {now})"
             )
     return found
