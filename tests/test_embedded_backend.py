@@ -97,6 +97,17 @@ def test_top_k_breaks_ties_by_position():
     assert list(top_k(np.array([1.0]), 5)) == [0]
 
 
+def test_top_k_keeps_the_first_of_the_scores_tied_at_the_kth_place_whatever_the_cpu():
+    """BM25 ties are common (Lucene's one-byte lengths): argpartition alone chose among those tied at the k-th
+    place by its SIMD path, so two workers kept different chunks and fused them in different orders."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        scores = rng.integers(0, 5, 300).astype(np.float32)  # 5 distinct scores: ties everywhere
+        k = int(rng.integers(1, 300))
+        by_rule = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]  # best first, then position
+        assert list(top_k(scores, k)) == by_rule
+
+
 def test_alternating_queries_reuse_no_stale_scores(tmp_path):
     # A query's score arrays are kept for its own distribution / best cosine; a different
     # query in between must never see them.

@@ -178,6 +178,12 @@ def test_a_precision_eval_without_its_reranker_writes_no_verdict_and_exits_2(mak
     assert not (folder / "gate.json").exists()
     with pytest.raises(NotAVerdict):
         steps.gate_step(RunFolder(cfg.artifacts, "r1"), cfg)
+    # a fit or check question the reranker timed out on (a loaded worker): its rerank_top is missing, declined
+    write_json({"by_kind": {}, "reranker_used": True}, folder / "precision.json")
+    write_json({"shipped": None, "reranker_used": False}, folder / "calibration.json")
+    with pytest.raises(NotAVerdict, match="the fit and check eval ran without the reranker on some question"):
+        steps.gate_step(RunFolder(cfg.artifacts, "r1"), cfg)
+    assert not (folder / "gate.json").exists()
 
 
 def test_a_gating_signal_that_could_not_be_computed_is_said_first_and_exits_2():

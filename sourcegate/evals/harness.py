@@ -50,15 +50,20 @@ class NotAVerdict(RuntimeError):
     set): neither a passed nor a failed gate."""
 
 
-def check_reranker_ran(reranker, precision: dict) -> None:
-    """A configured reranker that did not rerank every precision question would compare the fused order with
-    itself and bind the reranker's fingerprint to that: no verdict."""
-    if reranker.kind != "none" and "error" not in precision and precision.get("reranker_used") is False:
-        raise NotAVerdict(
-            f"the precision eval ran without the reranker (reranker.kind {reranker.kind}, "
-            f"reranker.model_path {reranker.model_path}): precision.json reranker_used is false; "
-            "no verdict is written (see the evaluate step's log for why it did not run)"
-        )
+def check_reranker_ran(reranker, precision: dict, calibration: dict | None = None) -> None:
+    """A configured reranker that did not rerank every question (a timeout on a loaded worker, a failure) would
+    compare the fused order with itself, and leave rerank_top missing (declined) where the fit and check sets gate
+    or choose on it: the verdict would measure the failure and bind the reranker's fingerprint to that. No verdict."""
+    if reranker.kind == "none":
+        return
+    parts = (("precision", precision, rf.PRECISION), ("fit and check", calibration or {}, rf.CALIBRATION))
+    for what, part, name in parts:
+        if "error" not in part and part.get("reranker_used") is False:
+            raise NotAVerdict(
+                f"the {what} eval ran without the reranker on some question (reranker.kind {reranker.kind}, "
+                f"reranker.model_path {reranker.model_path}): {name} reranker_used is false; "
+                "no verdict is written (see the evaluate step's log for why it did not run: a timeout, a failure)"
+            )
 
 
 def calibration_config(judging: Judging, answer_model_corpus: dict | None = None) -> dict:
@@ -166,6 +171,8 @@ def evaluate(
     # a check question asking a fit question again placed the threshold in its other wording: not unseen
     repeats = copies(sets["check"], sets["calibration"], getattr(retriever, "text_vectors", None))
     calibration = calibrate_records(records, judging, c_records, repeats, answer_model_corpus)
+    if records or c_records:  # a question the reranker failed on has no rerank_top: the gate refuses to judge it
+        calibration["reranker_used"] = all(r["reranked"] for r in [*records, *c_records])
     choice = calibration.get("signal_choice")
     if before_sweep:
         calibration["combiner"] = combiner
@@ -319,7 +326,7 @@ def gate_for_dir(
     """
     calibration = read_json(folder / rf.CALIBRATION)
     precision = read_json(folder / rf.PRECISION)
-    check_reranker_ran(judging.reranker, precision)
+    check_reranker_ran(judging.reranker, precision, calibration)
     errors = read_json(folder / rf.EVAL_ERRORS)["errors"]
     baseline_path = Path(judging.evals.baseline) if judging.evals.baseline else None  # None: none accepted yet
     baseline = check_baseline(read_json(baseline_path), str(baseline_path)) if baseline_path else {}

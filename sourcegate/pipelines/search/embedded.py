@@ -41,12 +41,17 @@ log = logging.getLogger(__name__)
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best scores, best first; ties broken by position (deterministic)."""
+    """Indices of the k best scores, best first; ties broken by position, at the k-th place too: argpartition alone
+    picks among the scores tied there by its SIMD path, so two CPUs would keep different chunks (BM25 ties often)."""
     k = min(k, len(scores))
     if k <= 0:
         return np.zeros(0, np.int64)
-    part = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-    return part[np.lexsort((part, -scores[part]))]
+    if k < len(scores):
+        kth = np.partition(-scores, k - 1)[k - 1]  # the k-th best score, negated
+        part = np.flatnonzero(-scores <= kth)  # every index scoring at least that: the ties at the edge included
+    else:
+        part = np.arange(len(scores))
+    return part[np.lexsort((part, -scores[part]))][:k]
 
 
 class EmbeddedSearcher:
