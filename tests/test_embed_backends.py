@@ -231,9 +231,13 @@ def test_bf16_fingerprint_names_the_cpus_kernel():
     avx = embed_backends.bf16_kernel(" fpu avx512f avx512_bf16", environ={})
     none = embed_backends.bf16_kernel(" fpu avx2", environ={})
     capped = embed_backends.bf16_kernel(" fpu avx512_bf16 amx_bf16", environ={"ONEDNN_MAX_CPU_ISA": "avx2"})
-    assert (amx, avx, none, capped) == ("amx", "avx512_bf16", "emulated", "amx@AVX2")
-    prints = {k: variant_fingerprint(weights, "torch-bf16", k) for k in (amx, avx, none, capped)}
-    assert len(set(prints.values())) == 4  # another kernel rounds otherwise: its vectors are not reused as equal
+    assert (amx, avx, none, capped) == ("amx", "avx512_bf16", "emulated-avx2", "amx@AVX2")
+    # emulation rounds by the instruction set it runs on: an AVX-512 CPU without bf16 is not an AVX2 one
+    wide = embed_backends.bf16_kernel(" fpu avx2 avx512f", environ={})
+    arm = embed_backends.bf16_kernel("Features\t: fp asimd bf16", environ={})
+    assert (wide, arm) == ("emulated-avx512", "emulated-arm-bf16")
+    prints = {k: variant_fingerprint(weights, "torch-bf16", k) for k in (amx, avx, none, capped, wide, arm)}
+    assert len(set(prints.values())) == 6  # another kernel rounds otherwise: its vectors are not reused as equal
     assert variant_fingerprint(weights, "torch", amx) == weights  # fp32 torch agrees across kernels
     here = embed_backends.bf16_kernel()
     assert variant_fingerprint(weights, "torch-bf16") == variant_fingerprint(weights, "torch-bf16", here)

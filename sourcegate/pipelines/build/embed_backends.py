@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import tempfile
 import warnings
 from pathlib import Path
@@ -158,11 +159,13 @@ ISA_CAP_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 def bf16_kernel(cpuinfo: str | None = None, environ=None) -> str:
-    """Which kernel does this CPU's bf16 matrix maths: `amx`, `avx512_bf16` or `emulated`, plus any ISA cap.
+    """Which kernel does this CPU's bf16 matrix maths: `amx`, `avx512_bf16` or `emulated-<widest ISA>` (`avx512`,
+    `avx2`, an ARM CPU's `bf16`, else the machine), plus any ISA cap.
 
     They round differently: the same 120 questions encoded here under oneDNN's default and capped
     at AVX512_CORE or AVX2 differ by up to 1.0e-3 per vector component (docs/benchmarks/15-embed-backends.md),
-    enough to move a question across a threshold placed at its neighbour's score.
+    enough to move a question across a threshold placed at its neighbour's score. Emulation too rounds by the
+    instruction set it runs on (an AVX-512 CPU without bf16 against an AVX2 one), so it is named by it.
     """
     if cpuinfo is None:
         try:
@@ -170,14 +173,25 @@ def bf16_kernel(cpuinfo: str | None = None, environ=None) -> str:
         except OSError:
             cpuinfo = ""
     env = os.environ if environ is None else environ
-    kernel = "amx" if " amx_bf16" in cpuinfo else "avx512_bf16" if " avx512_bf16" in cpuinfo else "emulated"
+    kernel = "amx" if " amx_bf16" in cpuinfo else "avx512_bf16" if " avx512_bf16" in cpuinfo else emulated(cpuinfo)
     cap = next((env[k] for k in ISA_CAP_ENV if env.get(k)), None)
     return f"{kernel}@{cap.upper()}" if cap else kernel
 
 
+def emulated(cpuinfo: str) -> str:
+    """`emulated-<the widest instruction set emulation runs on>`, read from /proc/cpuinfo's flags (x86) or
+    Features (ARM)."""
+    flags = set(cpuinfo.split())
+    isa = next((name for flag, name in EMULATION_ISA if flag in flags), None) or platform.machine() or "unknown"
+    return f"emulated-{isa}"
+
+
+EMULATION_ISA = (("avx512f", "avx512"), ("avx2", "avx2"), ("bf16", "arm-bf16"), ("asimd", "arm"))
+
+
 def native_bf16() -> bool:
     """Whether this CPU does bf16 matrix maths in hardware (AMX or AVX512-BF16); elsewhere it is emulated, slowly."""
-    return bf16_kernel(environ={}) != "emulated"
+    return not bf16_kernel(environ={}).startswith("emulated")
 
 
 class _Variant:
