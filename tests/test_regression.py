@@ -55,3 +55,15 @@ def test_a_comparison_that_matched_no_baseline_question_fails_rather_than_pass_u
     one = {**renamed, "q0": base["q0"]}  # a set sharing any question compares those (a tiny fixture's set)
     assert compare(base, one, "ok", alpha=0.05, max_losses=3, min_kind_questions=10)["failed"] is False
     assert compare({}, renamed, "ok", alpha=0.05, max_losses=3, min_kind_questions=10)["failed"] is False
+
+
+def test_calibrates_own_questions_are_not_compared_with_the_precision_baseline():
+    """`calibrate --questions FIT` evaluates precision on the fit set: the baseline's outcomes are of the precision
+    set, so nothing pairs, and that is said rather than failed (a night's renamed set still fails)."""
+    from sourcegate.evals.gate import check_precision_regression
+
+    baseline = {"questions": {"precision": {"p1": {"kind": "section", "reranked_rank": 1}}, "decline": {}}}
+    mine = {"per_question": {"f1": {"kind": "single", "reranked_rank": 1}}}
+    assert check_precision_regression(mine, baseline)["passed"] is False  # a night: nothing compared
+    calibrated = check_precision_regression({**mine, "set": "other"}, baseline)
+    assert calibrated["passed"] is True and calibrated["detail"].startswith("Not compared: the precision questions")

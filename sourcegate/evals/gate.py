@@ -389,6 +389,13 @@ def check_precision_regression(
         return refusal
     if not precision or precision.get("per_question") is None:
         return _check("precision_regression", False, "No per-question precision results to compare with the baseline.")
+    if precision.get("set") == "other":  # `calibrate --questions`: not the set the baseline's outcomes are of
+        return _check(
+            "precision_regression",
+            True,
+            "Not compared: the precision questions are calibrate's --questions, not the configured precision set "
+            "whose outcomes the baseline holds (a night compares those).",
+        )
     k = cfg["hit_k"]
     result = compare(
         precision_outcomes(accepted, k),

@@ -203,6 +203,9 @@ def evaluate(
         else {"error": "no questions"}
     )
     precision["reranker_used"] = all(r["reranked"] for r in p_records) if p_records else False
+    configured = judging.evals.precision_set
+    if precision_set and (not configured or Path(precision_set).resolve() != Path(configured).resolve()):
+        precision["set"] = "other"  # `calibrate --questions`: the baseline's outcomes are of another set, none pair
     write_json(precision, out_dir / rf.PRECISION)
     answer = resolved_answer(judging.answer, choice)
     rows = question_rows("calibration", records, qrels["calibration"], answer)
