@@ -380,3 +380,34 @@ def test_the_live_nights_verdict_stands_when_the_night_runs_again(night):
     # a night that is not live is judged as ever: its gate writes its own verdict
     night("20260102-020000")
     assert steps.standing_verdict(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg) is None
+
+
+def test_a_decision_edited_in_gate_json_is_not_promoted_or_rolled_back_to(night):
+    """The threshold gate.json records is what serve applies and promote publishes: edited by hand (0.5 for the
+    0.14 its night placed), it is refused, naming the value and what the night's calibration.json makes of it."""
+    for v in ("20260101-020000", "20260102-020000"):
+        gate = night(v)
+        folder = RunFolder(night.cfg.artifacts, v).path
+        calibration = {"shipped": {"signal": "rerank_top", "threshold": 0.14, "strong_threshold": 0.5}}
+        write_json(calibration, folder / "calibration.json")
+        write_json(
+            {**gate, "decision": decision.proven(night.cfg, calibration, gate["evaluated"])}, folder / "gate.json"
+        )
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260101-020000"), night.cfg)
+    second = RunFolder(night.cfg.artifacts, "20260102-020000").path / "gate.json"
+    gate = json.loads(second.read_text())
+    write_json({**gate, "decision": {**gate["decision"], "adjacent": 0.5}}, second)
+    with pytest.raises(
+        verdict.VerdictMismatch, match="decision is not what its night computed .* adjacent: 0.5 recorded vs 0.14"
+    ):
+        steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)
+    write_json(gate, second)
+    steps.promote_step(RunFolder(night.cfg.artifacts, "20260102-020000"), night.cfg)
+    first = RunFolder(night.cfg.artifacts, "20260101-020000").path / "gate.json"
+    edited = json.loads(first.read_text())
+    write_json({**edited, "decision": {**edited["decision"], "signal": "cosine_top"}}, first)
+    with pytest.raises(
+        verdict.VerdictMismatch, match="refusing to roll back to 20260101-020000: its gate.json decision"
+    ):
+        steps.rollback_step(Path(night.cfg.artifacts), night.cfg)
+    assert night.store.live() == "20260102-020000"

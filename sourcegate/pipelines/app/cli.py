@@ -355,7 +355,7 @@ def cmd_rollback(args) -> int:
     version, reads = args.version, staging.Reads()
     if is_remote(cfg.artifacts):  # stage the target's index files (it is verified before it goes live)
         version = version or default_rollback_target(cfg)
-        reads = staging.reading(("index/",), version) if version else reads
+        reads = staging.reading(("index/", rf.CALIBRATION), version) if version else reads
     with staging.locked_staged(cfg, f"sourcegate rollback {version or ''}".strip(), None, reads) as local:
         record = rollback_step(local, cfg, version, force=args.force, actor=args.actor)
     print(f"rolled back: live index {record['previous']} -> {record['version']} (logged as a rollback)")

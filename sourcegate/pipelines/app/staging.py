@@ -118,7 +118,7 @@ STEP_READS = {  # a DAG task stages only what its step reads (sourcegate/pipelin
     "gate": Reads(
         own=(rf.CALIBRATION, rf.PRECISION, rf.EVAL_ERRORS, rf.QUESTIONS), live=(rf.QUESTIONS,), check_log=True
     ),
-    "promote": Reads(own=(INDEX_FILES,)),
+    "promote": Reads(own=(INDEX_FILES, rf.CALIBRATION)),  # the decision gate.json records is checked against it
     "cleanup": Reads(),
     # sourcegate_recalibrate: LIVE (read only), then an evaluation of the live version into the recal run's folder
     "live_version": Reads(),

@@ -319,6 +319,7 @@ def promote_step(
         raise verdict.VerdictMismatch(f"refusing to promote {run_id}: {gate_path} is unreadable ({exc})") from None
     verdict.check_verdict(gate, cfg, manifest, run_id, run.root)
     decision.of_verdict(gate, str(gate_path))  # what is served is what it proved: a verdict must say what that is
+    as_computed(gate, run, cfg, "promote")
     previous = store.live()
     if previous == run_id:  # a retry after a crash past the swap: finish what the crash left undone
         return finish_promotion(store, run, actor, gate_path, manifest, previous=None)
@@ -417,6 +418,7 @@ def rollback_step(
     manifest = store.verify(version)  # IntegrityError when it no longer verifies
     since = verdict.judged_since(gate, cfg, manifest, version, root, force)  # the full binding, unless forced
     servable(decision.of_verdict(gate, str(gate_path)), cfg, version)
+    as_computed(gate, RunFolder(root, version), cfg, "roll back to")
     store.promote(version)
     record = promotions.promotion_record(
         version,
@@ -431,6 +433,18 @@ def rollback_step(
     store.log_promotion(record)
     decision.publish(root, version, gate_path)
     return record
+
+
+def as_computed(gate: dict, run: RunFolder, cfg: PipelineConfig, doing: str) -> None:
+    """Refuse (VerdictMismatch) a verdict whose decision is not what its night computed (edited by hand)."""
+    path = run / rf.CALIBRATION
+    calibration = read_json(path) if path.is_file() and path.stat().st_size else None  # staged: empty when not read
+    edits = decision.edited(gate, calibration, cfg)
+    if edits:
+        raise verdict.VerdictMismatch(
+            f"refusing to {doing} {run.run_id}: its gate.json decision is not what its night computed from "
+            f"{path.name}: " + "; ".join(edits)
+        )
 
 
 def servable(proven: dict, cfg: PipelineConfig, version: str) -> None:

@@ -113,6 +113,24 @@ def of_verdict(gate: Mapping | None, where: str) -> dict:
     return dict(gate["decision"])
 
 
+# What a decision decides (the rest names models and files, bound by the verdict's binding)
+DECIDING = ("signal", "adjacent", "below", "strong_signal", "strong", "answer_passages")
+
+
+def edited(gate: Mapping, calibration: Mapping | None, cfg: PipelineConfig) -> list[str]:
+    """Each value of gate.json's `decision` that is not what its night's calibration.json and the config make of it
+    (`proven`): a decision edited by hand would be served, and published, as proven. None: nothing to recompute."""
+    recorded = gate.get("decision") or {}
+    if calibration is None or not recorded:
+        return []
+    remade = proven(cfg, calibration, gate.get("evaluated"))
+    return [
+        f"{k}: {shown(recorded.get(k))} recorded vs {shown(remade[k])}"
+        for k in DECIDING
+        if recorded.get(k) != remade[k]
+    ]
+
+
 def unproven(gate: Mapping | None, cfg: PipelineConfig) -> tuple[dict, str]:
     """What `--unproven` answers with, and how to name it: the decision a verdict that did not pass records, when
     the config is the one its night ran with (under `answer.signal: auto` the night chose the signal and placed its
