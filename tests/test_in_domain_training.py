@@ -370,3 +370,17 @@ def test_retrain_rebuilds_a_model_from_its_recipe_and_the_recipe_round_trips(dem
     (first / "learned_corpus.json").write_text(json.dumps(learned))
     assert main([*settings, "retrain", str(first), "--out", str(tmp_path / "third")]) == 2
     assert "is not the one" in capsys.readouterr().err and not (tmp_path / "third").exists()
+
+
+def test_a_training_a_time_budget_cut_records_its_steps_so_a_retrain_trains_as_many():
+    """The cut depends on that machine's speed: a retrain elsewhere would train another count (and schedule)."""
+    from sourcegate.pipelines.training.in_domain import command_line, steps_to_record
+
+    whole = {"steps": 400, "step_decision": {"epoch_steps": 400}}
+    cut = {"steps": 223, "step_decision": {"epoch_steps": 748}}
+    assert (steps_to_record(whole, None), steps_to_record(cut, None), steps_to_record(whole, 50)) == (None, 223, 50)
+    line = command_line("runs/r", ["t.jsonl"], None, None, None, "out", 2, "int8", 13, 2400, steps_to_record(cut, None))
+    assert line.endswith("--seed 13 --time-budget 2400 --max-steps 223")
+    from sourcegate.pipelines.training.export import versions
+
+    assert versions()["cpu_bf16_kernel"]  # the kernel its bf16 autocast ran on, beside the packages

@@ -462,7 +462,7 @@ def train_in_domain(cfg: PipelineConfig, args) -> int:
         retriever, args.index, args.train or [], out, Path(args.work) if args.work else out.parent / (out.name + "_work"),
         args.seed or [SEED], epochs=args.epochs or EPOCHS, export_as=args.export, left_out=left_out,
         synthetic=synthetic, time_budget_s=args.time_budget or TIME_BUDGET_S, teacher=args.distil_from,
-        layers=args.layers,
+        layers=args.layers, max_steps=args.max_steps,
     )  # fmt: skip
     recipe = recipes[0]
     print(f"trained {len(recipes)} model(s) on {len(recipe['trained_on'])} questions ({recipe['pairs']}) in {out}")
@@ -700,6 +700,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--time-budget", type=float, metavar="SECONDS", help="train only the steps that fit (default: 6 hours)"
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="train exactly N steps (a recipe whose training a time budget cut records them: a retrain is the same)",
     )
     p.add_argument("--out", required=True, help="the model folder (answerability.answer_model_path)")
     p.add_argument("--work", help="scratch for the torch checkpoints (default: OUT_work)")

@@ -129,7 +129,11 @@ def write_recipe(path: str | os.PathLike, recipe: dict) -> None:
 
 
 def versions() -> dict:
-    v = {"python": platform.python_version(), "numpy": np.__version__}
+    """The packages that trained and exported a model, and the CPU's bf16 kernel its autocast ran on (another
+    rounds otherwise: a retrain elsewhere is compared knowing it)."""
+    from sourcegate.pipelines.build.embed_backends import bf16_kernel
+
+    v = {"python": platform.python_version(), "numpy": np.__version__, "cpu_bf16_kernel": bf16_kernel()}
     for mod in ("torch", "transformers", "tokenizers", "onnxruntime", "onnx", "sklearn"):
         try:
             v[mod] = __import__(mod).__version__

@@ -169,6 +169,7 @@ def train_in_domain(
     time_budget_s: float = TIME_BUDGET_S,
     teacher: str | Path | None = None,
     layers: int | None = None,
+    max_steps: int | None = None,
 ) -> dict:
     """Train on `train_sets` (labelled JSONL files, less `left_out`: id -> why) over `retriever`, the version at
     `index`, and with `synthetic` (`synthetic_source`'s arguments) on questions made from the corpus too; write
@@ -176,16 +177,13 @@ def train_in_domain(
     that fit. `teacher`: a trained answer model whose logits the model learns instead of the labels (MSE), so one
     model reads what several did. `layers`: start from that many of the base model's encoder layers (`shrink`)."""
     t_start = time.time()
-    if export_as not in EXPORTS:
-        raise ValueError(f"export {export_as!r}: one of {EXPORTS}")
-    if teacher and synthetic:  # refused before anything is scored
-        raise ValueError("--distil-from learns the teacher's logits on labelled sets' passages: not with --synthetic")
+    refuse_options(export_as, teacher, synthetic)
     left_out = dict(left_out or {})
     out, work = Path(out), Path(work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    window = retriever.answer_passages
     taught_by = load_answer_model(teacher, required=True) if teacher else None
+    window = retriever.answer_passages
     items, pairs, made = learning_data(retriever, train_sets, left_out, window, taught_by, synthetic, seed)
     base = packaged_base(work / "base")
     start, shrunk = base, None
@@ -193,15 +191,17 @@ def train_in_domain(
         start = str(work / f"base-{layers}")
         shrunk = shrink(base, Path(start), layers)
     hyper = {"lr": LR, "batch_size": 16, "warmup_steps": 20, "freeze_word_embeddings": True, "seed": seed}
-    hyper |= {"loss": "mse" if taught_by else "bce"}  # a student learns its teacher's logits, not labels
+    hyper |= {"loss": "mse" if taught_by else "bce", "threads": threads, "max_steps": max_steps}  # mse: the teacher's
     trained = train(
-        pairs * epochs, work / "hf", start, log_path=out / "training.log", threads=threads, time_budget_s=time_budget_s,
-        **hyper,
+        pairs * epochs, work / "hf", start, log_path=out / "training.log", time_budget_s=time_budget_s, **hyper
     )  # fmt: skip
     exported = export(work / "hf", out, work, export_as)
+    steps = steps_to_record(trained, max_steps)
     recipe = {
         "task": "answer support cross-encoder trained on this corpus's labelled questions",
-        "command": command_line(index, train_sets, made, teacher, layers, out, epochs, export_as, seed, time_budget_s),
+        "command": command_line(
+            index, train_sets, made, teacher, layers, out, epochs, export_as, seed, time_budget_s, steps
+        ),
         "base_model": base_model_info(base),
         "data": [{"path": str(p), "sha256": sha256_file(p)} for p in train_sets],
         "synthetic": made,  # how the corpus-made questions were drawn (synthetic_pairs), or None
@@ -256,7 +256,24 @@ def learning_data(
     return items, pairs, made
 
 
-def command_line(index, train_sets, made, teacher, layers, out, epochs, export_as, seed, time_budget_s) -> str:
+def refuse_options(export_as: str, teacher, synthetic) -> None:
+    """Options that cannot train together, refused before anything is scored."""
+    if export_as not in EXPORTS:
+        raise ValueError(f"export {export_as!r}: one of {EXPORTS}")
+    if teacher and synthetic:
+        raise ValueError("--distil-from learns the teacher's logits on labelled sets' passages: not with --synthetic")
+
+
+def steps_to_record(trained: dict, max_steps: int | None) -> int | None:
+    """The --max-steps that trains this model again: the one given, or the cut a time budget made by the speed of
+    that machine (a retrain on another would train another count); none when the epochs ran whole."""
+    planned = (trained.get("step_decision") or {}).get("epoch_steps", trained["steps"])
+    return max_steps or (trained["steps"] if trained["steps"] < planned else None)
+
+
+def command_line(
+    index, train_sets, made, teacher, layers, out, epochs, export_as, seed, time_budget_s, max_steps=None
+) -> str:
     """The `sourcegate train-in-domain` command that trains this model again (`sourcegate retrain` runs it)."""
     return (
         f"sourcegate train-in-domain --index {index} "
@@ -266,6 +283,7 @@ def command_line(index, train_sets, made, teacher, layers, out, epochs, export_a
         + (f"--layers {layers} " if layers else "")
         + f"--out {out} --epochs {epochs} --export {export_as} --seed {seed}"
         + (f" --time-budget {time_budget_s:g}" if time_budget_s != TIME_BUDGET_S else "")
+        + (f" --max-steps {max_steps}" if max_steps else "")
     )
 
 
