@@ -242,3 +242,21 @@ def test_chunk_step_quarantines_degenerate_documents_and_counts_them(make_cfg, s
     }
     chunked = pq.read_table(folder / "chunks.text.parquet", columns=["doc_id"])["doc_id"].to_pylist()
     assert "one-long-token" not in chunked and len(set(chunked)) == 6
+
+
+def test_the_chunker_key_names_the_tokenizer_library_and_the_unicode_tables(monkeypatch):
+    """Chunk rows are reused from a night with the same key: a worker with another tokenizers release or Unicode
+    database (slugs' NFKC, word splits) could cut otherwise, so its key differs and it chunks again."""
+    import unicodedata
+
+    import tokenizers
+
+    from sourcegate.pipelines.build.chunk import chunker_key
+
+    tokenizer_file = models.embedding_model_path() / "tokenizer.json"
+    key = chunker_key(tokenizer_file, 256, 32)
+    assert chunker_key(tokenizer_file, 256, 32) == key  # a function of its inputs
+    monkeypatch.setattr(tokenizers, "__version__", "0.0.1")
+    other_library = chunker_key(tokenizer_file, 256, 32)
+    monkeypatch.setattr(unicodedata, "unidata_version", "9.0.0")
+    assert len({key, other_library, chunker_key(tokenizer_file, 256, 32)}) == 3

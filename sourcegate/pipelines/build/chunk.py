@@ -204,8 +204,12 @@ def chunk_document(doc: dict, tok, max_tokens: int, overlap: int, max_split_piec
 
 
 def chunker_key(tokenizer_file: str | Path, max_tokens: int, overlap: int, max_split_pieces: int = 32) -> str:
-    """Everything besides the document that its chunks depend on."""
+    """Everything besides the document that its chunks depend on: the settings, the tokenizer's file and the library
+    that runs it, this code, and the Unicode tables its slugs and word splits read (NFKC, `\\w`)."""
+    import tokenizers
+
     h = hashlib.sha256(f"{max_tokens}\x1f{overlap}\x1f{max_split_pieces}\x1f".encode())
+    h.update(f"{tokenizers.__version__}\x1f{unicodedata.unidata_version}\x1f".encode())
     h.update(Path(tokenizer_file).read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:24]
